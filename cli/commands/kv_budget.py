@@ -1,0 +1,3 @@
+import typer
+def register(app: typer.Typer) -> None:
+    pass
