@@ -1,0 +1,97 @@
+"""Round-to-nearest (RTN) integer quantization: the baseline solver and the quantizer
+primitives GPTQ and AWQ reuse.
+
+Conventions (per group of columns):
+- asymmetric: the range [min(w, 0), max(w, 0)] (zero always representable, as in GPTQ and
+  compressed-tensors), scale = (max - min) / (2^b - 1), zero = round(-min / scale);
+- symmetric: scale = absmax / (2^(b-1) - 1), zero = 2^(b-1) (AutoAWQ's convention: the
+  largest magnitude is not clipped and already-representable weights round-trip exactly).
+A group of all zeros gets scale 1 (any scale dequantizes it to zero).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.scheme import QuantScheme, RTNScheme
+
+
+def qparams(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point reducing over the last dim: w (..., c) -> scale (...), zero (...).
+
+    Both returned as float32; zero holds integers in 0 .. 2^bits - 1.
+    """
+    w = w.float()
+    maxq = (1 << bits) - 1
+    if symmetric:
+        scale = w.abs().amax(dim=-1) / ((1 << (bits - 1)) - 1)
+        zero = torch.full_like(scale, float(1 << (bits - 1)))
+    else:
+        lo = w.amin(dim=-1).clamp(max=0.0)
+        hi = w.amax(dim=-1).clamp(min=0.0)
+        scale = (hi - lo) / maxq
+        zero = torch.zeros_like(scale)
+        nz = scale > 0
+        zero[nz] = torch.round(-lo[nz] / scale[nz]).clamp(0, maxq)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scale, zero
+
+
+def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer codes clamp(round(w / scale) + zero, 0, 2^bits - 1) as float32 (broadcasting)."""
+    return torch.clamp(torch.round(w.float() / scale) + zero, 0, (1 << bits) - 1)
+
+
+def fake_quantize(weight: torch.Tensor, bits: int, group_size: int, symmetric: bool) -> torch.Tensor:
+    """Quantize-dequantize (N, K) with contiguous groups of `group_size` columns (-1: per row).
+
+    Returns float32 (N, K). The hot loop of AWQ's searches; equal to
+    `quantize_rtn(weight, scheme=...).dequantize()`.
+    """
+    n, k = weight.shape
+    g = k if group_size == -1 else group_size
+    w = weight.float().reshape(n, k // g, g)  # (N, G, g)
+    scale, zero = qparams(w, bits, symmetric)  # (N, G)
+    scale, zero = scale.unsqueeze(-1), zero.unsqueeze(-1)
+    q = quantize_codes(w, scale, zero, bits)
+    return ((q - zero) * scale).reshape(n, k)
+
+
+def quantize_rtn(
+    weight: torch.Tensor,
+    stats: object | None = None,
+    scheme: QuantScheme = RTNScheme(),
+    *,
+    g_idx: torch.Tensor | None = None,
+) -> QuantizedWeight:
+    """RTN-quantize a linear weight (N, K). `stats` is unused (uniform solver signature).
+
+    g_idx (K,) optionally assigns columns to groups (default k // group_size); groups need
+    not be contiguous.
+    """
+    n, k = weight.shape
+    g = scheme.group_for(k)
+    if k % g:
+        raise ValueError(f"group size {g} does not divide K={k}")
+    w = weight.float()
+    if g_idx is None:
+        scale, zero = qparams(w.reshape(n, k // g, g), scheme.bits, scheme.symmetric)  # (N, G)
+        cols = torch.arange(k, device=w.device) // g
+    else:
+        cols = g_idx.long()
+        num_groups = int(cols.max()) + 1
+        idx = cols.expand(n, k)
+        lo = torch.zeros(n, num_groups, device=w.device).scatter_reduce(1, idx, w, "amin", include_self=True)
+        hi = torch.zeros(n, num_groups, device=w.device).scatter_reduce(1, idx, w, "amax", include_self=True)
+        scale, zero = qparams(torch.stack([lo, hi], dim=-1), scheme.bits, scheme.symmetric)
+    q = quantize_codes(w, scale[:, cols], zero[:, cols], scheme.bits)
+    return QuantizedWeight(
+        q=q.to(torch.uint8),
+        scale=scale,
+        zero=None if scheme.symmetric else zero.to(torch.uint8),
+        g_idx=None if g_idx is None else g_idx.to(torch.int32),
+        bits=scheme.bits,
+        group_size=g,
+        info={"method": "rtn"},
+    )
