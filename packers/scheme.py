@@ -100,7 +100,7 @@ class AWQScheme(QuantScheme):
     method: ClassVar[str] = "awq"
     symmetric: bool = False
     grid: int = 20
-    duo_scaling: bool = False
+    duo_scaling: bool = True
     clip: bool = True
     clip_grid: int = 20
     max_shrink: float = 0.5

@@ -1,0 +1,183 @@
+"""GPTQ (Frantar et al. 2022, "GPTQ: Accurate Post-Training Quantization for Generative
+Pre-trained Transformers"), Algorithm 1, with the names of IST-DASLab's gptq.py
+(W, H, Hinv, Err1).
+
+Input: a linear weight W (N, K) and the layer's Hessian H (K, K) = mean over tokens of
+2·x·xᵀ (calib's `LayerStats.H`). The solver never sees activations, a model or a file.
+A failed Cholesky is retried with larger damping, then the layer falls back to RTN; the
+returned `QuantizedWeight.info` says so (no warning is printed here).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.rtn import qparams, quantize_codes, quantize_rtn
+from infer_tool.packers.scheme import GPTQScheme
+
+
+def _hessian_of(stats: object) -> torch.Tensor:
+    """Accept a LayerStats-like object with `.H`, or the (K, K) tensor itself."""
+    H = stats if isinstance(stats, torch.Tensor) else getattr(stats, "H")
+    return H
+
+
+def inverse_hessian_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor | None:
+    """Upper Cholesky factor of (H + damp·mean(diag H)·I)^-1 (§4 "Cholesky Reformulation").
+
+    H (K, K) float32 with dead columns already fixed; returns None when a factorisation fails.
+    """
+    K = H.shape[0]
+    H = H.clone()
+    idx = torch.arange(K, device=H.device)
+    H[idx, idx] += damp * torch.mean(torch.diag(H))
+    L, info = torch.linalg.cholesky_ex(H)
+    if int(info) != 0:
+        return None
+    Hinv = torch.cholesky_inverse(L)
+    U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
+    if int(info) != 0 or not bool(torch.isfinite(U).all()):
+        return None
+    return U
+
+
+def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQScheme()) -> QuantizedWeight:
+    """Quantize W (N, K) column by column with error feedback through Hinv.
+
+    stats: LayerStats (uses `.H` (K, K) fp32) or the Hessian tensor itself.
+    Returns codes in the ORIGINAL column order. With act_order and static groups, g_idx is
+    k // group_size (stored as None); with act_order and dynamic groups, g_idx (K,) is the
+    group of each original column. info: method, damp (fraction used), attempts, fallback
+    (None or "rtn") and reason, dead columns, loss = Σ (w - q)² / Hinv_ii² / 2 (§3).
+    """
+    N, K = weight.shape
+    g = scheme.group_for(K)
+    if K % g:
+        raise ValueError(f"group size {g} does not divide K={K}")
+    bits, sym = scheme.bits, scheme.symmetric
+
+    W = weight.detach().float().clone()  # (N, K)
+    H = _hessian_of(stats).detach().float().clone().to(W.device)  # (K, K)
+    if not bool(torch.isfinite(H).all()):
+        return _fallback(weight, scheme, "Hessian has non-finite entries", attempts=0, dead=0)
+
+    # Dead inputs (never active in calibration): pin H_ii = 1 and zero the column.
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+
+    # Static groups: scale/zero of every group on the original column order, before any
+    # permutation (GPTQModel `static_groups`, llm-compressor actorder="weight").
+    static = scheme.act_order and scheme.static_groups
+    if static:
+        s_static, z_static = qparams(W.reshape(N, K // g, g), bits, sym)  # (N, G)
+
+    perm = None
+    if scheme.act_order:
+        perm = torch.argsort(torch.diag(H), descending=True)
+        W = W[:, perm]
+        H = H[perm][:, perm]
+
+    damp = scheme.damp
+    Hinv = None
+    attempts = 0
+    for attempts in range(1, scheme.damp_retries + 2):
+        Hinv = inverse_hessian_cholesky(H, damp)
+        if Hinv is not None:
+            break
+        damp *= scheme.damp_growth
+    if Hinv is None:
+        return _fallback(
+            weight, scheme, f"Cholesky failed up to damp={damp / scheme.damp_growth:g}", attempts, int(dead.sum())
+        )
+
+    Q = torch.zeros_like(W)  # (N, K) integer codes, permuted order
+    Losses = torch.zeros_like(W)
+    n_groups = K // g
+    scale = torch.zeros(N, n_groups, device=W.device)
+    zero = torch.zeros(N, n_groups, device=W.device)
+    if static:
+        scale, zero = s_static, z_static
+    group_of = torch.arange(K, device=W.device) // g  # group of each ORIGINAL column
+    col_group = group_of[perm] if (static and perm is not None) else None  # group of each permuted column
+
+    B = scheme.block_size
+    for i1 in range(0, K, B):  # §3 step 2: lazy batch updates over blocks of B columns
+        i2 = min(i1 + B, K)
+        count = i2 - i1
+        W1 = W[:, i1:i2].clone()
+        Q1 = torch.zeros_like(W1)
+        Err1 = torch.zeros_like(W1)
+        Losses1 = torch.zeros_like(W1)
+        Hinv1 = Hinv[i1:i2, i1:i2]
+
+        for i in range(count):
+            w = W1[:, i]
+            d = Hinv1[i, i]
+            col = i1 + i
+            if static:
+                j = int(col_group[col]) if col_group is not None else col // g
+                s, z = scale[:, j], zero[:, j]
+            else:
+                j = col // g
+                if col % g == 0:  # dynamic groups: params on the error-updated weights
+                    Wg = W1[:, i : i + g]
+                    if Wg.shape[1] < g:  # group runs past this block
+                        Wg = torch.cat([Wg, W[:, i2 : i2 + g - Wg.shape[1]]], dim=1)
+                    scale[:, j], zero[:, j] = qparams(Wg, bits, sym)
+                s, z = scale[:, j], zero[:, j]
+            q = quantize_codes(w, s, z, bits)  # (N,)
+            Q1[:, i] = q
+            deq = (q - z) * s
+            Losses1[:, i] = (w - deq) ** 2 / d**2
+            err1 = (w - deq) / d
+            W1[:, i:] -= err1.unsqueeze(1).matmul(Hinv1[i, i:].unsqueeze(0))
+            Err1[:, i] = err1
+
+        Q[:, i1:i2] = Q1
+        Losses[:, i1:i2] = Losses1 / 2
+        W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])  # §3: propagate the block's error
+
+    g_idx = None
+    if perm is not None:
+        invperm = torch.argsort(perm)
+        Q = Q[:, invperm]
+        if not static:
+            # Group j holds permuted columns j*g..(j+1)*g-1: original column k sits at invperm[k].
+            g_idx = (invperm // g).to(torch.int32)
+
+    loss = float(Losses.sum())
+    return QuantizedWeight(
+        q=Q.to(torch.uint8),
+        scale=scale,
+        zero=None if sym else zero.to(torch.uint8),
+        g_idx=g_idx,
+        bits=bits,
+        group_size=g,
+        info={
+            "method": "gptq",
+            "damp": damp,
+            "attempts": attempts,
+            "fallback": None,
+            "reason": None,
+            "dead_columns": int(dead.sum()),
+            "loss": loss if math.isfinite(loss) else None,
+        },
+    )
+
+
+def _fallback(weight: torch.Tensor, scheme: GPTQScheme, reason: str, attempts: int, dead: int) -> QuantizedWeight:
+    qw = quantize_rtn(weight, scheme=scheme)
+    qw.info = {
+        "method": "gptq",
+        "damp": None,
+        "attempts": attempts,
+        "fallback": "rtn",
+        "reason": reason,
+        "dead_columns": dead,
+        "loss": None,
+    }
+    return qw
