@@ -1,0 +1,310 @@
+"""FP8 (e4m3) weight quantization: per-tensor, per-channel and per-block scales.
+
+The e4m3 format (`torch.float8_e4m3fn`, OCP FP8) has 4 exponent bits, 3 mantissa bits
+and no infinities; its largest finite value is 448 and casting a larger value gives NaN,
+so scaled values are clamped to [-448, 448] before the cast (saturation).
+
+A weight W `(N, K)` is stored as W_q = e4m3(clamp(W / s)) with s = amax / 448 over
+- the whole tensor:            `weight_scale` `(1,)`,
+- each output channel (row):   `weight_scale` `(N, 1)`,
+- each `bn x bk` block:        `weight_scale` `(ceil(N/bn), ceil(K/bk))` (edge blocks partial),
+and read back as W ~ W_q * s. An all-zero tensor, row or block gets s = 1 (finite) and
+stores exact zeros.
+
+Round-trip bound (no clipping): e4m3 rounds to nearest with 3 mantissa bits, so a scaled
+value |x| in the normal range (|x| >= 2^-6) is off by at most 2^-4 |x| (half a unit in the
+last place, 2^-3 / 2); below 2^-6 the spacing of subnormals is 2^-9, so the error is at
+most 2^-10 in scaled units. Unscaled: |W - W~| <= max(2^-4 |W|, 2^-10 s) per element.
+
+Optional clip search (`search_fp8_clip`): scales s = r * amax / 448 for ratios r on a grid,
+choosing per scale-row group the r minimising the output error tr(dW H dW^T) with
+H = mean 2 x x^T the layer's calibration Hessian (the same statistic GPTQ uses). The
+search returns its result as data; `quantize_fp8_weight(..., clip=...)` applies it.
+
+Static activation scales: `input_scale` = act_abs_max / 448 (one per layer).
+
+This module knows nothing about models, files or formats (see `fp8_formats.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from infer_tool.common.errors import BadInput
+
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+E4M3_MANTISSA_BITS = 3
+E4M3_MIN_NORMAL = 2.0**-6
+E4M3_SUBNORMAL_STEP = 2.0**-9
+GRANULARITIES = ("tensor", "channel", "block")
+ACTIVATION_SCHEMES = ("dynamic", "static")
+KV_CACHE_SCHEMES = ("fp8",)
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """FP8 e4m3 weights (and activations, KV cache) — the defaults live here only.
+
+    granularity: weight scale per "tensor", output "channel" or "block" of `block_size`
+        `(bn, bk)` (rows, columns). The default, per-channel weights with dynamic per-token
+        activations, is llm-compressor's FP8_DYNAMIC scheme.
+    activations: "dynamic" (per-token scales at run time, no calibration) or "static"
+        (one calibrated per-tensor `input_scale`). Block weights go with dynamic only.
+    kv_cache: None, or "fp8" for calibrated per-layer k_scale / v_scale.
+    clip_search: search clipping ratios in [clip_min_ratio, 1] (clip_steps + 1 points)
+        minimising output error on calibration data (needs the layer Hessian).
+    """
+
+    method: ClassVar[str] = "fp8"
+    granularity: str = "channel"
+    block_size: tuple[int, int] = (128, 128)
+    activations: str = "dynamic"
+    kv_cache: str | None = None
+    clip_search: bool = False
+    clip_min_ratio: float = 0.8
+    clip_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise BadInput(f"FP8 granularity {self.granularity!r} is not supported; use one of {', '.join(GRANULARITIES)}")
+        if self.activations not in ACTIVATION_SCHEMES:
+            raise BadInput(
+                f"FP8 activations {self.activations!r} are not supported; use one of {', '.join(ACTIVATION_SCHEMES)}"
+            )
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_SCHEMES:
+            raise BadInput(f"kv cache {self.kv_cache!r} is not supported; use fp8 or leave it unset")
+        if self.granularity == "block" and self.activations == "static":
+            raise BadInput(
+                "block-wise FP8 weights go with dynamic activations only (vLLM and transformers "
+                "load no static input scale for them); use --fp8-activations dynamic or another granularity"
+            )
+        bs = tuple(self.block_size)
+        if len(bs) != 2 or min(bs) <= 0:
+            raise BadInput(f"block_size={self.block_size} is not supported; use two positive sizes such as (128, 128)")
+        object.__setattr__(self, "block_size", (int(bs[0]), int(bs[1])))
+        if not 0.0 < self.clip_min_ratio <= 1.0 or self.clip_steps < 1:
+            raise BadInput(
+                f"clip_min_ratio={self.clip_min_ratio}, clip_steps={self.clip_steps}: use a ratio in (0, 1] and at least 1 step"
+            )
+
+    @property
+    def needs_activation_stats(self) -> bool:
+        return self.activations == "static"
+
+    @property
+    def needs_hessian(self) -> bool:
+        return self.clip_search
+
+    def clip_grid(self) -> torch.Tensor:
+        """(S+1,) fp32 ratios from 1 down to clip_min_ratio."""
+        return torch.linspace(1.0, self.clip_min_ratio, self.clip_steps + 1, dtype=torch.float32)
+
+    def to_dict(self) -> dict[str, object]:
+        d = dataclasses.asdict(self)
+        d["block_size"] = list(self.block_size)
+        return {"method": self.method, **d}
+
+
+@dataclass
+class Fp8Weight:
+    """One linear layer in FP8: W ~ weight.float() * expand(weight_scale).
+
+    weight        float8_e4m3fn `(N, K)`
+    weight_scale  fp32 `(1,)` tensor | `(N, 1)` channel | `(ceil(N/bn), ceil(K/bk))` block
+    input_scale   fp32 `(1,)` static activation scale, or None for dynamic per-token
+    clip_ratio    fp32 ratio(s) applied to amax: `(1,)`, `(N,)` or `(ceil(N/bn),)`, or None
+    """
+
+    weight: torch.Tensor  # (N, K) float8_e4m3fn
+    weight_scale: torch.Tensor  # see above, fp32
+    granularity: str
+    block_size: tuple[int, int] | None = None  # (bn, bk) for "block"
+    input_scale: torch.Tensor | None = None  # (1,) fp32
+    clip_ratio: torch.Tensor | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(N, K) = (out_features, in_features)."""
+        return (int(self.weight.shape[0]), int(self.weight.shape[1]))
+
+    def scale_full(self) -> torch.Tensor:
+        """(N, K) fp32: every element's scale."""
+        return expand_scale(self.weight_scale.float(), self.granularity, self.shape, self.block_size)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(N, K) weight in `dtype`: weight * scale."""
+        return (self.weight.float() * self.scale_full()).to(dtype)
+
+
+def check_finite(weight: torch.Tensor, name: str) -> None:
+    """Refuse a weight holding NaN or Inf, naming the tensor and the count."""
+    bad = ~torch.isfinite(weight)
+    if bool(bad.any()):
+        n_nan = int(torch.isnan(weight).sum())
+        raise BadInput(
+            f"weight {name!r} holds {n_nan} NaN and {int(bad.sum()) - n_nan} Inf values; "
+            "FP8 quantization needs finite weights (fix or --ignore the layer)"
+        )
+
+
+def _block_view(x: torch.Tensor, block_size: tuple[int, int]) -> torch.Tensor:
+    """(N, K) -> (Nb, bn, Kb, bk), zero-padded to whole blocks (zeros never raise an amax)."""
+    n, k = x.shape
+    bn, bk = block_size
+    nb, kb = math.ceil(n / bn), math.ceil(k / bk)
+    x = torch.nn.functional.pad(x, (0, kb * bk - k, 0, nb * bn - n))
+    return x.reshape(nb, bn, kb, bk)
+
+
+def weight_amax(weight: torch.Tensor, granularity: str, block_size: tuple[int, int] | None = None) -> torch.Tensor:
+    """max |W| over each scale's elements, fp32, shaped like `weight_scale`."""
+    a = weight.detach().float().abs()  # (N, K)
+    if granularity == "tensor":
+        return a.amax().reshape(1)
+    if granularity == "channel":
+        return a.amax(dim=1, keepdim=True)  # (N, 1)
+    if granularity == "block":
+        assert block_size is not None
+        return _block_view(a, block_size).amax(dim=(1, 3))  # (Nb, Kb)
+    raise BadInput(f"FP8 granularity {granularity!r} is not supported; use one of {', '.join(GRANULARITIES)}")
+
+
+def expand_scale(
+    scale: torch.Tensor, granularity: str, shape: tuple[int, int], block_size: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """Broadcast a `weight_scale` to the `(N, K)` weight it scales."""
+    n, k = shape
+    if granularity == "tensor":
+        return scale.reshape(1, 1).expand(n, k)
+    if granularity == "channel":
+        return scale.reshape(n, 1).expand(n, k)
+    if granularity == "block":
+        assert block_size is not None
+        bn, bk = block_size
+        return scale.repeat_interleave(bn, dim=0).repeat_interleave(bk, dim=1)[:n, :k]
+    raise BadInput(f"FP8 granularity {granularity!r} is not supported; use one of {', '.join(GRANULARITIES)}")
+
+
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """s = amax / 448, fp32; where that is 0 (all-zero group, or amax underflowing) s = 1."""
+    s = amax.float() / E4M3_MAX
+    return torch.where(s > 0, s, torch.ones_like(s))
+
+
+def cast_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Saturating cast of already-scaled values: clamp to +-448, round to nearest e4m3."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _clip_to_scale_shape(clip: torch.Tensor, amax: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Ratios `(1,)`, `(N,)` or `(Nb,)` broadcast against amax `(1,)`, `(N,1)` or `(Nb,Kb)`."""
+    return clip.float().reshape(1) if granularity == "tensor" else clip.float().reshape(-1, 1)
+
+
+def quantize_fp8_weight(
+    weight: torch.Tensor,
+    scheme: Fp8Scheme,
+    *,
+    name: str = "weight",
+    clip: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+) -> Fp8Weight:
+    """Quantize one `(N, K)` weight to e4m3 with `scheme.granularity` scales.
+
+    clip: ratios from `search_fp8_clip` (None = 1, scale from the true amax).
+    input_scale: the static activation scale (`static_input_scale`), stored alongside.
+    """
+    if weight.dim() != 2:
+        raise BadInput(f"weight {name!r} has shape {tuple(weight.shape)}; FP8 quantization takes a 2-D (N, K) weight")
+    check_finite(weight, name)
+    w = weight.detach().float()  # (N, K)
+    block = scheme.block_size if scheme.granularity == "block" else None
+    amax = weight_amax(w, scheme.granularity, block)
+    if clip is not None:
+        amax = amax * _clip_to_scale_shape(clip, amax, scheme.granularity)
+    s = scale_from_amax(amax)
+    q = cast_e4m3(w / expand_scale(s, scheme.granularity, w.shape, block))
+    return Fp8Weight(
+        weight=q,
+        weight_scale=s,
+        granularity=scheme.granularity,
+        block_size=block,
+        input_scale=input_scale,
+        clip_ratio=None if clip is None else clip.float().reshape(-1),
+    )
+
+
+def static_input_scale(act_abs_max: float | torch.Tensor) -> torch.Tensor:
+    """(1,) fp32 per-tensor activation scale act_abs_max / 448 (1 when the input was all zero)."""
+    a = torch.as_tensor(act_abs_max, dtype=torch.float32).reshape(1)
+    if not bool(torch.isfinite(a).all()):
+        raise BadInput(f"activation abs-max {float(a)} is not finite; the calibration inputs overflowed")
+    return scale_from_amax(a)
+
+
+@dataclass
+class Fp8ClipSearch:
+    """Result of `search_fp8_clip`.
+
+    ratios  fp32 `(G,)`: the chosen ratio per scale-row group (G = 1, N or ceil(N/bn))
+    grid    fp32 `(S,)`: the ratios tried (grid[0] = 1, no clipping)
+    loss    fp32 `(S, G)`: output error tr(dW H dW^T) of each group at each ratio
+    """
+
+    ratios: torch.Tensor
+    grid: torch.Tensor
+    loss: torch.Tensor
+
+    @property
+    def loss_unclipped(self) -> float:
+        return float(self.loss[0].sum())
+
+    @property
+    def loss_chosen(self) -> float:
+        return float(self.loss.min(dim=0).values.sum())
+
+
+def clip_groups(n: int, scheme: Fp8Scheme) -> int:
+    """Number of clip ratios for a weight with `n` rows: 1, N, or ceil(N / bn)."""
+    if scheme.granularity == "tensor":
+        return 1
+    return n if scheme.granularity == "channel" else math.ceil(n / scheme.block_size[0])
+
+
+def _row_groups(per_row: torch.Tensor, granularity: str, block_size: tuple[int, int]) -> torch.Tensor:
+    """Sum a per-row quantity `(N,)` over the rows sharing a clip ratio -> `(G,)`."""
+    if granularity == "tensor":
+        return per_row.sum().reshape(1)
+    if granularity == "channel":
+        return per_row
+    bn = block_size[0]
+    nb = math.ceil(per_row.shape[0] / bn)
+    return torch.nn.functional.pad(per_row, (0, nb * bn - per_row.shape[0])).reshape(nb, bn).sum(dim=1)
+
+
+def search_fp8_clip(weight: torch.Tensor, H: torch.Tensor, scheme: Fp8Scheme, *, name: str = "weight") -> Fp8ClipSearch:
+    """Grid search of clipping ratios minimising tr(dW H dW^T) per scale-row group.
+
+    weight `(N, K)`; H `(K, K)` = mean over calibration tokens of 2 x x^T, so
+    tr(dW H dW^T) = 2 * mean_x ||dW x||^2, the output error. Rows sharing a scale share a
+    ratio: one ratio per tensor, per channel, or per row of blocks (the error of a row
+    depends only on its own scales, so groups are independent).
+    """
+    check_finite(weight, name)
+    w = weight.detach().float()  # (N, K)
+    H = H.to(w.device, torch.float32)  # (K, K)
+    grid = scheme.clip_grid()
+    n_groups = clip_groups(w.shape[0], scheme)
+    losses = []
+    for r in grid:
+        dW = w - quantize_fp8_weight(w, scheme, name=name, clip=r.expand(n_groups)).dequantize()  # (N, K)
+        per_row = ((dW @ H) * dW).sum(dim=1)  # (N,)
+        losses.append(_row_groups(per_row, scheme.granularity, scheme.block_size))
+    loss = torch.stack(losses)  # (S, G)
+    return Fp8ClipSearch(ratios=grid[loss.argmin(dim=0)], grid=grid, loss=loss)
