@@ -1,0 +1,166 @@
+"""AWQ (Lin et al. 2023, "AWQ: Activation-aware Weight Quantization"): the per-channel
+scale search (§3.2) and the weight-clipping search, as functions returning data, plus
+the separate steps that apply their results.
+
+The caller (calib's pipeline) knows the block: it passes a `forward` callable that runs
+the inspected block with given effective weights for the balanced linears. This module
+knows nothing about architectures or files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from infer_tool.packers.rtn import fake_quantize
+from infer_tool.packers.scheme import AWQScheme
+
+
+@dataclass
+class AWQScaleResult:
+    scales: torch.Tensor  # (K,) fp32: balanced linears' inputs are divided by s, weights multiplied
+    ratio: float | None  # the best alpha; None when no scaling beat plain RTN (s = 1)
+    rtn_loss: float  # block-output MSE with plain RTN weights (s = 1)
+    losses: list[float] = field(default_factory=list)  # block-output MSE per alpha on the grid
+
+    @property
+    def best_loss(self) -> float:
+        return min([self.rtn_loss, *self.losses])
+
+
+def weight_magnitude(weights: Sequence[torch.Tensor], group_size: int) -> torch.Tensor:
+    """(K,) mean over output rows of |w| normalised by each group's max (AutoAWQ's w_mean)."""
+    W = torch.cat([w.float() for w in weights], dim=0)  # (sum N_i, K)
+    n, k = W.shape
+    g = k if group_size == -1 else group_size
+    Wg = W.abs().reshape(n, k // g, g)
+    Wg = Wg / (Wg.amax(dim=-1, keepdim=True) + 1e-6)
+    return Wg.reshape(n, k).mean(dim=0)
+
+
+def candidate_scales(x_abs_mean: torch.Tensor, ratio: float, w_mean: torch.Tensor | None) -> torch.Tensor:
+    """s = mean|x|^alpha [/ mean|w|^(1-alpha)], clamped, normalised by sqrt(max·min): (K,)."""
+    x = x_abs_mean.float()
+    if w_mean is not None:
+        s = (x.pow(ratio) / (w_mean.pow(1 - ratio) + 1e-4)).clamp(min=1e-4)
+    else:
+        s = x.pow(ratio).clamp(min=1e-4)
+    s = s / (s.max() * s.min()).sqrt()
+    s[~torch.isfinite(s)] = 1.0
+    return s
+
+
+def awq_search_scale(
+    x_abs_mean: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    forward: Callable[[list[torch.Tensor]], torch.Tensor],
+    reference_output: torch.Tensor,
+    scheme: AWQScheme = AWQScheme(),
+) -> AWQScaleResult:
+    """Grid-search the per-input-channel scale s (K,) shared by the balanced linears.
+
+    x_abs_mean: (K,) mean |x| per input channel of the balanced linears' common input.
+    weights: the balanced linears' weights, each (N_i, K), unscaled.
+    forward(effective_weights) -> block output: runs the inspected block with each balanced
+        linear's weight replaced by Q(W_i·diag(s))·diag(s)^-1 (the same order as `weights`);
+        equivalent to feeding X/s to the quantized scaled weights.
+    reference_output: the block output with the original weights (same shape as forward's).
+    For alpha in {0, 1/grid, ..., (grid-1)/grid}; loss = mean squared error of the outputs.
+    Plain RTN (s = 1) is also measured and kept when no alpha beats it.
+    """
+    w_mean = weight_magnitude(weights, scheme.group_size) if scheme.duo_scaling else None
+    ref = reference_output.float()
+
+    def loss_with(s: torch.Tensor) -> float:
+        effective = [
+            (fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric) / s).to(w.dtype)
+            for w in weights
+        ]
+        return float((forward(effective).float() - ref).pow(2).mean())
+
+    ones = torch.ones(x_abs_mean.shape[0], device=weights[0].device)
+    rtn_loss = loss_with(ones)
+    best: tuple[float, float | None, torch.Tensor] = (rtn_loss, None, ones)
+    losses: list[float] = []
+    for i in range(scheme.grid):
+        ratio = i / scheme.grid
+        s = candidate_scales(x_abs_mean.to(ones.device), ratio, w_mean)
+        loss = loss_with(s)
+        losses.append(loss)
+        if loss < best[0]:
+            best = (loss, ratio, s)
+    return AWQScaleResult(scales=best[2].cpu(), ratio=best[1], rtn_loss=rtn_loss, losses=losses)
+
+
+@torch.no_grad()
+def apply_awq_scale(prev: nn.Module, linears: Sequence[nn.Linear], scales: torch.Tensor, *, norm_offset: float = 0.0) -> None:
+    """Fold s into the block in place: prev's output / s, each balanced linear's weight · s.
+
+    prev: a norm with `.weight` (K,) (and optional `.bias`), or a linear whose last K
+        output rows feed the balanced linears (e.g. v_proj -> o_proj).
+    norm_offset: 1.0 for norms computing x·(1 + weight) (Gemma): the effective (1 + w)/s.
+    """
+    s = scales.to(prev.weight.device).float()
+    if isinstance(prev, nn.Linear):
+        rows = prev.weight[-s.numel() :]  # (K, in)
+        rows.copy_((rows.float() / s.view(-1, 1)).to(rows.dtype))
+    else:
+        w = prev.weight
+        w.copy_(((w.float() + norm_offset) / s - norm_offset).to(w.dtype))
+    bias = getattr(prev, "bias", None)
+    if bias is not None:
+        b = bias[-s.numel() :]
+        b.copy_((b.float() / s).to(b.dtype))
+    for fc in linears:
+        fc.weight.copy_((fc.weight.float() * s.to(fc.weight.device).view(1, -1)).to(fc.weight.dtype))
+
+
+@torch.no_grad()
+def awq_search_clip(weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = AWQScheme()) -> torch.Tensor:
+    """Per (output row, group) clip threshold minimising the group-wise output error.
+
+    weight: (N, K) after scaling; x: (T, K) its inputs (already divided by s), subsampled to
+    at most `scheme.clip_tokens` evenly spaced tokens. For i < max_shrink·clip_grid the
+    threshold max|w|·(1 - i/clip_grid) clamps w to [-t, t] before RTN; the error is the
+    mean over tokens of (x_g·q_g - x_g·w_g)² per group. Returns t (N, G) fp32. Callers skip
+    layers whose output feeds a softmax through a dot product (q/k) by not calling this.
+    """
+    N, K = weight.shape
+    g = scheme.group_for(K)
+    G = K // g
+    T = x.shape[0]
+    step = max(1, T // scheme.clip_tokens)
+    xs = x[::step][: scheme.clip_tokens].float().reshape(-1, G, g).transpose(0, 1)  # (G, t, g)
+    W = weight.float().reshape(N, G, g)  # (N, G, g)
+    n_shrink = max(1, int(scheme.max_shrink * scheme.clip_grid))
+    best_max = torch.empty(N, G, device=weight.device)
+    for b0 in range(0, N, scheme.clip_batch):
+        w = W[b0 : b0 + scheme.clip_batch]  # (b, G, g)
+        b = w.shape[0]
+        org_max = w.abs().amax(dim=-1, keepdim=True)  # (b, G, 1)
+        org_out = torch.bmm(xs, w.permute(1, 2, 0))  # (G, t, b): per-group partial outputs
+        best = org_max.clone()
+        min_err = torch.full_like(org_max, float("inf"))
+        for i in range(n_shrink):
+            t = org_max * (1 - i / scheme.clip_grid)
+            cur = torch.clamp(w, -t, t)
+            q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric).reshape(b, G, g)
+            err = (torch.bmm(xs, q.permute(1, 2, 0)) - org_out).pow(2).mean(dim=1)  # (G, b)
+            err = err.transpose(0, 1).unsqueeze(-1)  # (b, G, 1)
+            better = err < min_err
+            min_err[better] = err[better]
+            best[better] = t[better]
+        best_max[b0 : b0 + scheme.clip_batch] = best.reshape(-1, G)
+    return best_max
+
+
+def apply_awq_clip(weight: torch.Tensor, max_val: torch.Tensor) -> torch.Tensor:
+    """Clamp each group of (N, K) to [-t, t] with t = max_val (N, G); returns a new tensor."""
+    N, K = weight.shape
+    G = max_val.shape[1]
+    t = max_val.to(weight.device).float().unsqueeze(-1)  # (N, G, 1)
+    w = weight.float().reshape(N, G, K // G)
+    return torch.clamp(w, -t, t).reshape(N, K).to(weight.dtype)
