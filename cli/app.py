@@ -16,6 +16,7 @@ from infer_tool.common.errors import BadInput, QualityGateFailed
 # Only subcommands that work are registered here.
 COMMANDS = (
     "kv_budget",
+    "eval",
 )
 
 app = typer.Typer(

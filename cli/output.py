@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,8 +33,10 @@ from infer_tool.common.errors import BadInput, QualityGateFailed
 
 
 def out() -> Console:
-    """Console on stdout (tables). Made per call so tests capturing stdout see it."""
-    return Console(file=sys.stdout, soft_wrap=False)
+    """Console on stdout (tables). Made per call so tests capturing stdout see it.
+    Piped output gets 120 columns (rich's default of 80 squeezes wide tables)."""
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
+    return Console(file=sys.stdout, soft_wrap=False, width=width)
 
 
 def err() -> Console:

@@ -1,0 +1,49 @@
+"""Load any model `eval ppl` and `spec-profile` accept: a plain model (through
+`calib.models`) or a quantized checkpoint written by this tool, rebuilt with the
+kernels' quantized linear modules (fused Triton on CUDA, torch reference on CPU).
+
+What this module does not know: how checkpoints are laid out on disk (packers' readers
+know) or how the kernels compute (kernels/ knows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_tool.calib.models import LoadedModel, load_model, load_tokenizer, quantization_method, resolve_model_dir
+from infer_tool.common.errors import BadInput
+
+
+def backend_of(model: Any) -> str:
+    """Which matmul path the model's linear layers run: the kernels' backend name for
+    quantized modules, else plain torch."""
+    import torch
+
+    device = next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
+    for module in model.modules():
+        name = getattr(module, "backend_name", None)
+        if callable(name):
+            return name(device)
+    return f"torch-{device.type} (unquantized)"
+
+
+def load_for_eval(
+    spec: str,
+    *,
+    dtype: Any = None,
+    device: str = "cpu",
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """A model ready for evaluation: plain, or one of our quantized checkpoints."""
+    directory, notes = resolve_model_dir(spec, allow_pickle)
+    method = quantization_method(directory)
+    if method is None:
+        return load_model(
+            spec, dtype=dtype, device=device, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code
+        )
+    from infer_tool.evals.quantized import load_quantized
+
+    model = load_quantized(directory, dtype=dtype, device=device)
+    tokenizer = load_tokenizer(directory, trust_remote_code)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=spec, path=directory, notes=notes)
