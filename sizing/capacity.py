@@ -1,0 +1,225 @@
+"""Capacity planning: weights + KV cache + reserve per GPU against the usable budget
+(`mem_util x GPU memory`, as vLLM's --gpu-memory-utilization), for a grid of contexts
+and concurrencies; the largest concurrency at each context and the longest context at
+each concurrency.
+
+Parallelism: `tp` ranks split heads (see `kv`); `pp` stages split layers as vLLM's
+`get_pp_indices` does (even split, the remainder to the stages before the last); GPUs
+beyond `tp x pp` are data-parallel replicas, each with its own weights, serving an
+equal share of the sequences (`ceil(c / dp)` on the busiest). Weights are split evenly
+over a replica's `tp x pp` GPUs. "All GPUs together" figures count every replica of a
+replicated head or MLA latent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from infer_tool.common.errors import BadInput
+from infer_tool.sizing.kv import KvDtype, SequenceBytes, ceil_div, sequence_bytes, token_bytes
+from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, ModelShape
+
+DEFAULT_MEM_UTIL = 0.9  # vLLM's --gpu-memory-utilization default
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default paged-attention block
+# Activation peak + CUDA graphs + NCCL/cuBLAS workspaces kept aside per GPU. vLLM
+# measures it by profiling; for Llama-3-8B on an H100 it logs ~1.3 GiB activation peak
+# + ~1.8 GiB non-torch memory (vllm-project/vllm#10511), hence 3 GiB.
+DEFAULT_RESERVE_BYTES = 3 * 2**30
+MAX_CONTEXT_SEARCH = 2**24  # tokens; beyond this a context is reported as unbounded
+
+
+@dataclass(frozen=True)
+class Deployment:
+    gpu_memory_bytes: int
+    num_gpus: int
+    tp: int
+    pp: int
+    kv: KvDtype
+    mem_util: float = DEFAULT_MEM_UTIL
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    block_size: int = DEFAULT_BLOCK_SIZE
+    shared_prefix: int = 0
+
+    @property
+    def dp(self) -> int:
+        return self.num_gpus // (self.tp * self.pp)
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpu_memory_bytes * self.mem_util)
+
+
+@dataclass(frozen=True)
+class Row:
+    context: int
+    concurrency: int
+    kv_bytes_per_sequence: int  # one sequence alone, all layers, all GPUs together
+    kv_bytes_total: int  # all sequences, shared prefix once per replica, all GPUs
+    kv_bytes_per_gpu: int  # busiest GPU
+    weight_bytes_per_gpu: int
+    reserve_bytes_per_gpu: int
+    used_bytes_per_gpu: int
+    usable_bytes_per_gpu: int
+    fits: bool
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Usable minus used per GPU: negative when it does not fit."""
+        return self.usable_bytes_per_gpu - self.used_bytes_per_gpu
+
+
+def pp_stages(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """[start, end) layer ranges of each pipeline stage (vLLM `get_pp_indices`)."""
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    bounds, start = [], 0
+    for s in sizes:
+        bounds.append((start, start + s))
+        start += s
+    return bounds
+
+
+def validate(shape: ModelShape, dep: Deployment) -> None:
+    """Raise BadInput for a deployment the model cannot be split over."""
+    for flag, v in (("--tp", dep.tp), ("--pp", dep.pp), ("--num-gpus", dep.num_gpus), ("--block-size", dep.block_size)):
+        if v < 1:
+            raise BadInput(f"{flag} {v} must be at least 1")
+    if dep.shared_prefix < 0:
+        raise BadInput(f"--shared-prefix {dep.shared_prefix} must be 0 or more")
+    if not 0 < dep.mem_util <= 1:
+        raise BadInput(f"--mem-util {dep.mem_util} must be in (0, 1]")
+    if dep.gpu_memory_bytes <= 0:
+        raise BadInput(f"GPU memory {dep.gpu_memory_bytes} must be greater than zero")
+    if dep.reserve_bytes < 0:
+        raise BadInput(f"--reserve {dep.reserve_bytes} must be 0 or more")
+    if dep.num_gpus % (dep.tp * dep.pp):
+        raise BadInput(
+            f"--num-gpus {dep.num_gpus} is not a multiple of --tp {dep.tp} x --pp {dep.pp}; "
+            "accepted: num_gpus = tp x pp x data-parallel replicas"
+        )
+    if dep.pp > shape.num_layers:
+        raise BadInput(f"--pp {dep.pp} exceeds the model's {shape.num_layers} layers")
+    if shape.num_attention_heads % dep.tp:
+        raise BadInput(
+            f"--tp {dep.tp} does not divide the model's {shape.num_attention_heads} attention heads; "
+            f"accepted: {', '.join(str(d) for d in _divisors(shape.num_attention_heads))}"
+        )
+    for layer in shape.layers:
+        h = layer.kv_heads
+        if h and (h % dep.tp if dep.tp <= h else dep.tp % h):
+            raise BadInput(f"--tp {dep.tp} neither divides nor is a multiple of the {h} KV heads")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class Planner:
+    """Memory arithmetic for one model on one deployment (all sizes in bytes)."""
+
+    def __init__(self, shape: ModelShape, dep: Deployment, weight_bytes: int) -> None:
+        validate(shape, dep)
+        self.shape, self.dep = shape, dep
+        self.stages = [shape.layers[a:b] for a, b in pp_stages(shape.num_layers, dep.pp)]
+        self.weight_bytes_per_gpu = ceil_div(weight_bytes, dep.tp * dep.pp)
+        self.kv_budget_per_gpu = dep.usable_bytes - self.weight_bytes_per_gpu - dep.reserve_bytes
+        if self.kv_budget_per_gpu <= 0:
+            raise BadInput(
+                f"{shape.name} cannot fit: weights {gib(self.weight_bytes_per_gpu)} + reserve "
+                f"{gib(dep.reserve_bytes)} per GPU exceed the usable {gib(dep.usable_bytes)} "
+                f"({dep.mem_util:g} x {gib(dep.gpu_memory_bytes)}) by {gib(-self.kv_budget_per_gpu)}; "
+                "use more GPUs (--tp/--pp), smaller weights (--weights int4) or a smaller --reserve"
+            )
+        self._stage_bytes = lru_cache(maxsize=4096)(self._stage_bytes_uncached)
+
+    # --- per-token / per-sequence figures -------------------------------------------
+    def bytes_per_token_by_kind(self) -> dict[str, int]:
+        """Bytes one more token of context costs, per growing layer kind, all GPUs of a
+        replica together (sliding layers until their window is full)."""
+        out: dict[str, int] = {}
+        for layer in self.shape.layers:
+            if layer.kind != STATE:
+                out[layer.kind] = out.get(layer.kind, 0) + token_bytes(layer, self.dep.kv, self.dep.tp) * self.dep.tp
+        return out
+
+    def state_bytes_per_sequence(self) -> int:
+        seq = sequence_bytes([l for l in self.shape.layers if l.kind == STATE], 1, self.dep.kv, tp=self.dep.tp, block=1)
+        return seq.unique * self.dep.tp
+
+    def _stage_bytes_uncached(self, context: int) -> tuple[SequenceBytes, ...]:
+        d = self.dep
+        return tuple(
+            sequence_bytes(layers, context, d.kv, tp=d.tp, block=d.block_size, prefix=d.shared_prefix)
+            for layers in self.stages
+        )
+
+    def sequence_by_kind(self, context: int) -> dict[str, int]:
+        """One sequence alone at `context`, bytes per layer kind, all GPUs together."""
+        out: dict[str, int] = {}
+        for s in self._stage_bytes(context):
+            for kind, b in s.by_kind.items():
+                out[kind] = out.get(kind, 0) + b * self.dep.tp
+        return out
+
+    # --- grid ------------------------------------------------------------------------
+    def kv_per_gpu(self, context: int, concurrency: int) -> int:
+        n = ceil_div(concurrency, self.dep.dp)  # sequences on the busiest replica
+        if n == 0:
+            return 0
+        return max(s.shared + n * s.unique for s in self._stage_bytes(context))
+
+    def row(self, context: int, concurrency: int) -> Row:
+        d = self.dep
+        stages = self._stage_bytes(context)
+        replicas = min(d.dp, concurrency)
+        kv_gpu = self.kv_per_gpu(context, concurrency)
+        used = self.weight_bytes_per_gpu + kv_gpu + d.reserve_bytes
+        return Row(
+            context=context,
+            concurrency=concurrency,
+            kv_bytes_per_sequence=sum(s.alone for s in stages) * d.tp,
+            kv_bytes_total=sum(replicas * s.shared + concurrency * s.unique for s in stages) * d.tp,
+            kv_bytes_per_gpu=kv_gpu,
+            weight_bytes_per_gpu=self.weight_bytes_per_gpu,
+            reserve_bytes_per_gpu=d.reserve_bytes,
+            used_bytes_per_gpu=used,
+            usable_bytes_per_gpu=d.usable_bytes,
+            fits=used <= d.usable_bytes,
+        )
+
+    def fits(self, context: int, concurrency: int) -> bool:
+        return self.kv_per_gpu(context, concurrency) <= self.kv_budget_per_gpu
+
+    def max_concurrency(self, context: int) -> int:
+        """Largest number of sequences of `context` tokens that fit (0 if none)."""
+        per_replica = min(
+            (self.kv_budget_per_gpu - s.shared) // s.unique if s.unique else MAX_CONTEXT_SEARCH
+            for s in self._stage_bytes(context)
+        )
+        return max(0, per_replica) * self.dep.dp
+
+    def max_context(self, concurrency: int) -> tuple[int, str]:
+        """Longest context at which `concurrency` sequences fit, and what limits it:
+        'memory', 'model' (max_position_embeddings) or 'unbounded' (no growth, no limit)."""
+        limit = self.shape.max_position_embeddings
+        if not self.fits(1, concurrency):
+            return 0, "memory"
+        if limit and self.fits(limit, concurrency):
+            return limit, "model"
+        hi = limit or MAX_CONTEXT_SEARCH
+        if self.fits(hi, concurrency):
+            return hi, "unbounded"
+        lo = 1  # fits(lo) and not fits(hi); memory grows with context, so bisect
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fits(mid, concurrency) else (lo, mid)
+        return lo, "memory"
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+KIND_LABELS = {FULL: "full attention", SLIDING: "sliding window", MLA: "MLA latent", STATE: "linear/recurrent state"}

@@ -1,0 +1,92 @@
+"""Read fields of a Hugging Face `config.json` as they really come: multimodal wrappers
+nest the language model under `text_config`; older families use other key names
+(GPT-2 `n_layer`/`n_head`/`n_embd`); some configs omit fields whose value is the
+config class's default. A needed field that is absent is named in the error.
+
+This module knows key names and per-family defaults, not what the numbers mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infer_tool.common.errors import BadInput
+
+_MISSING = object()
+
+# Values a family's config class supplies when config.json omits the key (transformers
+# `configuration_<family>.py` defaults). Only keys that change a size are listed.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"tie_word_embeddings": False, "attention_bias": False},
+    "mistral": {"tie_word_embeddings": False},
+    "mixtral": {"tie_word_embeddings": False},
+    "qwen2": {"tie_word_embeddings": False, "attention_bias": True},
+    "qwen2_moe": {"tie_word_embeddings": False, "attention_bias": True},
+    "qwen3": {"tie_word_embeddings": False},
+    "qwen3_moe": {"tie_word_embeddings": False},
+    "qwen3_next": {"tie_word_embeddings": False, "full_attention_interval": 4},
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "sliding_window": 4096},
+    "gemma3_text": {
+        "tie_word_embeddings": True,
+        "head_dim": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+    },
+    "deepseek_v2": {"tie_word_embeddings": False},
+    "deepseek_v3": {"tie_word_embeddings": False},
+    "jamba": {"tie_word_embeddings": False},
+    "gpt2": {"tie_word_embeddings": True, "n_positions": 1024, "attention_bias": True},
+}
+
+
+class ConfigView:
+    """A config dict with the language model's fields on top (`text_config` merged over
+    the wrapper's) and family defaults underneath."""
+
+    def __init__(self, raw: dict[str, Any], source: str) -> None:
+        if not isinstance(raw, dict):
+            raise BadInput(f"{source}: config is not a JSON object")
+        self.source = source
+        self.nested = isinstance(raw.get("text_config"), dict)
+        merged = dict(raw)
+        if self.nested:
+            merged.update(raw["text_config"])
+        self.model_type: str = str(merged.get("model_type") or "")
+        if self.nested and raw["text_config"].get("model_type") is None:
+            # Gemma 3 wrappers may leave the text model's type implicit.
+            self.model_type = {"gemma3": "gemma3_text"}.get(self.model_type, self.model_type)
+        self._raw = merged
+        self._defaults = FAMILY_DEFAULTS.get(self.model_type, {})
+
+    def has(self, *keys: str) -> bool:
+        return self.get(*keys, default=None) is not None
+
+    def get(self, *keys: str, default: Any = _MISSING) -> Any:
+        """First of `keys` present with a non-null value, else the family default,
+        else `default`; raises BadInput naming `keys[0]` when nothing is found."""
+        for k in keys:
+            v = self._raw.get(k)
+            if v is not None:
+                return v
+        for k in keys:
+            if self._defaults.get(k) is not None:
+                return self._defaults[k]
+        if default is _MISSING:
+            also = f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""
+            raise BadInput(
+                f"{self.source}: config is missing '{keys[0]}'{also}, needed to size "
+                f"model_type '{self.model_type or 'unknown'}'"
+            )
+        return default
+
+    def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1) -> int:
+        v = self.get(*keys, default=default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise BadInput(
+                f"{self.source}: config field '{keys[0]}' = {v!r}; expected an integer >= {minimum}"
+            )
+        return v
+

@@ -1,0 +1,169 @@
+"""Hugging Face `config.json` -> `ModelShape`: which kind each decoder layer is and what
+it caches.
+
+Layer kinds come from, in order: an explicit `layer_types` list; Qwen3-Next's
+`full_attention_interval`; Jamba's `attn_layer_period`/`attn_layer_offset`; MLA fields
+(`kv_lora_rank`); then `sliding_window` -- alternating for Gemma 2, every
+`sliding_window_pattern`-th layer global for Gemma 3, Qwen2's `use_sliding_window` /
+`max_window_layers`, otherwise uniform (Mistral-7B-v0.1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infer_tool.common.errors import BadInput
+from infer_tool.sizing.config_view import ConfigView
+from infer_tool.sizing.params import estimate_params
+from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, ModelShape
+
+# `layer_types` names (transformers and vLLM spellings) -> our kinds.
+_LAYER_TYPE_NAMES = {
+    "full_attention": FULL,
+    "attention": FULL,
+    "global": FULL,
+    "sliding_attention": SLIDING,
+    "sliding_window": SLIDING,
+    "local": SLIDING,
+    "linear_attention": STATE,
+    "mamba": STATE,
+}
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Parse a config.json (path to the file or to its directory)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise BadInput(f"{path}: no config.json found (expected a model directory or a config.json file)")
+    try:
+        return json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInput(f"{p}: cannot read config.json ({e.__class__.__name__}: {e})") from None
+
+
+def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> ModelShape:
+    """Build the shape of the model described by a config.json dict."""
+    cfg = ConfigView(raw, source or name)
+    n_layers = cfg.int("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    n_heads = cfg.int("num_attention_heads", "n_head", "num_heads")
+    hidden = cfg.int("hidden_size", "n_embd", "d_model")
+    kinds = _layer_kinds(cfg, n_layers)
+    layers = tuple(_layer_spec(cfg, kind, n_heads, hidden) for kind in kinds)
+    notes: list[str] = []
+    if cfg.nested:
+        notes.append("sized from text_config (language model only; vision/audio towers not counted)")
+    try:
+        params = estimate_params(cfg, layers)
+    except BadInput as e:  # weights may still come from safetensors headers
+        params = None
+        notes.append(f"parameter count unknown: {e}")
+    return ModelShape(
+        name=name,
+        layers=layers,
+        num_attention_heads=n_heads,
+        hidden_size=hidden,
+        vocab_size=cfg.int("vocab_size", default=0, minimum=0),
+        max_position_embeddings=cfg.get("max_position_embeddings", "n_positions", "max_seq_len", default=None),
+        params=params,
+        source=source,
+        notes=tuple(notes),
+    )
+
+
+def _layer_kinds(cfg: ConfigView, n_layers: int) -> list[str]:
+    types = cfg.get("layer_types", default=None)
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n_layers:
+            raise BadInput(f"{cfg.source}: layer_types must list {n_layers} entries (one per layer)")
+        unknown = sorted({t for t in types if t not in _LAYER_TYPE_NAMES})
+        if unknown:
+            raise BadInput(
+                f"{cfg.source}: unknown layer_types {unknown}; accepted: {sorted(_LAYER_TYPE_NAMES)}"
+            )
+        return [_LAYER_TYPE_NAMES[t] for t in types]
+    if cfg.model_type == "qwen3_next" or cfg.has("full_attention_interval"):
+        k = cfg.int("full_attention_interval")
+        return [FULL if (i + 1) % k == 0 else STATE for i in range(n_layers)]
+    if cfg.has("attn_layer_period"):  # Jamba: attention at i % period == offset, else Mamba
+        period, offset = cfg.int("attn_layer_period"), cfg.int("attn_layer_offset", minimum=0)
+        return [FULL if i % period == offset else STATE for i in range(n_layers)]
+    if cfg.has("kv_lora_rank"):
+        return [MLA] * n_layers
+    if not cfg.has("sliding_window") or cfg.get("use_sliding_window", default=True) is False:
+        return [FULL] * n_layers
+    if cfg.model_type == "qwen2" or cfg.has("max_window_layers"):
+        first = cfg.int("max_window_layers", minimum=0)
+        return [SLIDING if i >= first else FULL for i in range(n_layers)]
+    if cfg.model_type == "gemma2":  # local/global alternate, layer 0 local
+        return [SLIDING if i % 2 == 0 else FULL for i in range(n_layers)]
+    if cfg.has("sliding_window_pattern"):  # Gemma 3: every P-th layer global
+        p = cfg.int("sliding_window_pattern")
+        return [FULL if (i + 1) % p == 0 else SLIDING for i in range(n_layers)]
+    return [SLIDING] * n_layers  # uniform window (Mistral-7B-v0.1)
+
+
+def _layer_spec(cfg: ConfigView, kind: str, n_heads: int, hidden: int) -> LayerSpec:
+    if kind in (FULL, SLIDING):
+        head_dim = cfg.int("head_dim", default=0, minimum=0) or _even_split(cfg, hidden, n_heads)
+        kv_heads = 1 if cfg.get("multi_query", default=False) is True else cfg.int(
+            "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads
+        )
+        return LayerSpec(
+            kind=kind,  # type: ignore[arg-type]
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            window=cfg.int("sliding_window") if kind == SLIDING else None,
+        )
+    if kind == MLA:
+        return LayerSpec(
+            kind=MLA, kv_lora_rank=cfg.int("kv_lora_rank"), qk_rope_head_dim=cfg.int("qk_rope_head_dim")
+        )
+    return _state_spec(cfg, hidden)
+
+
+def _state_spec(cfg: ConfigView, hidden: int) -> LayerSpec:
+    """Constant per-sequence state of a linear-attention or Mamba layer."""
+    if cfg.has("linear_num_value_heads", "linear_num_key_heads"):
+        # Gated DeltaNet (Qwen3-Next): causal-conv state over q,k,v channels for the last
+        # (kernel - 1) positions + a (head_k_dim x head_v_dim) recurrent state per value head.
+        nk, nv = cfg.int("linear_num_key_heads"), cfg.int("linear_num_value_heads")
+        dk, dv = cfg.int("linear_key_head_dim"), cfg.int("linear_value_head_dim")
+        conv_dim = 2 * nk * dk + nv * dv
+        conv = conv_dim * (cfg.int("linear_conv_kernel_dim") - 1)
+        recurrent = nv * dk * dv
+        return LayerSpec(
+            kind=STATE,
+            state_elements=conv + recurrent,
+            state_shards=nv,
+            state_note=f"gated-deltanet conv {conv} + recurrent {recurrent} elements",
+        )
+    if cfg.has("mamba_d_state", "mamba_expand"):
+        # Mamba-1 (Jamba): conv state (d_inner, d_conv - 1) + SSM state (d_inner, d_state).
+        d_inner = cfg.int("mamba_expand") * hidden
+        conv = d_inner * (cfg.int("mamba_d_conv") - 1)
+        ssm = d_inner * cfg.int("mamba_d_state")
+        return LayerSpec(
+            kind=STATE,
+            state_elements=conv + ssm,
+            state_shards=d_inner,
+            state_note=f"mamba conv {conv} + ssm {ssm} elements",
+        )
+    raise BadInput(
+        f"{cfg.source}: linear/recurrent layers need 'linear_num_value_heads' "
+        "(Gated DeltaNet) or 'mamba_d_state' (Mamba) in the config"
+    )
+
+
+def _even_split(cfg: ConfigView, hidden: int, n_heads: int) -> int:
+    if hidden % n_heads:
+        raise BadInput(
+            f"{cfg.source}: hidden_size {hidden} is not divisible by {n_heads} heads; "
+            "the config needs an explicit 'head_dim'"
+        )
+    return hidden // n_heads
+

@@ -1,0 +1,48 @@
+"""MODEL argument -> `ModelShape` (+ real weight bytes where files tell them): a model
+directory (config.json, and *.safetensors headers if present), a config.json file, a
+GGUF file (metadata header; weights = the file's tensor bytes), or a built-in preset by
+name or Hugging Face id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from infer_tool.common.errors import BadInput
+from infer_tool.sizing.gguf import config_from_gguf, read_gguf_header
+from infer_tool.sizing.hf_config import load_config, shape_from_config
+from infer_tool.sizing.presets import find_model_preset, model_presets, suggest
+from infer_tool.sizing.safetensors_header import checkpoint_bytes
+from infer_tool.sizing.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    shape: ModelShape
+    file_weight_bytes: int | None  # bytes the checkpoint files hold, if read from disk
+    file_weight_note: str = ""
+
+
+def resolve_model(spec: str) -> ResolvedModel:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        shape = shape_from_config(load_config(path), name=path.name, source=str(path / "config.json"))
+        ck = checkpoint_bytes(path)
+        if ck is None:
+            return ResolvedModel(shape, None)
+        dtypes = ", ".join(f"{k} {v:,} B" for k, v in sorted(ck.by_dtype.items()))
+        return ResolvedModel(shape, ck.total, f"{ck.tensors} tensors in {ck.files} safetensors files ({dtypes})")
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        header = read_gguf_header(path)
+        shape = shape_from_config(config_from_gguf(header), name=path.stem, source=str(path))
+        data = header.file_size - header.metadata_end
+        return ResolvedModel(shape, data, f"GGUF tensor data ({header.tensor_count} tensors)")
+    if path.is_file():
+        return ResolvedModel(shape_from_config(load_config(path), name=path.parent.name or path.stem, source=str(path)), None)
+    preset = find_model_preset(spec)
+    if preset is None:
+        raise BadInput(
+            f"MODEL {spec!r} is not a directory, config.json, .gguf file or preset; "
+            f"{suggest(spec, list(model_presets()))} (see --list-models)"
+        )
+    return ResolvedModel(shape_from_config(preset.config, name=preset.key, source=preset.source), None)
