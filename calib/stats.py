@@ -1,0 +1,173 @@
+"""`LayerStats`: what calibration measured at the input of one linear layer, and how it
+is accumulated, saved and loaded.
+
+For inputs x (K,) seen over T tokens:
+- `H` (K, K) fp32 = (1/T) Σ 2·x·xᵀ, the GPTQ Hessian of the layer-wise loss ‖WX − ŴX‖²
+  (Frantar et al. 2022, §2 eq. 1). Accumulated as an fp64 sum of per-chunk fp32 products.
+- `act_abs_mean` (K,) = (1/T) Σ |x|, the per-input-channel magnitude AWQ scales by
+  (Lin et al. 2023, §3.2).
+- `act_abs_max` = max |x| over every token and channel.
+- `tokens` = T.
+
+Linears that read the same tensor (q/k/v, gate/up) share one `LayerStats`.
+
+This module knows nothing about models or layer names beyond the strings it is given,
+and nothing about which solver uses which statistic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from infer_tool.common.errors import BadInput
+
+STATS_INDEX = "stats_index.json"
+STATS_VERSION = 1
+
+
+@dataclass
+class LayerStats:
+    H: torch.Tensor | None  # (K, K) fp32, or None when the Hessian was not asked for
+    act_abs_mean: torch.Tensor  # (K,) fp32
+    act_abs_max: float
+    tokens: int
+
+    @property
+    def in_features(self) -> int:
+        return int(self.act_abs_mean.shape[0])
+
+
+class StatsAccumulator:
+    """Running sums for one linear input; `add(x)` with x (..., K), `result()` at the end."""
+
+    def __init__(self, in_features: int, hessian: bool = True, chunk_tokens: int = 8192) -> None:
+        self.in_features = in_features
+        self.hessian = hessian
+        self.chunk_tokens = chunk_tokens
+        self.xx: torch.Tensor | None = None  # (K, K) fp64 Σ x xᵀ
+        self.abs_sum: torch.Tensor | None = None  # (K,) fp64 Σ |x|
+        self.abs_max = 0.0
+        self.tokens = 0
+
+    @torch.no_grad()
+    def add(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1])  # (T, K)
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"input has {x.shape[1]} features, expected {self.in_features}")
+        if self.abs_sum is None:
+            self.abs_sum = torch.zeros(self.in_features, dtype=torch.float64, device=x.device)
+            if self.hessian:
+                self.xx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
+        for start in range(0, x.shape[0], self.chunk_tokens):
+            xc = x[start : start + self.chunk_tokens].float()  # (t, K)
+            a = xc.abs()
+            self.abs_sum += a.sum(0, dtype=torch.float64)
+            self.abs_max = max(self.abs_max, float(a.max()))
+            if self.xx is not None:
+                self.xx += (xc.T @ xc).double()
+        self.tokens += int(x.shape[0])
+
+    def result(self) -> LayerStats:
+        if self.tokens == 0 or self.abs_sum is None:
+            raise ValueError("no calibration tokens reached this layer")
+        H = None
+        if self.xx is not None:
+            H = (2.0 * self.xx / self.tokens).float().cpu()
+        return LayerStats(
+            H=H,
+            act_abs_mean=(self.abs_sum / self.tokens).float().cpu(),
+            act_abs_max=self.abs_max,
+            tokens=self.tokens,
+        )
+
+
+def relative_output_error(W: torch.Tensor, W_hat: torch.Tensor, H: torch.Tensor) -> float:
+    """‖(Ŵ − W)X‖ / ‖WX‖ over the calibration tokens, computed from H = 2XXᵀ/T.
+
+    W, W_hat (N, K); H (K, K). Exact for the inputs H was measured on: ‖AX‖² = tr(A XXᵀ Aᵀ).
+    """
+    Hd = H.double()
+    W = W.double()
+    D = W_hat.double() - W
+    num = ((D @ Hd) * D).sum()
+    den = ((W @ Hd) * W).sum()
+    return float((num.clamp_min(0) / den.clamp_min(1e-30)).sqrt())
+
+
+def save_stats(
+    stats: dict[str, LayerStats],
+    out_dir: Path,
+    meta: dict[str, object],
+    overwrite: bool = False,
+) -> Path:
+    """Write `stats` (keyed by linear name; shared objects stored once) to `out_dir`.
+
+    Layout: `stats.safetensors` holds `<key>.H` and `<key>.act_abs_mean`, with `key` the
+    first linear name sharing that object; `stats_index.json` maps every linear name to
+    its key, `act_abs_max` and `tokens`, plus `meta`. Written into a temporary directory
+    beside `out_dir` and renamed at the end.
+    """
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise BadInput(f"{out_dir} already exists; pass --overwrite or choose a new directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        tensors: dict[str, torch.Tensor] = {}
+        keys: dict[int, str] = {}
+        index: dict[str, dict[str, object]] = {}
+        for name in sorted(stats):
+            s = stats[name]
+            key = keys.get(id(s))
+            if key is None:
+                key = keys[id(s)] = name
+                tensors[f"{key}.act_abs_mean"] = s.act_abs_mean.contiguous()
+                if s.H is not None:
+                    tensors[f"{key}.H"] = s.H.contiguous()
+            index[name] = {"key": key, "act_abs_max": s.act_abs_max, "tokens": s.tokens}
+        save_file(tensors, str(tmp / "stats.safetensors"), metadata={"format": "infer-tool-stats"})
+        doc = {"version": STATS_VERSION, "meta": meta, "layers": index}
+        (tmp / STATS_INDEX).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object]]:
+    """Read what `save_stats` wrote: ({linear name: LayerStats}, meta). Shared stats stay shared."""
+    from safetensors.torch import load_file
+
+    stats_dir = Path(stats_dir)
+    index_path = stats_dir / STATS_INDEX
+    if not index_path.is_file():
+        raise BadInput(f"{stats_dir} is not a statistics directory (no {STATS_INDEX}); make one with `infer-tool calibrate`")
+    doc = json.loads(index_path.read_text())
+    if doc.get("version") != STATS_VERSION:
+        raise BadInput(f"{stats_dir}: statistics version {doc.get('version')} is not {STATS_VERSION}; recalibrate")
+    tensors = load_file(str(stats_dir / "stats.safetensors"))
+    by_key: dict[str, LayerStats] = {}
+    out: dict[str, LayerStats] = {}
+    for name, entry in doc["layers"].items():
+        key = entry["key"]
+        if key not in by_key:
+            by_key[key] = LayerStats(
+                H=tensors.get(f"{key}.H"),
+                act_abs_mean=tensors[f"{key}.act_abs_mean"],
+                act_abs_max=float(entry["act_abs_max"]),
+                tokens=int(entry["tokens"]),
+            )
+        out[name] = by_key[key]
+    return out, doc.get("meta", {})
