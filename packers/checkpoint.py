@@ -1,0 +1,320 @@
+"""Quantized checkpoints on disk: a registry of formats, `write_checkpoint` and
+`read_checkpoint`.
+
+A checkpoint is an HF model directory: safetensors (sorted keys, no timestamps; sharded
+above `max_shard_bytes`), config.json with `quantization_config`, and the tokenizer /
+chat template / generation config copied from the source model. Quantized linears are
+written by their format's `tensors` function; every other tensor keeps the model dtype;
+a tied output embedding is not written (it stays tied on load). The directory appears
+atomically: everything goes into a temporary directory beside `out_dir`, renamed at the end.
+
+A format plugs in with one entry in `_BUILTIN` ("module:attribute" of a `CheckpointFormat`)
+or a `register_format` call. This module knows nothing about any format's tensors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from infer_tool.common.errors import BadInput
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# Files of the source model that travel with the weights.
+COPIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+)
+
+
+def _no_check(scheme: Any, quantized: Mapping[str, Any]) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """How one on-disk format writes and reads quantized linears.
+
+    name: the `--format` value; kind: "int" or "fp8" (one name may exist for both kinds).
+    suffixes: tensor-name suffixes one quantized linear owns (e.g. "weight_packed").
+    config(scheme, ignore) -> the `quantization_config` dict (ignore: unquantized linears).
+    tensors(name, weight, model_dtype) -> {full tensor name: tensor} for one linear.
+    read(tensors, quantization_config) -> {linear name: weight object}.
+    matches(quantization_config) -> True when a checkpoint is in this format.
+    check(scheme, quantized) raises BadInput before anything is written.
+    """
+
+    name: str
+    kind: str
+    suffixes: tuple[str, ...]
+    config: Callable[[Any, Sequence[str]], dict[str, Any]]
+    tensors: Callable[[str, Any, torch.dtype], dict[str, torch.Tensor]]
+    read: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], dict[str, Any]]
+    matches: Callable[[Mapping[str, Any]], bool]
+    check: Callable[[Any, Mapping[str, Any]], None] = field(default=_no_check)
+
+
+_BUILTIN: dict[tuple[str, str], str] = {
+    ("compressed-tensors", "int"): "infer_tool.packers.compressed_tensors:FORMAT",
+    ("awq", "int"): "infer_tool.packers.awq_gemm:FORMAT",
+    ("gptq", "int"): "infer_tool.packers.gptq_v1:FORMAT",
+}
+_REGISTERED: dict[tuple[str, str], CheckpointFormat] = {}
+
+
+def register_format(fmt: CheckpointFormat) -> None:
+    _REGISTERED[(fmt.name, fmt.kind)] = fmt
+
+
+def _load(spec: str) -> CheckpointFormat:
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def all_formats() -> list[CheckpointFormat]:
+    found = {key: _load(spec) for key, spec in _BUILTIN.items()}
+    found.update(_REGISTERED)
+    return [found[k] for k in sorted(found)]
+
+
+def scheme_kind(scheme: Any) -> str:
+    return "fp8" if getattr(scheme, "method", None) == "fp8" else "int"
+
+
+def get_format(name: str, kind: str = "int") -> CheckpointFormat:
+    """The registered format `name` for weights of `kind`; BadInput names the accepted ones."""
+    if (name, kind) in _REGISTERED:
+        return _REGISTERED[(name, kind)]
+    if (name, kind) in _BUILTIN:
+        return _load(_BUILTIN[(name, kind)])
+    accepted = sorted({n for n, k in list(_BUILTIN) + list(_REGISTERED) if k == kind})
+    raise BadInput(f"format {name!r} is not supported for {kind} weights; use one of {', '.join(accepted)}")
+
+
+def format_of(quantization_config: Mapping[str, Any]) -> CheckpointFormat:
+    for fmt in all_formats():
+        if fmt.matches(quantization_config):
+            return fmt
+    method = quantization_config.get("quant_method")
+    raise BadInput(f"quantization_config with quant_method={method!r} is not a format we read")
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _tied_duplicates(model: nn.Module, state: Mapping[str, torch.Tensor]) -> set[str]:
+    """Names to leave out because they share storage with another tensor (tied weights).
+
+    The output embedding is the one dropped when it is tied to the input embedding.
+    """
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out_name = None
+    if out_emb is not None:
+        for name, module in model.named_modules():
+            if module is out_emb:
+                out_name = f"{name}.weight"
+    seen: dict[tuple[int, tuple[int, ...]], str] = {}
+    drop: set[str] = set()
+    for name in sorted(state, key=lambda n: (n == out_name, n)):
+        t = state[name]
+        if t.device.type == "meta" or t.numel() == 0:
+            continue
+        key = (t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size(), tuple(t.shape))
+        if key in seen:
+            drop.add(name)
+        else:
+            seen[key] = name
+    return drop
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    return sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
+
+
+def checkpoint_tensors(
+    model: nn.Module, quantized: Mapping[str, Any], fmt: CheckpointFormat, extra_tensors: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """{tensor name: tensor} of the checkpoint, sorted by name, contiguous, on CPU."""
+    state = model.state_dict()
+    drop = _tied_duplicates(model, state)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        if name in drop:
+            continue
+        out[name] = t
+    for name, w in quantized.items():
+        if f"{name}.weight" not in out:
+            raise BadInput(f"quantized layer {name!r} has no weight in the model's state dict")
+        del out[f"{name}.weight"]
+        out.update(fmt.tensors(name, w, dtype))
+    out.update(extra_tensors or {})
+    return {k: out[k].detach().to("cpu").contiguous() for k in sorted(out)}
+
+
+def _shards(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    return shards
+
+
+def _write_safetensors(tensors: Mapping[str, torch.Tensor], directory: Path, max_shard_bytes: int) -> list[str]:
+    from safetensors.torch import save_file
+
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        save_file(dict(shards[0]), str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map = {}
+    for fname, shard in zip(names, shards):
+        save_file(dict(shard), str(directory / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return names
+
+
+def _config_dict(model: nn.Module) -> dict[str, Any]:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise BadInput("the model has no HF config; write_checkpoint needs a transformers model")
+    return json.loads(config.to_json_string(use_diff=False))
+
+
+def write_checkpoint(
+    model: nn.Module,
+    quantized: Mapping[str, Any],
+    fmt: str,
+    scheme: Any,
+    out_dir: str | os.PathLike[str],
+    src_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    extra_files: Mapping[str, str | bytes] | None = None,
+    extra_tensors: Mapping[str, torch.Tensor] | None = None,
+    max_shard_bytes: int = 5 * 1024**3,
+) -> Path:
+    """Write `model` with its linears `quantized` ({module name: weight}) as format `fmt`.
+
+    model: the transformers model holding the unquantized tensors (its quantized linears'
+        `.weight` are replaced by the format's tensors). scheme: the QuantScheme (or FP8
+        scheme) used. extra_files: {relative name: content} (e.g. quantize_report.json).
+    extra_tensors: more tensors to store (e.g. KV-cache scales). Returns out_dir.
+    Raises BadInput for an existing out_dir (unless overwrite) or a format that cannot carry
+    the scheme; on any failure nothing is left behind.
+    """
+    out = Path(out_dir)
+    fmt_obj = get_format(fmt, scheme_kind(scheme))
+    if out.exists() and not overwrite:
+        raise BadInput(f"output directory {str(out)!r} already exists; pass --overwrite to replace it")
+    fmt_obj.check(scheme, quantized)
+    linears = set(_linear_names(model))
+    missing = sorted(set(quantized) - linears)
+    if missing:
+        raise BadInput(f"quantized layers {missing[:5]} are not linear modules of the model")
+    ignore = sorted(linears - set(quantized))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors)
+        _write_safetensors(tensors, tmp, max_shard_bytes)
+        config = _config_dict(model)
+        config["quantization_config"] = fmt_obj.config(scheme, ignore)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if src_dir is not None:
+            for name in COPIED_FILES:
+                src = Path(src_dir) / name
+                if src.is_file():
+                    shutil.copyfile(src, tmp / name)
+        gen = getattr(model, "generation_config", None)
+        if not (tmp / "generation_config.json").exists() and gen is not None:
+            gen.to_json_file(str(tmp / "generation_config.json"))
+        for name, content in (extra_files or {}).items():
+            path = tmp / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content)
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ---------------------------------------------------------------- reading
+
+
+def load_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory (single file or sharded with an index)."""
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    index = d / SAFETENSORS_INDEX
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in d.glob("*.safetensors"))
+    if not files:
+        raise BadInput(f"{str(d)!r} holds no .safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(d / f)))
+    return tensors
+
+
+def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
+    """(config dict, {linear name: weight object}, {other tensor name: tensor}).
+
+    The weight objects are `QuantizedWeight` for INT formats (Fp8Weight for FP8 ones).
+    """
+    d = Path(directory)
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise BadInput(f"{str(d)!r} has no config.json; expected a checkpoint directory")
+    config = json.loads(cfg_path.read_text())
+    qcfg = config.get("quantization_config")
+    if not qcfg:
+        raise BadInput(f"{str(d)!r} is not quantized (config.json has no quantization_config)")
+    fmt = format_of(qcfg)
+    tensors = load_tensors(d)
+    layers = fmt.read(tensors, qcfg)
+    owned = {f"{name}.{s}" for name in layers for s in fmt.suffixes}
+    rest = {k: v for k, v in tensors.items() if k not in owned}
+    return config, layers, rest
