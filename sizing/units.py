@@ -20,14 +20,15 @@ _COUNT_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
 _MAX_ITEMS = 64
 
 
-def parse_bytes(text: str, what: str) -> int:
-    """`80GiB` / `80GB` / `80G` / `85899345920B` / `80` (GiB) -> bytes (> 0)."""
+def parse_bytes(text: str, what: str, *, allow_zero: bool = False) -> int:
+    """`80GiB` / `80GB` / `80G` / `85899345920B` / `80` (GiB) -> bytes (> 0, or >= 0
+    with `allow_zero`)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _MEM_UNITS:
         raise BadInput(f"{what} {text!r} is not a size; accepted: e.g. 80GiB, 80GB, 24G, 1.5GiB, 1073741824B")
     value = int(float(m.group(1)) * _MEM_UNITS[unit])
-    if value <= 0:
+    if value < 0 or (value == 0 and not allow_zero):
         raise BadInput(f"{what} {text!r} must be greater than zero")
     return value
 
