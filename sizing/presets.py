@@ -6,7 +6,6 @@ go through the same reader as a user's config; GPU presets give driver-reported 
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -71,6 +70,8 @@ def gpu_preset(spec: str) -> GpuPreset:
 
 def suggest(spec: str, names: list[str]) -> str:
     """'did you mean: a, b' from the nearest names, else the accepted list."""
+    import difflib  # only on the error path
+
     by_norm = {_norm(n): n for n in names}
     near = difflib.get_close_matches(_norm(spec), list(by_norm), n=3, cutoff=0.5)
     if near:

@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infer_tool.common.errors import BadInput
-from infer_tool.sizing.gguf import config_from_gguf, read_gguf_header
 from infer_tool.sizing.hf_config import load_config, shape_from_config
 from infer_tool.sizing.presets import find_model_preset, model_presets, suggest
-from infer_tool.sizing.safetensors_header import checkpoint_bytes
 from infer_tool.sizing.shape import ModelShape
 
 
@@ -24,8 +22,11 @@ class ResolvedModel:
 
 
 def resolve_model(spec: str) -> ResolvedModel:
+    # File readers are imported only when MODEL is a file (keeps preset start-up small).
     path = Path(spec).expanduser()
     if path.is_dir():
+        from infer_tool.sizing.safetensors_header import checkpoint_bytes
+
         shape = shape_from_config(load_config(path), name=path.name, source=str(path / "config.json"))
         ck = checkpoint_bytes(path)
         if ck is None:
@@ -33,6 +34,8 @@ def resolve_model(spec: str) -> ResolvedModel:
         dtypes = ", ".join(f"{k} {v:,} B" for k, v in sorted(ck.by_dtype.items()))
         return ResolvedModel(shape, ck.total, f"{ck.tensors} tensors in {ck.files} safetensors files ({dtypes})")
     if path.is_file() and path.suffix.lower() == ".gguf":
+        from infer_tool.sizing.gguf import config_from_gguf, read_gguf_header
+
         header = read_gguf_header(path)
         shape = shape_from_config(config_from_gguf(header), name=path.stem, source=str(path))
         data = header.file_size - header.metadata_end
