@@ -163,6 +163,8 @@ def checkpoint_tensors(
             continue
         out[name] = t
     for name, w in quantized.items():
+        if f"{name}.weight" in drop:
+            raise BadInput(f"{name!r} is tied to another tensor (tied embeddings); leave it unquantized")
         if f"{name}.weight" not in out:
             raise BadInput(f"quantized layer {name!r} has no weight in the model's state dict")
         del out[f"{name}.weight"]

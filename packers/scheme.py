@@ -105,7 +105,7 @@ class AWQScheme(QuantScheme):
     clip_grid: int = 20
     max_shrink: float = 0.5
     clip_tokens: int = 512
-    clip_batch: int = 64
+    clip_batch: int = 256
 
     def __post_init__(self) -> None:
         super().__post_init__()
