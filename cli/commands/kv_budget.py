@@ -345,7 +345,10 @@ def _print_human(
     console.print(t)
 
     by_key = {(r.context, r.concurrency): r for r in rows}
-    t = Table(title="Sweep: used / usable per GPU  ([green]fits[/], [yellow]fits, >90% full[/], [red]does not fit[/])")
+    t = Table(
+        title="Sweep: used / usable memory per GPU",
+        caption="[green]fits[/]  [yellow]fits, over 90% full[/]  [red]does not fit[/]",
+    )
     t.add_column("context \\ concurrency", justify="right")
     for n in concurrencies:
         t.add_column(str(n), justify="right")
