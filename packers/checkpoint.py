@@ -150,18 +150,29 @@ def _linear_names(model: nn.Module) -> list[str]:
     return sorted(n for n, m in model.named_modules() if isinstance(m, nn.Linear))
 
 
+def model_dtype(model: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
 def checkpoint_tensors(
-    model: nn.Module, quantized: Mapping[str, Any], fmt: CheckpointFormat, extra_tensors: Mapping[str, torch.Tensor] | None = None
+    model: nn.Module,
+    quantized: Mapping[str, Any],
+    fmt: CheckpointFormat,
+    extra_tensors: Mapping[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """{tensor name: tensor} of the checkpoint, sorted by name, contiguous, on CPU."""
+    """{tensor name: tensor} of the checkpoint, sorted by name, contiguous, on CPU.
+
+    Floating-point model tensors are cast to `dtype` (default: the model's dtype).
+    """
     state = model.state_dict()
     drop = _tied_duplicates(model, state)
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    dtype = dtype or model_dtype(model)
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         if name in drop:
             continue
-        out[name] = t
+        out[name] = t.to(dtype) if t.is_floating_point() else t
     for name, w in quantized.items():
         if f"{name}.weight" in drop:
             raise BadInput(f"{name!r} is tied to another tensor (tied embeddings); leave it unquantized")
@@ -222,13 +233,15 @@ def write_checkpoint(
     extra_files: Mapping[str, str | bytes] | None = None,
     extra_tensors: Mapping[str, torch.Tensor] | None = None,
     max_shard_bytes: int = 5 * 1024**3,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write `model` with its linears `quantized` ({module name: weight}) as format `fmt`.
 
     model: the transformers model holding the unquantized tensors (its quantized linears'
         `.weight` are replaced by the format's tensors). scheme: the QuantScheme (or FP8
         scheme) used. extra_files: {relative name: content} (e.g. quantize_report.json).
-    extra_tensors: more tensors to store (e.g. KV-cache scales). Returns out_dir.
+    extra_tensors: more tensors to store (e.g. KV-cache scales). dtype: of the unquantized
+    tensors (and compressed-tensors scales); default the model's. Returns out_dir.
     Raises BadInput for an existing out_dir (unless overwrite) or a format that cannot carry
     the scheme; on any failure nothing is left behind.
     """
@@ -247,9 +260,13 @@ def write_checkpoint(
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors)
+        dtype = dtype or model_dtype(model)
+        tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
         _write_safetensors(tensors, tmp, max_shard_bytes)
         config = _config_dict(model)
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        if "torch_dtype" in config:
+            config["torch_dtype"] = config["dtype"]
         config["quantization_config"] = fmt_obj.config(scheme, ignore)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if src_dir is not None:

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from infer_tool.common.errors import BadInput
 from infer_tool.packers import awq_gemm, compressed_tensors, gptq_v1
-from infer_tool.packers.checkpoint import get_format, read_checkpoint, write_checkpoint
+from infer_tool.packers import checkpoint
+from infer_tool.packers.checkpoint import CheckpointFormat, get_format, read_checkpoint, write_checkpoint
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
@@ -217,6 +218,7 @@ def test_read_checkpoint_round_trip(tmp_path, fmt, symmetric):
         stored = torch.bfloat16 if fmt == "compressed-tensors" else torch.float16  # scale storage dtype
         assert torch.equal(back.scale, qw.scale.to(stored).float())
     assert "lm_head.weight" not in rest  # tied: not written
+    assert config["dtype"] == "bfloat16"
     assert rest["model.embed_tokens.weight"].dtype == torch.bfloat16
     assert torch.equal(rest["model.embed_tokens.weight"], model.model.embed_tokens.weight)
 
@@ -287,3 +289,27 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="simulated"):
         write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, tmp_path / "ck")
     assert os.listdir(tmp_path) == []
+
+
+def test_registry_plugs_in_a_format_and_casts_dtype(tmp_path, monkeypatch):
+    """A format registered with one call is written and read back by name; dtype= casts the
+    unquantized tensors and is recorded in config.json."""
+    monkeypatch.setattr(checkpoint, "_REGISTERED", {})
+    plain = CheckpointFormat(
+        name="plain", kind="int", suffixes=("weight",),
+        config=lambda scheme, ignore: {"quant_method": "plain-test", "ignore": list(ignore)},
+        tensors=lambda name, qw, dtype: {f"{name}.weight": qw.dequantize(dtype)},
+        read=lambda tensors, cfg: {k[: -len(".weight")]: tensors[k] for k in tensors if "proj" in k},
+        matches=lambda cfg: cfg.get("quant_method") == "plain-test",
+    )
+    checkpoint.register_format(plain)
+    model = _tiny_llama(tied=True)
+    scheme = RTNScheme(group_size=32)
+    quantized = _quantize_all(model, scheme)
+    out = write_checkpoint(model, quantized, "plain", scheme, tmp_path / "ck", dtype=torch.float16)
+    config, layers, rest = read_checkpoint(out)
+    assert config["dtype"] == "float16" and rest["model.norm.weight"].dtype == torch.float16
+    name = "model.layers.1.mlp.down_proj"
+    assert torch.equal(layers[name], quantized[name].dequantize(torch.float16))
+    with pytest.raises(BadInput, match="plain"):
+        get_format("nope")
