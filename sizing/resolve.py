@@ -41,7 +41,8 @@ def resolve_model(spec: str) -> ResolvedModel:
         data = header.file_size - header.metadata_end
         return ResolvedModel(shape, data, f"GGUF tensor data ({header.tensor_count} tensors)")
     if path.is_file():
-        return ResolvedModel(shape_from_config(load_config(path), name=path.parent.name or path.stem, source=str(path)), None)
+        name = path.parent.name or path.stem
+        return ResolvedModel(shape_from_config(load_config(path), name=name, source=str(path)), None)
     preset = find_model_preset(spec)
     if preset is None:
         raise BadInput(

@@ -1,12 +1,15 @@
 """`infer-tool kv-budget MODEL`: KV-cache memory budgets per model / context /
 concurrency on a GPU deployment. Pure arithmetic over the model's shape (`sizing/`);
-imports only typer at module import, rich and sizing inside the command."""
+imports only typer and the stdlib-only `sizing` constants at module import; rich and
+the rest of sizing inside the command."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+
+from infer_tool.sizing.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_MEM_UTIL, DEFAULT_RESERVE_BYTES
 
 if TYPE_CHECKING:
     from infer_tool.sizing.capacity import Planner, Row
@@ -28,27 +31,40 @@ def kv_budget(
     ] = None,
     gpu: Annotated[str, typer.Option(help="GPU preset (--list-gpus).")] = _DEFAULT_GPU,
     gpu_mem: Annotated[Optional[str], typer.Option(help="GPU memory instead of a preset: 80GiB, 80GB, 24G.")] = None,
-    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs in all [default: tp x pp]; extra ones are replicas.")] = None,
-    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel size [default: num-gpus / pp].")] = None,
+    num_gpus: Annotated[
+        Optional[int], typer.Option(help="GPUs in all (default: tp x pp); extra ones are replicas.")
+    ] = None,
+    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel size (default: num-gpus / pp).")] = None,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
-    mem_util: Annotated[Optional[float], typer.Option(help="Fraction of GPU memory usable [default: 0.9, as vLLM].")] = None,
+    mem_util: Annotated[
+        Optional[float], typer.Option(help=f"Fraction of GPU memory usable (default: {DEFAULT_MEM_UTIL}, as vLLM).")
+    ] = None,
     weights: Annotated[
         Optional[str],
-        typer.Option(help="bf16|fp16|fp8|int8|int4 [default: real bytes of the model's files if any, else bf16]."),
+        typer.Option(help="bf16|fp16|fp8|int8|int4 (default: real bytes of the model's files if any, else bf16)."),
     ] = None,
     group_size: Annotated[int, typer.Option(help="int4 group size (-1: per channel).")] = 128,
     kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: bf16|fp16|fp8|int8|int4.")] = "bf16",
-    block_size: Annotated[Optional[int], typer.Option(help="Tokens per cache block [default: 16, as vLLM].")] = None,
+    block_size: Annotated[
+        Optional[int], typer.Option(help=f"Tokens per cache block (default: {DEFAULT_BLOCK_SIZE}, as vLLM).")
+    ] = None,
     context: Annotated[
         Optional[list[str]],
-        typer.Option(help="Context lengths: 8192, 32k, lists 4k,8k, ranges 4k..128k (doubling) or 1k..8k:1k."),
+        typer.Option(
+            help="Context lengths: 8192, 32k, lists 4k,8k, ranges 4k..128k (doubling) or 1k..8k:1k "
+            "(default: 4k doubling up to the model's max_position_embeddings)."
+        ),
     ] = None,
     concurrency: Annotated[
-        Optional[list[str]], typer.Option(help="Concurrent sequences, same syntax as --context [default: 1,8,32,128].")
+        Optional[list[str]],
+        typer.Option(help=f"Concurrent sequences, same syntax as --context (default: {_DEFAULT_CONCURRENCY[0]})."),
     ] = None,
-    shared_prefix: Annotated[int, typer.Option(help="Prompt-prefix tokens shared by all sequences (prefix caching).")] = 0,
+    shared_prefix: Annotated[
+        int, typer.Option(help="Prompt-prefix tokens shared by all sequences (prefix caching).")
+    ] = 0,
     reserve: Annotated[
-        Optional[str], typer.Option(help="Activation/workspace memory kept aside per GPU [default: 3GiB].")
+        Optional[str],
+        typer.Option(help=f"Activation/workspace memory kept aside per GPU (default: {DEFAULT_RESERVE_BYTES / 2**30:g}GiB)."),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     list_models: Annotated[bool, typer.Option("--list-models", help="List model presets and exit.")] = False,
@@ -110,9 +126,11 @@ def _run(
         tp=tp,
         pp=pp,
         kv=kv.kv_dtype(kv_dtype),
-        mem_util=capacity.DEFAULT_MEM_UTIL if mem_util is None else mem_util,
-        reserve_bytes=capacity.DEFAULT_RESERVE_BYTES if reserve is None else units.parse_bytes(reserve, "--reserve", allow_zero=True),
-        block_size=capacity.DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+        mem_util=DEFAULT_MEM_UTIL if mem_util is None else mem_util,
+        reserve_bytes=(
+            DEFAULT_RESERVE_BYTES if reserve is None else units.parse_bytes(reserve, "--reserve", allow_zero=True)
+        ),
+        block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
         shared_prefix=shared_prefix,
     )
 
@@ -237,7 +255,9 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
         if models:
             doc["models"] = {k: {"hf_id": p.hf_id, "source": p.source} for k, p in model_presets.items()}
         if gpus:
-            doc["gpus"] = {k: {"name": p.name, "memory_bytes": p.memory_bytes, "source": p.source} for k, p in gpu_presets.items()}
+            doc["gpus"] = {
+                k: {"name": p.name, "memory_bytes": p.memory_bytes, "source": p.source} for k, p in gpu_presets.items()
+            }
         emit_json(doc)
         return
     if models:
