@@ -19,7 +19,9 @@ This module measures amax only; turning amax into scales and tensor names is pac
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +95,46 @@ def attention_modules(model: nn.Module) -> dict[str, tuple[nn.Module, str, int]]
     return found
 
 
+@contextlib.contextmanager
+def recording_kv(root: nn.Module, prefix: str = "") -> Iterator[dict[str, KvAmax]]:
+    """While open, every attention module under `root` records the keys / values it
+    hands to its cache; yields {`prefix` + module name: KvAmax}."""
+    attn = attention_modules(root)
+    if not attn:
+        raise BadInput(
+            f"{type(root).__name__} has no attention module with a k/v projection and a cache "
+            f"argument ({', '.join(CACHE_ARGUMENTS)}); FP8 KV-cache scales cannot be calibrated for it"
+        )
+    stats = {f"{prefix}{name}": KvAmax() for name in attn}
+
+    def make_hook(s: KvAmax, arg: str, pos: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            # `pos` indexes forward's parameters without `self` (a bound method's signature)
+            if len(args) > pos:
+                args = (*args[:pos], _RecordingCache(s, args[pos]), *args[pos + 1 :])
+            else:
+                kwargs[arg] = _RecordingCache(s, kwargs.get(arg))
+            return args, kwargs
+
+        return hook
+
+    handles = [
+        module.register_forward_pre_hook(make_hook(stats[f"{prefix}{name}"], arg, pos), with_kwargs=True)
+        for name, (module, arg, pos) in attn.items()
+    ]
+    try:
+        yield stats
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n, s in stats.items() if s.tokens == 0]
+    if missing:
+        raise BadInput(
+            f"attention modules {missing[:4]} never wrote to their KV cache during calibration; "
+            "this architecture's attention does not call cache.update(), so FP8 KV scales cannot be measured"
+        )
+
+
 @torch.no_grad()
 def measure_kv_amax(
     model: nn.Module,
@@ -104,41 +146,10 @@ def measure_kv_amax(
     """Run `input_ids` `(B, T)` through `model` in chunks and return {attention module name:
     KvAmax} of the keys (post-RoPE) and values each layer stores in its cache."""
     progress = progress or no_progress
-    attn = attention_modules(model)
-    if not attn:
-        raise BadInput(
-            f"{type(model).__name__} has no attention module with a k/v projection and a cache "
-            f"argument ({', '.join(CACHE_ARGUMENTS)}); FP8 KV-cache scales cannot be calibrated for it"
-        )
-    stats = {name: KvAmax() for name in attn}
-    handles = []
-
-    def make_hook(s: KvAmax, arg: str, pos: int) -> Any:
-        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            # forward's own positional index counts `self` out already (bound method)
-            if len(args) > pos:
-                args = (*args[:pos], _RecordingCache(s, args[pos]), *args[pos + 1 :])
-            else:
-                kwargs[arg] = _RecordingCache(s, kwargs.get(arg))
-            return args, kwargs
-
-        return hook
-
     device = next(model.parameters()).device
-    try:
-        for name, (module, arg, pos) in attn.items():
-            handles.append(module.register_forward_pre_hook(make_hook(stats[name], arg, pos), with_kwargs=True))
-        total = input_ids.shape[0]
+    total = input_ids.shape[0]
+    with recording_kv(model) as stats:
         for start in range(0, total, batch_size):
             model(input_ids=input_ids[start : start + batch_size].to(device), use_cache=False)
             progress("kv-cache scales", min(start + batch_size, total), total)
-    finally:
-        for h in handles:
-            h.remove()
-    missing = [n for n, s in stats.items() if s.tokens == 0]
-    if missing:
-        raise BadInput(
-            f"attention modules {missing[:4]} never wrote to their KV cache during calibration; "
-            "this architecture's attention does not call cache.update(), so FP8 KV scales cannot be measured"
-        )
     return stats

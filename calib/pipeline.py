@@ -71,6 +71,7 @@ class PipelineResult:
     linear_errors: dict[str, float] = field(default_factory=dict)  # ‖ΔW X‖/‖W X‖ where H is known
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
     awq: list[dict[str, Any]] = field(default_factory=list)  # per mapping: ratio, losses, skipped
+    kv_amax: dict[str, Any] = field(default_factory=dict)  # FP8 KV cache: attention name -> KvAmax (calib/fp8_layers.py)
     ignored: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
@@ -152,7 +153,8 @@ def plan(model: nn.Module, scheme: QuantScheme | None, ignore: tuple[str, ...] =
     shapes = linear_shapes(model, arch)
     names = [n for n in shapes if not matches(n, ignore)]
     if scheme is not None:
-        check_group_size({n: shapes[n] for n in names}, scheme.group_size)
+        if isinstance(scheme, QuantScheme):  # FP8 schemes have no groups
+            check_group_size({n: shapes[n] for n in names}, scheme.group_size)
     return arch, names
 
 
@@ -538,7 +540,11 @@ def _quantize_model(
                 Y = _awq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result, search_chunks)
             else:
                 Y = run_layer(layer, X, calls[i])
-                if isinstance(scheme, GPTQScheme):
+                if getattr(scheme, "method", None) == "fp8":
+                    from infer_tool.calib.fp8_layers import fp8_layer
+
+                    fp8_layer(layer, prefix, X, calls[i], arch, targets, scheme, result)
+                elif isinstance(scheme, GPTQScheme):
                     _gptq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result)
                 else:
                     for n in arch.linears:
@@ -597,6 +603,11 @@ def quantize_from_stats(
                 if st.H is not None:
                     st = LayerStats(st.H.to(dev), st.act_abs_mean.to(dev), st.act_abs_max, st.tokens)
                 result.stats[full] = stats[full]
+                if getattr(scheme, "method", None) == "fp8":
+                    from infer_tool.calib.fp8_layers import quantize_linear_fp8
+
+                    quantize_linear_fp8(result, full, module, arch, st, scheme)
+                    continue
                 _record(result, full, module, _solve(weight_nk(module, arch.conv1d).detach(), st, scheme), arch, st)
         layer.to(home)
         progress("quantize", i + 1, len(layers))

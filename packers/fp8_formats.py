@@ -27,7 +27,7 @@ post-RoPE keys / values, e.g. `model.layers.0.self_attn.k_scale`; `(1,)` in
 compressed-tensors, scalar in native. vLLM reads these names for `kv_cache_dtype=fp8`.
 
 This module knows nothing about models beyond tensor names, or about writing directories
-(packers/checkpoint.py does that).
+(packers/checkpoint.py does that; `CT_FORMAT` and `NATIVE_FORMAT` plug into its registry).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from infer_tool.common.errors import BadInput
+from infer_tool.packers.checkpoint import CheckpointFormat
 from infer_tool.packers.fp8 import Fp8Scheme, Fp8Weight, scale_from_amax
 
 FP8_FORMATS = ("compressed-tensors", "fp8")
@@ -268,3 +269,60 @@ def read_kv_scales(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[float
                 raise BadInput(f"checkpoint has {key} but no {attn}.v_scale")
             out[attn] = (float(t.reshape(-1)[0]), float(v.reshape(-1)[0]))
     return out
+
+
+# ---------------------------------------------------------------- registry entries
+
+
+def _check(fmt: str) -> Any:
+    def check(scheme: Fp8Scheme, quantized: Mapping[str, Fp8Weight]) -> None:
+        check_fp8_format(scheme, fmt)
+
+    return check
+
+
+def _matches_ct(quant_config: Mapping[str, Any]) -> bool:
+    return quant_config.get("quant_method") == "compressed-tensors" and quant_config.get("format") == CT_FLOAT_FORMAT
+
+
+def _matches_native(quant_config: Mapping[str, Any]) -> bool:
+    return quant_config.get("quant_method") == "fp8"
+
+
+def _ct_tensors(name: str, w: Fp8Weight, model_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return layer_tensors(name, w, "compressed-tensors")  # fp32 scales: exact, and what vLLM keeps
+
+
+def _native_tensors(name: str, w: Fp8Weight, model_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return layer_tensors(name, w, "fp8")
+
+
+def _ct_config(scheme: Fp8Scheme, ignore: Iterable[str]) -> dict[str, Any]:
+    return quantization_config(scheme, "compressed-tensors", ignore)
+
+
+def _native_config(scheme: Fp8Scheme, ignore: Iterable[str]) -> dict[str, Any]:
+    return quantization_config(scheme, "fp8", ignore)
+
+
+# Registered in packers/checkpoint.py's `_BUILTIN` as ("compressed-tensors", "fp8") and ("fp8", "fp8").
+CT_FORMAT = CheckpointFormat(
+    name="compressed-tensors",
+    kind="fp8",
+    suffixes=("weight", "weight_scale", "input_scale"),
+    config=_ct_config,
+    tensors=_ct_tensors,
+    read=read_fp8_layers,
+    matches=_matches_ct,
+    check=_check("compressed-tensors"),
+)
+NATIVE_FORMAT = CheckpointFormat(
+    name="fp8",
+    kind="fp8",
+    suffixes=("weight", "weight_scale", "weight_scale_inv", "input_scale"),
+    config=_native_config,
+    tensors=_native_tensors,
+    read=read_fp8_layers,
+    matches=_matches_native,
+    check=_check("fp8"),
+)
