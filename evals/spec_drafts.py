@@ -1,0 +1,203 @@
+"""Draft proposers for speculative decoding.
+
+Two kinds share one small interface (`start`, `propose`, `rollback`, `teacher_forced`):
+- `ModelDraft`: any causal LM over the target's vocabulary (a smaller HF model, an INT4
+  copy of the target loaded by `evals.loading`, or `truncated_copy` of the target),
+  sampling its k tokens one at a time from its own KV cache;
+- `NgramDraft`: model-free prompt lookup. It finds the most recent earlier occurrence of
+  the last n tokens (n from `max_ngram` down to 1) in the sequence so far and proposes the
+  tokens that followed it. Its q is a one-hot on each proposal (a deterministic draft), so
+  the acceptance step accepts with probability p(x); when nothing matches it proposes
+  nothing and the target takes a plain step.
+
+What this module does not know: how tokens are verified (`spec_sampling`) or timed
+(`spec_decode`), or where models come from (the CLI resolves specs).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from infer_tool.common.errors import BadInput
+from infer_tool.evals.spec_models import CachedLM
+from infer_tool.evals.spec_sampling import sample, warp
+
+NGRAM_DEFAULT = 3
+
+
+class ModelDraft:
+    """A causal-LM draft. `model` must share the target's token ids below `vocab`."""
+
+    def __init__(self, name: str, model: torch.nn.Module, vocab: int):
+        self.name = name
+        self.lm = CachedLM(model, vocab)
+        self.vocab = vocab
+
+    def restrict_vocab(self, vocab: int) -> None:
+        """Use only the first `vocab` logit columns (the vocabulary shared by all models)."""
+        self.vocab = self.lm.vocab = vocab
+
+    def start(self) -> None:
+        self.lm.reset()
+
+    def propose(
+        self, seq: torch.Tensor, k: int, temperature: float, top_p: float, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft k tokens after `seq` (L,): returns tokens (k,) and their q rows (k, V)."""
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        ctx = seq
+        for _ in range(k):
+            logits = self.lm.extend(ctx)[-1]  # (V,)
+            q = warp(logits, temperature, top_p)
+            x = int(q.argmax()) if temperature == 0 else sample(q, generator)
+            tokens.append(x)
+            qs.append(q)
+            ctx = torch.cat([ctx, ctx.new_tensor([x])])
+        return seq.new_tensor(tokens), torch.stack(qs)
+
+    def rollback(self, length: int) -> None:
+        """Forget everything after the first `length` tokens of the sequence."""
+        self.lm.rollback(min(self.lm.cached_len, length))
+
+    def teacher_forced(self, seq: torch.Tensor, start: int, temperature: float, top_p: float) -> torch.Tensor:
+        """q rows (L - start, V) predicting seq[start:], from one forward pass over seq."""
+        return warp(self.lm.score(seq)[start - 1 : -1], temperature, top_p)
+
+    def step_seconds(self, prompt: torch.Tensor, steps: int) -> list[float]:
+        """Wall time of `steps` single-token greedy decode steps after the prompt (batch 1)."""
+        self.start()
+        seq = prompt
+        times: list[float] = []
+        logits = self.lm.extend(seq)[-1]
+        for _ in range(steps):
+            seq = torch.cat([seq, seq.new_tensor([int(logits.argmax())])])
+            t0 = time.perf_counter()
+            logits = self.lm.extend(seq)[-1]
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+class NgramDraft:
+    """Prompt lookup: propose the continuation of the latest earlier match of the last
+    n tokens, n = max_ngram .. 1."""
+
+    def __init__(self, vocab: int, max_ngram: int = NGRAM_DEFAULT, name: str | None = None):
+        if max_ngram < 1:
+            raise BadInput(f"prompt-lookup n-gram size must be >= 1 (got {max_ngram})")
+        self.name = name or f"prompt-lookup:{max_ngram}"
+        self.vocab = vocab
+        self.max_ngram = max_ngram
+
+    def restrict_vocab(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def start(self) -> None:
+        pass
+
+    def rollback(self, length: int) -> None:
+        pass
+
+    def lookup(self, seq: list[int], k: int) -> list[int]:
+        """Up to k proposed tokens following the latest earlier match of a suffix of seq."""
+        L = len(seq)
+        for n in range(min(self.max_ngram, L - 1), 0, -1):
+            suffix = seq[L - n :]
+            for s in range(L - n - 1, -1, -1):  # latest match first, ending before the suffix
+                if seq[s : s + n] == suffix:
+                    return seq[s + n : s + n + k]
+        return []
+
+    def propose(
+        self, seq: torch.Tensor, k: int, temperature: float, top_p: float, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.lookup(seq.tolist(), k)
+        t = seq.new_tensor(tokens)
+        return t, torch.nn.functional.one_hot(t, self.vocab).float()
+
+    def teacher_forced(self, seq: torch.Tensor, start: int, temperature: float, top_p: float) -> torch.Tensor:
+        """q rows (L - start, V): one-hot on the 1-token proposal from seq[:t], zero when
+        there is none (so that position counts as a rejection)."""
+        ids = seq.tolist()
+        q = torch.zeros(len(ids) - start, self.vocab)
+        for t in range(start, len(ids)):
+            prop = self.lookup(ids[:t], 1)
+            if prop:
+                q[t - start, prop[0]] = 1.0
+        return q
+
+    def step_seconds(self, prompt: torch.Tensor, steps: int) -> list[float]:
+        """Wall time of `steps` lookups of one token over growing prefixes of the prompt."""
+        ids = prompt.tolist()
+        times: list[float] = []
+        for i in range(steps):
+            t0 = time.perf_counter()
+            self.lookup(ids[: max(1, len(ids) - steps + i)], 1)
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+Draft = ModelDraft | NgramDraft
+
+
+def _decoder_layers(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """The (parent module, attribute name) of the ModuleList holding the decoder layers:
+    the ModuleList whose length is config.num_hidden_layers."""
+    n = model.config.num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n:
+            parent_name, _, attr = name.rpartition(".")
+            return model.get_submodule(parent_name) if parent_name else model, attr
+    raise BadInput(f"cannot find the {n} decoder layers of {type(model).__name__} to truncate")
+
+
+def truncated_copy(target: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    """The target's first `n_layers` decoder layers followed by its final norm and LM head.
+
+    Shares every weight with the target (shallow module copies, no tensor is copied);
+    only the config (num_hidden_layers, per-layer lists) and the layer list are new.
+    """
+    total = target.config.num_hidden_layers
+    if not 1 <= n_layers < total:
+        raise BadInput(f"truncated:N needs 1 <= N < {total} (the target's layer count), got {n_layers}")
+    parent, attr = _decoder_layers(target)
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = n_layers
+    for key in ("layer_types", "sliding_window_pattern_list"):
+        if isinstance(getattr(config, key, None), list):
+            setattr(config, key, getattr(config, key)[:n_layers])
+
+    def shallow(module: torch.nn.Module) -> torch.nn.Module:
+        clone = copy.copy(module)
+        clone._modules = dict(module._modules)
+        clone._parameters = dict(module._parameters)
+        clone._buffers = dict(module._buffers)
+        for key, value in vars(module).items():  # hooks registered later stay separate
+            if "hook" in key and isinstance(value, dict):
+                setattr(clone, key, type(value)(value))
+        if hasattr(clone, "config"):
+            clone.config = config
+        return clone
+
+    # Copy the path from the root down to the layer list's parent, re-linking each level.
+    path = [n for n in _module_path(target, parent)]
+    root = shallow(target)
+    node = root
+    for name in path:
+        child = shallow(node._modules[name])
+        node._modules[name] = child
+        node = child
+    node._modules[attr] = torch.nn.ModuleList(list(getattr(parent, attr))[:n_layers])
+    if getattr(target, "generation_config", None) is not None:
+        root.generation_config = copy.deepcopy(target.generation_config)
+    return root
+
+
+def _module_path(root: torch.nn.Module, module: torch.nn.Module) -> list[str]:
+    for name, m in root.named_modules():
+        if m is module:
+            return name.split(".") if name else []
+    raise ValueError("module not found under root")
