@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any, Optional
 
 import typer
@@ -21,7 +22,10 @@ def pick_device(device: str) -> str:
     import torch
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            return "cpu"
+        # one GPU per process under accelerate launch / torchrun
+        return f"cuda:{os.environ['LOCAL_RANK']}" if "LOCAL_RANK" in os.environ else "cuda"
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise BadInput(f"unknown --device {device!r}: expected auto, cpu, cuda or cuda:N")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -84,7 +88,8 @@ def ppl(
         notes.append(f"--seq-len {seq_len} capped at the model's context {context}")
         seq_len = context
 
-    with progress_bar(not no_progress) as bar:
+    rank0 = int(os.environ.get("RANK", "0")) == 0  # under accelerate launch only rank 0 prints
+    with progress_bar(rank0 and not no_progress) as bar:
         def labelled(name: str) -> Any:
             return lambda task, done, total, **info: bar(f"{task} {name}", done, total, **info)
 
@@ -114,6 +119,8 @@ def ppl(
             report["ppl_ratio"] = result.ppl / bres.ppl
             report["ppl_delta"] = result.ppl - bres.ppl
 
+    if not rank0:
+        return
     if json_:
         emit_json(report)
         return
