@@ -1,0 +1,83 @@
+"""Which implementation a kernel call runs: compiled Triton, the Triton interpreter, or
+the pure-torch reference.
+
+- CUDA tensors run the compiled Triton kernels.
+- CPU tensors run the pure-torch reference, unless `TRITON_INTERPRET=1` is set in the
+  environment *at call time* (tests do this per test), in which case the same Triton
+  kernels run under Triton's CPU interpreter.
+
+Triton decides between compiling and interpreting when `@triton.jit` decorates a
+function, i.e. at import (of our modules, and of `triton.language.standard` itself).
+`resolve` re-wraps a compiled kernel as an interpreted one when interpretation is
+requested later, so TRITON_INTERPRET never has to be set process-wide (which would send
+every CPU caller in the test run through the slow interpreter) and the import order of
+test modules does not matter. The price: kernels call only Triton builtins, never other
+`@triton.jit` functions (our own helpers, or `tl.cdiv`/`tl.zeros`/`tl.sum`/`tl.max`,
+which are jit functions in `triton.language.standard`). Reductions call `tl.reduce`
+with the combine function `tl.sum`/`tl.max` use (`tl.standard._sum_combine`,
+`_elementwise_max`): the same compiled code, and the interpreter recognises them and
+reduces with numpy instead of one Python call per element.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+TRITON = "triton"
+INTERPRETER = "triton-interpreter"
+REFERENCE = "torch-reference"
+
+
+def interpret_requested() -> bool:
+    """True when TRITON_INTERPRET is set to a true value right now."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def backend_name(device: torch.device | str) -> str:
+    """The path a kernel call on `device` takes: "triton", "triton-interpreter" or
+    "torch-reference" (what `eval ppl` reports)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return TRITON
+    if interpret_requested():
+        return INTERPRETER
+    return REFERENCE
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether a call on `x` runs a Triton kernel (compiled or interpreted)."""
+    return backend_name(x.device) != REFERENCE
+
+
+def resolve(kernel: Any) -> Any:
+    """The launchable form of a `@triton.jit` kernel for the current mode."""
+    if interpret_requested():
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(kernel, InterpretedFunction):
+            return _interpreted(kernel)
+    return kernel
+
+
+@functools.cache
+def _interpreted(kernel: Any) -> Any:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(kernel.fn)
+
+
+def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate a kernel's output (a seam tests replace to poison outputs)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors on a CUDA device (a small stand-in elsewhere), used to
+    size split-K so that small-M launches fill the GPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
