@@ -17,6 +17,7 @@ from infer_tool.common.errors import BadInput, QualityGateFailed
 COMMANDS = (
     "kv_budget",
     "eval",
+    "spec_profile",
 )
 
 app = typer.Typer(
