@@ -1,0 +1,290 @@
+"""FP8 (e4m3) GEMM: `x @ (w_fp8 * w_scale)ᵀ` with the weight dequantized inside the
+kernel, in two modes:
+
+- "w8a16": activations stay fp16/bf16/fp32; FP8 weights are upcast in-kernel;
+- "w8a8":  activations are quantized to e4m3 per token inside the kernel
+           (`a_scale[m] = max(amax_k |x[m, k]|, eps·448) / 448`, the vLLM dynamic
+           per-token scheme) or with a static per-tensor `input_scale`, then FP8 x FP8
+           `tl.dot` with fp32 accumulation.
+
+Operands (the compressed-tensors / vLLM orientation):
+- `x`       `(M, K)` fp16, bf16 or fp32;
+- `w_fp8`   torch.float8_e4m3fn `(N, K)`;
+- `w_scale` fp32, `(1,)` per tensor, `(N, 1)` per output channel, or
+            `(ceil(N/bn), ceil(K/bk))` per `block_size = (bn, bk)` block (128x128 usual);
+- `input_scale` fp32 `(1,)` static activation scale (w8a8 only) or None = dynamic.
+Result `(M, N)` in x's dtype.
+
+Rounding to e4m3 is done in fp32 arithmetic (round to nearest even, saturating at
+±448) before the cast, because the Triton interpreter's float->fp8 cast does not round
+correctly; the cast of an already representable value is exact everywhere, so the GPU
+and the interpreter run the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_tool.kernels import backend
+from infer_tool.kernels.backend import resolve, sm_count, use_triton
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # floor of a dynamic activation scale (all-zero rows)
+MODES = ("w8a8", "w8a16")
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """Meta-parameters of one launch (split-K partials are reduced deterministically)."""
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLIT_K: int = 1
+    GROUP_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | None = None) -> Fp8Config:
+    """Default configuration on a device with `num_sms` SMs. With block scales along K
+    (`scale_block_k`), BLOCK_K is shrunk to divide the scale block."""
+    if M <= 64:
+        cfg = Fp8Config(BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=64, BLOCK_K=128)
+    else:
+        cfg = Fp8Config(BLOCK_M=128 if M >= 128 else 64, BLOCK_N=128, BLOCK_K=128,
+                        num_warps=8 if M >= 128 else 4)
+    if scale_block_k is not None:
+        block_k = cfg.BLOCK_K
+        while scale_block_k % block_k and block_k > 16:
+            block_k //= 2
+        cfg = replace(cfg, BLOCK_K=block_k)
+    if M > 64:
+        return cfg
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    k_blocks = triton.cdiv(K, cfg.BLOCK_K)
+    split = max(1, min(triton.cdiv(2 * num_sms, tiles), k_blocks // 2, 16))
+    return replace(cfg, SPLIT_K=split)
+
+
+@triton.jit
+def _fp8_kernel(
+    # pointers
+    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr,
+    # sizes
+    M, N, K, scale_bn, scale_bk, min_scale,
+    # strides
+    stride_xm, stride_xk,
+    stride_wn, stride_wk,
+    stride_wsn, stride_wsk,
+    stride_os, stride_om, stride_on,
+    # meta-parameters
+    W8A8: tl.constexpr, STATIC_X_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
+    FP8_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """One `(BLOCK_M, BLOCK_N)` output tile over K-blocks `pid_k, pid_k + SPLIT_K, ...`.
+
+    x `(M, K)`; w fp8 `(N, K)` read as `(BK, BN)` tiles; ws fp32 `(N/scale_bn, K/scale_bk)`
+    (per-tensor and per-channel are blocks spanning K); xs fp32 `(1,)` static activation
+    scale; out `(M, N)` or fp32 partials `(SPLIT_K, M, N)`.
+    SCALE_IN_LOOP: the weight scale changes along K (block scales), applied per K-block.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    num_kb = (K + BLOCK_K - 1) // BLOCK_K
+
+    if W8A8:
+        if STATIC_X_SCALE:
+            a_scale = tl.full((BLOCK_M,), 0.0, tl.float32) + tl.load(xs_ptr)
+        else:
+            # Dynamic per-token scale: a first pass over the row's K for amax.
+            amax = tl.full((BLOCK_M,), 0.0, tl.float32)
+            for kb in range(0, num_kb):
+                offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                            mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
+                amax = tl.maximum(amax, tl.reduce(tl.abs(x.to(tl.float32)), 1, tl.standard._elementwise_max))
+            a_scale = tl.maximum(amax / 448.0, min_scale)  # (BM,)
+
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for kb in range(pid_k, num_kb, SPLIT_K):
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BM, BK)
+        w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # (BK, BN) fp8
+        if W8A8:
+            # Round x / a_scale to e4m3 (nearest even, saturating) in fp32 arithmetic.
+            v = tl.div_rn(x.to(tl.float32), a_scale[:, None])  # IEEE division, as torch
+            v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+            mag = tl.abs(v)
+            exp = ((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+            exp = tl.maximum(exp, -6)  # e4m3 subnormals share the quantum 2^-9
+            quantum = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(exp-3)
+            y = mag / quantum  # exact: division by a power of two
+            f = tl.floor(y)
+            d = y - f
+            odd = f - 2.0 * tl.floor(f * 0.5)
+            r = tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + odd))
+            xq = tl.where(v < 0, -r * quantum, r * quantum).to(tl.float8e4nv)
+            if FP8_DOT:
+                part = tl.dot(xq, w)
+            else:
+                part = tl.dot(xq.to(tl.float16), w.to(tl.float16))
+        else:
+            part = tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
+        if SCALE_IN_LOOP:
+            ws = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn + ((kb * BLOCK_K) // scale_bk) * stride_wsk,
+                         mask=mask_n, other=0.0)
+            acc += part * ws[None, :]
+        else:
+            acc += part
+
+    if not SCALE_IN_LOOP:
+        ws = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn, mask=mask_n, other=0.0)
+        acc = acc * ws[None, :]
+    if W8A8:
+        acc = acc * a_scale[:, None]
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask_out = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
+    else:
+        tl.store(out_ptrs, acc, mask=mask_out)
+
+
+def scale_blocks(w_scale: torch.Tensor, N: int, K: int,
+                 block_size: tuple[int, int] | None) -> tuple[torch.Tensor, int, int]:
+    """`w_scale` as a 2-D `(rows, cols)` grid and the `(bn, bk)` weight block each entry
+    covers: per tensor `(1, 1)` over `(N, K)`, per channel `(N, 1)` over `(1, K)`, per
+    block `(ceil(N/bn), ceil(K/bk))` over `block_size`."""
+    if w_scale.dtype != torch.float32:
+        raise ValueError(f"fp8: w_scale must be float32, got {w_scale.dtype}")
+    if block_size is not None:
+        bn, bk = (int(b) for b in block_size)
+        want = (-(-N // bn), -(-K // bk))
+        if tuple(w_scale.shape) != want:
+            raise ValueError(f"fp8: block_size {block_size} needs w_scale {want}, got {tuple(w_scale.shape)}")
+        return w_scale, bn, bk
+    if w_scale.numel() == 1:
+        return w_scale.reshape(1, 1), N, K
+    if w_scale.numel() == N and (w_scale.dim() == 1 or w_scale.shape[-1] == 1):
+        return w_scale.reshape(N, 1), 1, K
+    raise ValueError(
+        f"fp8: w_scale shape {tuple(w_scale.shape)} is none of (1,), (N={N}, 1) or a block "
+        "grid with block_size"
+    )
+
+
+def _check(x: torch.Tensor, w_fp8: torch.Tensor, mode: str, input_scale: torch.Tensor | None) -> None:
+    if mode not in MODES:
+        raise ValueError(f"fp8: unknown mode {mode!r}; expected one of {MODES}")
+    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"fp8: x must be 2-D fp16/bf16/fp32, got {x.dtype} {tuple(x.shape)}")
+    if w_fp8.dtype != torch.float8_e4m3fn or w_fp8.dim() != 2 or w_fp8.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"fp8: w_fp8 must be float8_e4m3fn (N, K={x.shape[1]}), got {w_fp8.dtype} {tuple(w_fp8.shape)}"
+        )
+    if input_scale is not None and (mode != "w8a8" or input_scale.numel() != 1):
+        raise ValueError("fp8: input_scale is a single per-tensor value and only used with mode='w8a8'")
+
+
+def quantize_per_token(x: torch.Tensor, input_scale: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference activation quantization: e4m3 `(M, K)` and fp32 scales `(M, 1)`
+    (dynamic per token, or the static per-tensor `input_scale` broadcast)."""
+    xf = x.float()
+    if input_scale is None:
+        a_scale = torch.clamp(xf.abs().amax(dim=1, keepdim=True) / FP8_MAX, min=MIN_SCALE)
+    else:
+        a_scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+    xq = torch.clamp(xf / a_scale, -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return xq, a_scale
+
+
+def dequantize_fp8(w_fp8: torch.Tensor, w_scale: torch.Tensor, block_size: tuple[int, int] | None = None,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Dense weight `(N, K)` in `dtype`: `w_fp8 * w_scale` broadcast over its blocks."""
+    N, K = w_fp8.shape
+    grid, bn, bk = scale_blocks(w_scale, N, K, block_size)
+    s = grid.to(dtype).repeat_interleave(bn, dim=0)[:N].repeat_interleave(bk, dim=1)[:, :K]
+    return w_fp8.to(dtype) * s
+
+
+def fp8_reference(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str = "w8a8",
+                  block_size: tuple[int, int] | None = None, input_scale: torch.Tensor | None = None,
+                  *, compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Pure-torch FP8 linear (no bias), `(M, N)` in `compute_dtype`."""
+    _check(x, w_fp8, mode, input_scale)
+    w = dequantize_fp8(w_fp8, w_scale, block_size, compute_dtype)  # (N, K)
+    if mode == "w8a16":
+        return x.to(compute_dtype) @ w.T
+    xq, a_scale = quantize_per_token(x, input_scale)
+    return (xq.to(compute_dtype) @ w.T) * a_scale.to(compute_dtype)
+
+
+def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str = "w8a8",
+               block_size: tuple[int, int] | None = None, input_scale: torch.Tensor | None = None,
+               *, config: Fp8Config | None = None) -> torch.Tensor:
+    """`x @ (w_fp8 * w_scale)ᵀ` `(M, N)` in x's dtype; see the module doc for modes and
+    scale shapes. Triton on CUDA (or under TRITON_INTERPRET=1), torch reference otherwise."""
+    if not use_triton(x):
+        return fp8_reference(x, w_fp8, w_scale, mode, block_size, input_scale).to(x.dtype)
+    _check(x, w_fp8, mode, input_scale)
+    M, K = x.shape
+    N = w_fp8.shape[0]
+    grid_s, bn, bk = scale_blocks(w_scale, N, K, block_size)
+    scale_in_loop = grid_s.shape[1] > 1  # the weight scale changes along K
+    cfg = config or choose_config(M, N, K, sm_count(x.device), bk if scale_in_loop else None)
+    if scale_in_loop and bk % cfg.BLOCK_K:
+        raise ValueError(f"fp8: BLOCK_K={cfg.BLOCK_K} must divide the scale block along K ({bk})")
+    if cfg.BLOCK_M < 16:
+        raise ValueError(f"fp8: tl.dot needs BLOCK_M >= 16, got {cfg.BLOCK_M}")
+    x = x.contiguous()
+    split = cfg.SPLIT_K
+    if split == 1:
+        out = backend.empty_output((M, N), x.dtype, x.device)
+        stride_os = 0
+    else:
+        out = backend.empty_output((split, M, N), torch.float32, x.device)
+        stride_os = out.stride(0)
+    fp8_dot = x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
+    xs = input_scale.float().reshape(1) if input_scale is not None else grid_s
+    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
+    resolve(_fp8_kernel)[grid](
+        x, w_fp8, grid_s, xs, out,
+        M, N, K, bn, bk, MIN_SCALE,
+        x.stride(0), x.stride(1),
+        w_fp8.stride(0), w_fp8.stride(1),
+        grid_s.stride(0), grid_s.stride(1),
+        stride_os, out.stride(-2), out.stride(-1),
+        W8A8=mode == "w8a8", STATIC_X_SCALE=input_scale is not None,
+        SCALE_IN_LOOP=scale_in_loop, FP8_DOT=fp8_dot,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+        SPLIT_K=split, GROUP_M=cfg.GROUP_M,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split == 1:
+        return out
+    return out.sum(dim=0).to(x.dtype)  # fixed-order reduction of split-K partials

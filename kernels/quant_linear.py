@@ -1,0 +1,117 @@
+"""`nn.Module`s holding quantized weights for inference: `Int4Linear` (W4A16, canonical
+packed-along-K layout) and `Fp8Linear` (e4m3 weights, W8A8 or W8A16).
+
+`forward` accepts any leading batch dims `(..., K) -> (..., N)`. On CUDA it runs the
+fused Triton kernels; on CPU the pure-torch reference (one dequantisation per forward,
+vectorised), or the Triton interpreter when TRITON_INTERPRET=1. `backend_name(device)`
+says which path a forward on `device` takes. The modules know nothing about
+checkpoint formats or model architectures: loaders translate into these operands.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from infer_tool.kernels.backend import backend_name
+from infer_tool.kernels.fp8 import MODES, fp8_matmul, scale_blocks
+from infer_tool.kernels.layout import pack_int4_k
+from infer_tool.kernels.w4a16 import w4a16_matmul
+
+__all__ = ["Fp8Linear", "Int4Linear", "backend_name"]
+
+
+def _flatten(x: torch.Tensor, K: int) -> torch.Tensor:
+    if x.shape[-1] != K:
+        raise ValueError(f"expected input with last dim {K}, got shape {tuple(x.shape)}")
+    return x.reshape(-1, K)
+
+
+class Int4Linear(nn.Module):
+    """`y = x @ W + b` with `W (K, N)` stored as packed INT4 in the canonical layout.
+
+    Buffers: `qweight` int32 `(ceil(K/8), N)`; `scales` `(G, N)`; `zeros` uint8 `(G, N)`
+    or None (symmetric, zero point 8); `g_idx` int32 `(K,)` or None; `bias` `(N,)` or None.
+    """
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+                 g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
+                 in_features: int, out_features: int) -> None:
+        super().__init__()
+        if qweight.shape != (-(-in_features // 8), out_features):
+            raise ValueError(
+                f"Int4Linear: qweight {tuple(qweight.shape)} does not match "
+                f"in_features={in_features}, out_features={out_features}"
+            )
+        self.in_features = in_features
+        self.out_features = out_features
+        self.group_size = group_size
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("zeros", zeros)
+        self.register_buffer("g_idx", g_idx)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_unpacked(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                      g_idx: torch.Tensor | None, group_size: int,
+                      bias: torch.Tensor | None = None) -> Int4Linear:
+        """Build from the `nn.Linear` orientation: `q` uint8 `(N, K)` values 0..15,
+        `scale` `(N, G)`, `zero` uint8 `(N, G)` or None (the canonical QuantizedWeight)."""
+        N, K = q.shape
+        zeros = zero.t().contiguous().to(torch.uint8) if zero is not None else None
+        g = g_idx.to(torch.int32) if g_idx is not None else None
+        return cls(pack_int4_k(q.t()), scale.t().contiguous(), zeros, g, bias, group_size, K, N)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = w4a16_matmul(_flatten(x, self.in_features), self.qweight, self.scales, self.zeros,
+                         self.g_idx, self.group_size)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"group_size={self.group_size}, symmetric={self.zeros is None}, "
+                f"act_order={self.g_idx is not None}")
+
+
+class Fp8Linear(nn.Module):
+    """`y = x @ (w_fp8 * weight_scale)ᵀ + b` with e4m3 weights `(N, K)`.
+
+    `weight_scale` fp32 `(1,)`, `(N, 1)` or `(ceil(N/bn), ceil(K/bk))` with
+    `block_size=(bn, bk)`; `input_scale` fp32 `(1,)` static activation scale (w8a8) or
+    None for dynamic per-token activation scales; `mode` "w8a8" or "w8a16".
+    """
+
+    def __init__(self, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
+                 input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 block_size: tuple[int, int] | None = None, mode: str = "w8a8") -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"Fp8Linear: unknown mode {mode!r}; expected one of {MODES}")
+        if weight_fp8.dtype != torch.float8_e4m3fn or weight_fp8.dim() != 2:
+            raise ValueError(f"Fp8Linear: weight must be float8_e4m3fn (N, K), got {weight_fp8.dtype}")
+        self.out_features, self.in_features = weight_fp8.shape
+        scale_blocks(weight_scale, self.out_features, self.in_features, block_size)  # validates
+        if input_scale is not None and mode != "w8a8":
+            raise ValueError("Fp8Linear: input_scale is only used with mode='w8a8'")
+        self.mode = mode
+        self.block_size = tuple(block_size) if block_size is not None else None
+        self.register_buffer("weight", weight_fp8)
+        self.register_buffer("weight_scale", weight_scale)
+        self.register_buffer("input_scale", input_scale)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = fp8_matmul(_flatten(x, self.in_features), self.weight, self.weight_scale, self.mode,
+                       self.block_size, self.input_scale)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
+                f"block_size={self.block_size}, static_input_scale={self.input_scale is not None}")
