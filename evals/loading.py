@@ -20,10 +20,10 @@ def backend_of(model: Any) -> str:
     import torch
 
     device = next(model.parameters()).device if any(True for _ in model.parameters()) else torch.device("cpu")
-    for module in model.modules():
-        name = getattr(module, "backend_name", None)
-        if callable(name):
-            return name(device)
+    if any(type(m).__module__ == "infer_tool.kernels.quant_linear" for m in model.modules()):
+        from infer_tool.kernels.quant_linear import backend_name
+
+        return backend_name(device)
     return f"torch-{device.type} (unquantized)"
 
 
@@ -44,6 +44,7 @@ def load_for_eval(
         )
     from infer_tool.evals.quantized import load_quantized
 
-    model = load_quantized(directory, dtype=dtype, device=device)
+    model, more = load_quantized(directory, dtype=dtype, device=device)
+    notes += [f"quantized checkpoint ({method})", *more]
     tokenizer = load_tokenizer(directory, trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=spec, path=directory, notes=notes)

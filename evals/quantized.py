@@ -1,0 +1,89 @@
+"""Rebuild a quantized checkpoint written by this tool (compressed-tensors INT4 or FP8,
+AWQ GEMM, GPTQ v1, native FP8) as a transformers model whose quantized linears are the
+kernels' `Int4Linear` / `Fp8Linear`: packed weights stay packed, and the matmul runs
+the fused Triton kernel on CUDA or the torch reference on CPU.
+
+INT4 layers are repacked once, at load time, from the reader's canonical
+`QuantizedWeight` into the kernels' layout (`Int4Linear.from_unpacked`).
+FP8 KV-cache scales (`k_scale`/`v_scale`) are for serving engines: evaluation here keeps
+the KV cache in the compute dtype, and the returned notes say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from infer_tool.common.errors import BadInput
+
+
+def _fp8_mode(config: dict[str, Any]) -> str:
+    """w8a8 when the checkpoint quantizes activations, else w8a16."""
+    qc = config["quantization_config"]
+    if qc.get("quant_method") == "fp8":
+        return "w8a8" if qc.get("activation_scheme") in ("dynamic", "static") else "w8a16"
+    groups = list(qc.get("config_groups", {}).values())
+    return "w8a8" if groups and groups[0].get("input_activations") else "w8a16"
+
+
+def _set_module(model: Any, name: str, module: Any) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def load_quantized(directory: Path, dtype: Any = None, device: str = "cpu") -> tuple[Any, list[str]]:
+    """(model in eval mode, notes) from one of our quantized checkpoint directories.
+
+    `dtype` is the compute dtype of activations and unquantized layers (default: the
+    checkpoint's own `torch_dtype`, else float32)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear
+    from infer_tool.packers.checkpoint import read_checkpoint
+    from infer_tool.packers.fp8 import Fp8Weight
+    from infer_tool.packers.quantized import QuantizedWeight
+
+    config, layers, rest = read_checkpoint(directory)
+    hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if hasattr(hf_config, "quantization_config"):
+        del hf_config.quantization_config
+    dtype = dtype or torch.float32
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    notes: list[str] = []
+    for name, w in layers.items():
+        try:
+            linear = model.get_submodule(name)
+        except AttributeError:
+            raise BadInput(f"{directory}: quantized layer {name!r} is not in the {hf_config.model_type} model") from None
+        bias = rest.pop(f"{name}.bias", None)
+        bias = bias.to(dtype) if bias is not None else None
+        if isinstance(w, QuantizedWeight):
+            if w.bits != 4:
+                raise BadInput(f"{directory}: layer {name} has {w.bits}-bit weights; the kernels take 4-bit")
+            module = Int4Linear.from_unpacked(w.q, w.scale.to(dtype), w.zero, w.g_idx, w.group_size, bias)
+        elif isinstance(w, Fp8Weight):
+            module = Fp8Linear(w.weight, w.weight_scale.float(), w.input_scale, bias, w.block_size, _fp8_mode(config))
+        else:
+            raise BadInput(f"{directory}: layer {name} has an unknown weight type {type(w).__name__}")
+        if (module.in_features, module.out_features) != (linear.in_features, linear.out_features):
+            raise BadInput(f"{directory}: layer {name} shape does not match the model config")
+        _set_module(model, name, module)
+    kv = [k for k in rest if k.endswith((".k_scale", ".v_scale"))]
+    for k in kv:
+        rest.pop(k)
+    if kv:
+        notes.append("checkpoint carries FP8 KV-cache scales; evaluation keeps the KV cache unquantized")
+    missing, unexpected = model.load_state_dict(rest, strict=False)
+    if unexpected:
+        raise BadInput(f"{directory}: tensors the model does not have: {', '.join(sorted(unexpected)[:5])}")
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    allowed = {"lm_head.weight"} if tied else set()
+    missing = [m for m in missing if m not in allowed and m.rpartition(".")[0] not in layers]
+    if missing:
+        raise BadInput(f"{directory}: checkpoint lacks tensors: {', '.join(sorted(missing)[:5])}")
+    if tied:
+        model.tie_weights()
+    model.to(device).eval()
+    return model, notes
