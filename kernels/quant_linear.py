@@ -10,6 +10,8 @@ checkpoint formats or model architectures: loaders translate into these operands
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -101,8 +103,26 @@ class Fp8Linear(nn.Module):
         self.block_size = tuple(block_size) if block_size is not None else None
         self.register_buffer("weight", weight_fp8)
         self.register_buffer("weight_scale", weight_scale)
-        self.register_buffer("input_scale", input_scale)
+        self.register_buffer("input_scale", input_scale.float().reshape(1) if input_scale is not None else None)
         self.register_buffer("bias", bias)
+
+    # Buffers whose dtype is part of the format: `model.half()` / `model.to(dtype)` must
+    # move them between devices but never cast them (fp8 and fp32 are floating types).
+    _FIXED_DTYPE = {"weight": torch.uint8, "weight_scale": torch.int32, "input_scale": torch.int32}
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
+        """Hide the fixed-dtype buffers behind same-width integer views while `fn` runs."""
+        real = {}
+        for name, view in self._FIXED_DTYPE.items():
+            buf = self._buffers.get(name)
+            if buf is not None:
+                real[name] = buf.dtype
+                self._buffers[name] = buf.view(view)
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            for name, dtype in real.items():
+                self._buffers[name] = self._buffers[name].view(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]

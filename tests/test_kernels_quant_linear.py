@@ -108,6 +108,20 @@ def test_fp8_linear(monkeypatch, interpret, mode, static, block):
     assert rel_err(out, ref) < 1e-5
 
 
+def test_fp8_linear_survives_model_dtype_casts(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layer, *_ = fp8_layer("w8a8", static=True, block=True)
+    x = torch.randn(3, K)
+    before = layer(x)
+    layer.half()  # what model.half() / model.to(torch.float16) do to every submodule
+    assert layer.weight.dtype == torch.float8_e4m3fn
+    assert layer.weight_scale.dtype == torch.float32 and layer.input_scale.dtype == torch.float32
+    assert layer.bias.dtype == torch.float16
+    after = layer(x.half())
+    assert after.dtype == torch.float16
+    assert rel_err(after, before.double()) < 2e-3  # only the fp16 activations/bias/output differ
+
+
 def test_backend_names():
     assert backend_name(torch.device("cuda")) == "triton"
     assert backend_name("cuda:0") == "triton"
