@@ -1,12 +1,12 @@
 """Exact per-token acceptance rates from logits, and the speculative-decoding speedup model.
 
 β_t = Σ_x min(p_t(x), q_t(x)) = 1 − TV(p_t, q_t) is the probability that speculative
-sampling accepts the draft's token at position t (Leviathan et al. 2023, §3.1 and
-Definition 3.1), p and q being the target's and the draft's next-token distributions
+sampling accepts the draft's token at position t (Leviathan et al. 2023, Definition 3.1
+and Lemma 3.3), p and q being the target's and the draft's next-token distributions
 after the same temperature and top-p. α = E[β] is the conditional per-token acceptance
 rate; under the independence approximation a round with lookahead k emits on average
-(1 − α^(k+1)) / (1 − α) tokens per target pass and costs k·c + 1 target-step
-equivalents, c = draft step / target step (eq. 1 and Theorem 3.8).
+(1 − α^(k+1)) / (1 − α) tokens per target pass (eq. 1) and costs k·c + 1 target-step
+equivalents, c = draft step / target step (Theorem 3.8).
 
 vLLM reports accepted / drafted tokens instead: E[accepted in a round] / k =
 (α − α^(k+1)) / ((1 − α)·k) (`vllm_rate`), e.g. 0.54 at α = 0.8, k = 5.

@@ -97,7 +97,7 @@ def speculative_decode(
         if k_now > 0:
             x, q = draft.propose(seq, k_now, temperature, top_p, generator)  # (k',), (k', V)
         else:
-            x, q = seq.new_zeros(0), torch.zeros(0, target.vocab or 1)
+            x, q = seq.new_zeros(0), torch.zeros(0, 1, device=seq.device)  # no draft: plain step
         k_now = x.shape[0]
         logits = target.extend(torch.cat([seq, x]))[-(k_now + 1) :]  # (k'+1, V)
         p = warp(logits, temperature, top_p)

@@ -122,7 +122,7 @@ class NgramDraft:
         """q rows (L - start, V): one-hot on the 1-token proposal from seq[:t], zero when
         there is none (so that position counts as a rejection)."""
         ids = seq.tolist()
-        q = torch.zeros(len(ids) - start, self.vocab)
+        q = torch.zeros(len(ids) - start, self.vocab, device=seq.device)
         for t in range(start, len(ids)):
             prop = self.lookup(ids[:t], 1)
             if prop:

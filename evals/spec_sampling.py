@@ -42,7 +42,9 @@ def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token id drawn from `probs` (V,)."""
+    """One token id drawn from `probs` (V,) with the generator (on its device)."""
+    if generator is not None:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
@@ -69,7 +71,7 @@ def verify(
     for i in range(k):
         x = int(drafted[i])
         px, qx = float(p[i, x]), float(q[i, x])
-        u = float(torch.rand((), generator=generator))
+        u = float(torch.rand((), generator=generator))  # on the generator's device (CPU)
         if qx <= 0 or u >= px / qx:  # rejected (u < min(1, p/q) accepts)
             return i, sample(residual(p[i], q[i]), generator)
     return k, sample(p[k], generator)

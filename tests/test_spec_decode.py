@@ -91,7 +91,9 @@ def test_self_draft_accepts_everything(target, prompts) -> None:
 
 def test_greedy_accepted_lengths_follow_teacher_forced_beta(target, prompts) -> None:
     """At temperature 0 the loop's accepted run lengths are fixed by the teacher-forced β:
-    a round starting at position t accepts the run of β = 1 from t, capped at k."""
+    a round starting at position t accepts the run of β = 1 from t, capped at k.
+    (Prompt lookup only at k = 1: for k > 1 it drafts the rest of one match rather than
+    a fresh one-token lookup per position, which is what its teacher-forced β scores.)"""
     lm = CachedLM(target, V)
     for draft in drafts_of(target)[:3]:
         prompt = prompts[1]
@@ -99,7 +101,8 @@ def test_greedy_accepted_lengths_follow_teacher_forced_beta(target, prompts) -> 
         seq = torch.cat([prompt, cont])
         p = warp(lm.score(seq)[len(prompt) - 1 : -1], 0.0, 1.0)
         b = beta(p, draft.teacher_forced(seq, len(prompt), 0.0, 1.0)).tolist()
-        for k in (1, 2, 4):
+        assert 0 < sum(b) < NEW  # some agreement, not total
+        for k in (1,) if isinstance(draft, NgramDraft) else (1, 2, 4):
             expected, t = [], 0
             while t < NEW:
                 cap = min(k, NEW - t - 1)
@@ -109,12 +112,7 @@ def test_greedy_accepted_lengths_follow_teacher_forced_beta(target, prompts) -> 
                 expected.append(n)
                 t += n + 1
             run = speculative_decode(lm, draft, prompt, k, NEW, 0.0, 1.0, None)
-            if isinstance(draft, NgramDraft):
-                # a lookup that proposes nothing counts as β = 0, and a proposal of fewer
-                # than k tokens stops the round early: compare totals it cannot exceed
-                assert sum(run.accepted) <= sum(expected)
-            else:
-                assert run.accepted == expected, (draft.name, k)
+            assert run.accepted == expected, (draft.name, k)
 
 
 def test_matches_transformers_assisted_generation(target, prompts) -> None:
