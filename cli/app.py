@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Optional
 
 import typer
@@ -18,6 +17,7 @@ COMMANDS = (
     "kv_budget",
     "eval",
     "spec_profile",
+    "quantize",
 )
 
 app = typer.Typer(
@@ -29,6 +29,8 @@ app = typer.Typer(
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # ~50 ms: only for --version
+
     try:
         return version("infer-tool")
     except PackageNotFoundError:

@@ -16,31 +16,29 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from infer_tool.common.errors import BadInput, QualityGateFailed
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def out() -> Console:
     """Console on stdout (tables). Made per call so tests capturing stdout see it.
     Piped output gets 120 columns (rich's default of 80 squeezes wide tables)."""
+    from rich.console import Console
+
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
     return Console(file=sys.stdout, soft_wrap=False, width=width)
 
 
 def err() -> Console:
     """Console on stderr (diagnostics, warnings, progress)."""
+    from rich.console import Console
+
     return Console(file=sys.stderr, soft_wrap=True)
 
 
@@ -104,6 +102,15 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[..., None]]:
     if not enabled:
         yield lambda *a, **k: None
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     bars = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
