@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -81,3 +82,38 @@ def sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+@dataclass
+class Launch:
+    """One kernel launch, built by an op's planner and run (or compiled) here.
+
+    `args` are the positional runtime arguments (tensors, ints, floats) in the kernel's
+    order; `meta` the constexpr meta-parameters plus `num_warps`/`num_stages`."""
+
+    kernel: Any
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    meta: dict[str, Any]
+
+    def run(self) -> None:
+        resolve(self.kernel)[self.grid](*self.args, **self.meta)
+
+    def compile_for(self, arch: int = 90) -> Any:
+        """Compile for CUDA compute capability `arch` (e.g. 90 = Hopper) without a GPU:
+        catches what the interpreter cannot (layouts, dot shapes, fp8 instructions)."""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from triton.runtime.jit import mangle_type
+
+        fn = self.kernel.fn if hasattr(self.kernel, "fn") else self.kernel
+        names = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+        options = {k: self.meta[k] for k in ("num_warps", "num_stages") if k in self.meta}
+        constexprs = {k: v for k, v in self.meta.items() if k not in options}
+        signature = {name: mangle_type(arg) for name, arg in zip(names, self.args)}
+        signature.update({name: "constexpr" for name in constexprs})
+        indices = {name: i for i, name in enumerate(names)}
+        src = ASTSource(fn=self.kernel, signature=signature,
+                        constexprs={(indices[k],): v for k, v in constexprs.items()})
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from infer_tool.kernels import backend
-from infer_tool.kernels.backend import resolve, sm_count, use_triton
+from infer_tool.kernels.backend import Launch, sm_count, use_triton
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # floor of a dynamic activation scale (all-zero rows)
@@ -250,6 +250,18 @@ def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode
     scale shapes. Triton on CUDA (or under TRITON_INTERPRET=1), torch reference otherwise."""
     if not use_triton(x):
         return fp8_reference(x, w_fp8, w_scale, mode, block_size, input_scale).to(x.dtype)
+    launch, out = plan(x, w_fp8, w_scale, mode, block_size, input_scale, config=config)
+    launch.run()
+    if out.dim() == 2:
+        return out
+    return out.sum(dim=0).to(x.dtype)  # fixed-order reduction of split-K partials
+
+
+def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
+         block_size: tuple[int, int] | None, input_scale: torch.Tensor | None, *,
+         config: Fp8Config | None = None) -> tuple[Launch, torch.Tensor]:
+    """Check the operands, allocate the output and build the launch: `(launch, out)`,
+    out `(M, N)` in x's dtype, or fp32 partials `(SPLIT_K, M, N)` to be summed."""
     _check(x, w_fp8, mode, input_scale)
     M, K = x.shape
     N = w_fp8.shape[0]
@@ -268,16 +280,18 @@ def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode
     else:
         out = backend.empty_output((split, M, N), torch.float32, x.device)
         stride_os = out.stride(0)
+    # FP8 x FP8 tl.dot needs sm_89+; older GPUs multiply the exact fp16 upcasts instead.
     fp8_dot = x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     xs = input_scale.float().reshape(1) if input_scale is not None else grid_s
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
-    resolve(_fp8_kernel)[grid](
+    args = (
         x, w_fp8, grid_s, xs, out,
         M, N, K, bn, bk, MIN_SCALE,
         x.stride(0), x.stride(1),
         w_fp8.stride(0), w_fp8.stride(1),
         grid_s.stride(0), grid_s.stride(1),
         stride_os, out.stride(-2), out.stride(-1),
+    )
+    meta = dict(
         W8A8=mode == "w8a8", STATIC_X_SCALE=input_scale is not None,
         SCALE_IN_LOOP=scale_in_loop, FP8_DOT=fp8_dot,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
@@ -285,6 +299,5 @@ def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode
         SPLIT_K=split, GROUP_M=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split == 1:
-        return out
-    return out.sum(dim=0).to(x.dtype)  # fixed-order reduction of split-K partials
+    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
+    return Launch(_fp8_kernel, grid, args, meta), out

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from infer_tool.kernels import backend
-from infer_tool.kernels.backend import resolve, sm_count, use_triton
+from infer_tool.kernels.backend import Launch, sm_count, use_triton
 from infer_tool.kernels.layout import PACK_FACTOR, unpack_int4_k
 
 SYMMETRIC_ZERO = 8  # implied zero point of symmetric 4-bit weights
@@ -229,6 +229,19 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     torch reference in fp32. `config` overrides `choose_config`."""
     if not use_triton(x):
         return w4a16_reference(x, qweight, scales, zeros, g_idx, group_size).to(x.dtype)
+    launch, out = plan(x, qweight, scales, zeros, g_idx, group_size, config=config)
+    launch.run()
+    if out.dim() == 2:
+        return out
+    # Deterministic reduction of the split-K partials: a fixed-order sum, no atomics.
+    return out.sum(dim=0).to(x.dtype)
+
+
+def plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
+         g_idx: torch.Tensor | None, group_size: int, *, config: W4A16Config | None = None
+         ) -> tuple[Launch, torch.Tensor]:
+    """Check the operands, allocate the output and build the launch: `(launch, out)`,
+    out `(M, N)` in x's dtype, or fp32 partials `(SPLIT_K, M, N)` to be summed."""
     _check(x, qweight, scales, zeros, g_idx, group_size)
     M, K = x.shape
     N = qweight.shape[1]
@@ -246,11 +259,9 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     else:
         out = backend.empty_output((split, M, N), torch.float32, x.device)
         stride_os = out.stride(0)
-    scale_per_block = g_idx is None and group_size % cfg.BLOCK_K == 0
     z = zeros if zeros is not None else scales  # dummy pointer when symmetric
     g = g_idx if g_idx is not None else qweight  # dummy pointer without act-order
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
-    resolve(_w4a16_kernel)[grid](
+    args = (
         x, qweight, scales, z, g, out,
         M, N, K, group_size,
         x.stride(0), x.stride(1),
@@ -258,13 +269,14 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
         scales.stride(0), scales.stride(1),
         z.stride(0), z.stride(1),
         stride_os, out.stride(-2), out.stride(-1),
-        HAS_ZEROS=zeros is not None, HAS_G_IDX=g_idx is not None, SCALE_PER_BLOCK=scale_per_block,
+    )
+    meta = dict(
+        HAS_ZEROS=zeros is not None, HAS_G_IDX=g_idx is not None,
+        SCALE_PER_BLOCK=g_idx is None and group_size % cfg.BLOCK_K == 0,
         USE_DOT=use_dot, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=split, GROUP_M=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split == 1:
-        return out
-    # Deterministic reduction of the split-K partials: a fixed-order sum, no atomics.
-    return out.sum(dim=0).to(x.dtype)
+    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
+    return Launch(_w4a16_kernel, grid, args, meta), out
