@@ -13,6 +13,9 @@ projection child (`k_proj`, `v_proj`, fused `qkv_proj`, GPT-2's `c_attn`) whose
 `forward` takes a cache argument. Run this on the model whose KV cache you will quantize
 (after its weights were quantized, so the scales see the deployed activations).
 
+`simulating_fp8_kv` does the reverse for evaluation: it rounds the keys / values each
+attention layer hands to its cache through e4m3 with given k_scale / v_scale.
+
 This module measures amax only; turning amax into scales and tensor names is packers'
 (`packers/fp8.py`, `packers/fp8_formats.py`).
 """
@@ -153,3 +156,67 @@ def measure_kv_amax(
             model(input_ids=input_ids[start : start + batch_size].to(device), use_cache=False)
             progress("kv-cache scales", min(start + batch_size, total), total)
     return stats
+
+
+class _Fp8KvCache:
+    """Stands in for the model's cache: keys / values go through e4m3 with the layer's
+    static scales (x -> e4m3(clamp(x / s)) * s), as vLLM's FP8 KV cache stores them."""
+
+    def __init__(self, k_scale: float, v_scale: float, real: Any) -> None:
+        self._scales = (k_scale, v_scale)
+        self._real = real
+
+    @staticmethod
+    def _qdq(x: torch.Tensor, s: float) -> torch.Tensor:
+        return ((x.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        key_states = self._qdq(key_states, self._scales[0])
+        value_states = self._qdq(value_states, self._scales[1])
+        if self._real is None:
+            return key_states, value_states
+        return self._real.update(key_states, value_states, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        real = self.__dict__.get("_real")
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
+
+
+def add_fp8_kv_simulation(root: nn.Module, scales: dict[str, tuple[float, float]]) -> list[Any]:
+    """Make the attention modules named in `scales` ({name: (k_scale, v_scale)}, names
+    relative to `root`, as `read_kv_scales` returns them) round their keys / values through
+    e4m3 before attention — the numerics of an FP8 KV cache, for evaluating a checkpoint's
+    k_scale / v_scale on any device. Returns the hook handles (`.remove()` undoes it)."""
+    attn = attention_modules(root)
+    unknown = sorted(set(scales) - set(attn))
+    if unknown:
+        raise BadInput(f"KV scales for {unknown[:4]}, which are not attention modules of {type(root).__name__}")
+
+    def make_hook(k: float, v: float, arg: str, pos: int) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if len(args) > pos:
+                args = (*args[:pos], _Fp8KvCache(k, v, args[pos]), *args[pos + 1 :])
+            else:
+                kwargs[arg] = _Fp8KvCache(k, v, kwargs.get(arg))
+            return args, kwargs
+
+        return hook
+
+    handles = []
+    for name, (k, v) in scales.items():
+        module, arg, pos = attn[name]
+        handles.append(module.register_forward_pre_hook(make_hook(float(k), float(v), arg, pos), with_kwargs=True))
+    return handles
+
+
+@contextlib.contextmanager
+def simulating_fp8_kv(root: nn.Module, scales: dict[str, tuple[float, float]]) -> Iterator[None]:
+    """`add_fp8_kv_simulation` while the context is open."""
+    handles = add_fp8_kv_simulation(root, scales)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -241,3 +241,22 @@ def test_kv_amax_is_what_the_cache_stores_after_rope(tiny: Any, ids: torch.Tenso
     assert native["model.layers.0.self_attn.k_scale"].shape == ()
     back = read_kv_scales(native)
     assert back["model.layers.0.self_attn"][0] == pytest.approx(kv["model.layers.0.self_attn"].k_amax / 448)
+
+
+def test_simulated_fp8_kv_cache_stores_e4m3_rounded_keys(tiny: Any, ids: torch.Tensor) -> None:
+    """With the simulation on, the cache holds layer 0's keys / values rounded through
+    e4m3 at the given scales (layer 0's inputs do not depend on the rounding)."""
+    from infer_tool.calib.kv_scales import simulating_fp8_kv
+
+    kv = measure_kv_amax(tiny, ids)
+    scales = {n: (a.k_amax / 448, a.v_amax / 448) for n, a in kv.items()}
+    with torch.no_grad():
+        fp = tiny(ids, use_cache=True)
+        with simulating_fp8_kv(tiny, scales):
+            sim = tiny(ids, use_cache=True)
+    k_s, v_s = scales["model.layers.0.self_attn"]
+    k_fp, v_fp = fp.past_key_values.layers[0].keys, fp.past_key_values.layers[0].values
+    assert torch.equal(sim.past_key_values.layers[0].keys, (k_fp / k_s).to(torch.float8_e4m3fn).float() * k_s)
+    assert torch.equal(sim.past_key_values.layers[0].values, (v_fp / v_s).to(torch.float8_e4m3fn).float() * v_s)
+    d = float((sim.logits - fp.logits).abs().max())
+    assert 0 < d < 0.1 * float(fp.logits.abs().max())

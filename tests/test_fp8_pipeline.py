@@ -119,3 +119,37 @@ def test_nan_weight_refused_naming_the_tensor(model: Any, ids: torch.Tensor) -> 
         m.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
     with pytest.raises(BadInput, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
         quantize_model_fp8(m, ids[:2], Fp8Scheme(), device="cpu")
+
+
+def test_fp8_runtime_runs_w8a8_and_restores(model: Any, ids: torch.Tensor) -> None:
+    """Inside `fp8_runtime` the model runs W8A8 (reference: dequantized weights with e4m3
+    per-token activation QDQ hooks; tolerance 1e-4 of the logit range, fp32 summation
+    order differs), with the KV cache rounded when scales are given; outside, the plain
+    dequantized model is back."""
+    from infer_tool.evals.fp8_runtime import fp8_runtime
+
+    m = copy.deepcopy(model)
+    result, kv = quantize_model_fp8(m, ids[:2], Fp8Scheme(granularity="channel", kv_cache="fp8"), device="cpu")
+    ref = copy.deepcopy(m)
+
+    def qdq(module: Any, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+        s = args[0].abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 448
+        return ((args[0] / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s,)
+
+    for name in result.quantized:
+        ref.get_submodule(name).register_forward_pre_hook(qdq)
+    with torch.no_grad():
+        plain = m(ids).logits
+        want = ref(ids).logits
+        with fp8_runtime(m, result.quantized):
+            got = m(ids).logits
+        scales = {n: (a.k_amax / 448, a.v_amax / 448) for n, a in kv.items()}
+        with fp8_runtime(m, result.quantized, scales):
+            got_kv = m(ids).logits
+        again = m(ids).logits
+    span = float(want.abs().max())
+    assert float((got - want).abs().max()) <= 1e-4 * span
+    assert float((got - plain).abs().max()) > 1e-3 * span  # activation rounding is visible
+    assert 0 < float((got_kv - got).abs().max()) < 0.1 * span  # so is the KV rounding, mildly
+    assert torch.equal(again, plain)
+    assert all(type(m.get_submodule(n)) is torch.nn.Linear for n in result.quantized)
