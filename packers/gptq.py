@@ -21,12 +21,14 @@ from infer_tool.packers.scheme import GPTQScheme
 
 def _hessian_of(stats: object) -> torch.Tensor:
     """Accept a LayerStats-like object with `.H`, or the (K, K) tensor itself."""
-    H = stats if isinstance(stats, torch.Tensor) else getattr(stats, "H")
+    H = stats if isinstance(stats, torch.Tensor) else getattr(stats, "H", None)
+    if H is None:
+        raise ValueError("GPTQ needs the layer Hessian H (K, K); these statistics were gathered without it")
     return H
 
 
 def inverse_hessian_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor | None:
-    """Upper Cholesky factor of (H + damp·mean(diag H)·I)^-1 (§4 "Cholesky Reformulation").
+    """Upper Cholesky factor of (H + damp·mean(diag H)·I)^-1 (§3 Step 3, "Cholesky Reformulation").
 
     H (K, K) float32 with dead columns already fixed; returns None when a factorisation fails.
     """
@@ -105,7 +107,7 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
     col_group = group_of[perm] if (static and perm is not None) else None  # group of each permuted column
 
     B = scheme.block_size
-    for i1 in range(0, K, B):  # §3 step 2: lazy batch updates over blocks of B columns
+    for i1 in range(0, K, B):  # §3 Step 2: lazy batch updates over blocks of B columns
         i2 = min(i1 + B, K)
         count = i2 - i1
         W1 = W[:, i1:i2].clone()
@@ -139,7 +141,7 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
 
         Q[:, i1:i2] = Q1
         Losses[:, i1:i2] = Losses1 / 2
-        W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])  # §3: propagate the block's error
+        W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])  # §3 Step 2: propagate the block's error to later columns
 
     g_idx = None
     if perm is not None:
