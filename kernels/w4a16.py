@@ -55,17 +55,26 @@ class W4A16Config:
     num_stages: int = 3
 
 
-def choose_config(M: int, N: int, K: int, num_sms: int) -> W4A16Config:
+def choose_config(M: int, N: int, K: int, num_sms: int, *, group_size: int = 128,
+                  act_order: bool = False) -> W4A16Config:
     """The default launch configuration for an `(M, K) x (K, N)` product on a device with
-    `num_sms` streaming multiprocessors."""
+    `num_sms` streaming multiprocessors (per-element scale gathers, for act-order or
+    groups smaller than BLOCK_K, get a shorter gemv K-block)."""
+    # Tile sizes keep every path spill-free on sm_90 (checked with ptxas through
+    # `Launch.compile_for`); the gemv accumulator holds BLOCK_M x BLOCK_K x BLOCK_N fp32.
     if M <= 4:
-        cfg = W4A16Config("gemv", BLOCK_M=triton.next_power_of_2(M), BLOCK_N=64, BLOCK_K=128,
+        block_m = triton.next_power_of_2(M)
+        block_k = 128 // block_m
+        if act_order or group_size % block_k:
+            block_k //= 2
+        cfg = W4A16Config("gemv", BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k,
                           num_warps=4, num_stages=2)
     elif M <= 64:
-        cfg = W4A16Config("splitk", BLOCK_M=max(16, triton.next_power_of_2(M)), BLOCK_N=64,
-                          BLOCK_K=64, num_warps=4, num_stages=3)
+        block_m = max(16, triton.next_power_of_2(M))
+        cfg = W4A16Config("splitk", BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64,
+                          num_warps=8 if block_m >= 64 else 4, num_stages=3)
     else:
-        return W4A16Config("tiled", BLOCK_M=128 if M >= 128 else 64, BLOCK_N=128, BLOCK_K=64,
+        return W4A16Config("tiled", BLOCK_M=128 if M >= 128 else 64, BLOCK_N=128, BLOCK_K=32,
                            num_warps=8 if M >= 128 else 4, num_stages=3)
     # Split K until the launch has about two programs per SM, keeping >= 2 K-blocks each.
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
@@ -116,7 +125,10 @@ def _w4a16_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
 
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    if USE_DOT:
+        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    else:  # gemv: accumulate products elementwise, reduce over K once at the end
+        acc = tl.full((BLOCK_M, BLOCK_K, BLOCK_N), 0.0, tl.float32)
     for kb in range(pid_k, (K + BLOCK_K - 1) // BLOCK_K, SPLIT_K):
         offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
@@ -151,8 +163,9 @@ def _w4a16_kernel(
         if USE_DOT:
             acc += tl.dot(x, w, input_precision=DOT_PRECISION)
         else:
-            prod = x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]  # (BM, BK, BN)
-            acc += tl.reduce(prod, 1, tl.standard._sum_combine)  # = tl.sum
+            acc += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]  # (BM, BK, BN)
+    if not USE_DOT:
+        acc = tl.reduce(acc, 1, tl.standard._sum_combine)  # = tl.sum over K: (BM, BN)
 
     out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     mask_out = mask_m[:, None] & mask_n[None, :]
@@ -245,7 +258,8 @@ def plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     _check(x, qweight, scales, zeros, g_idx, group_size)
     M, K = x.shape
     N = qweight.shape[1]
-    cfg = config or choose_config(M, N, K, sm_count(x.device))
+    cfg = config or choose_config(M, N, K, sm_count(x.device), group_size=group_size,
+                                  act_order=g_idx is not None)
     if cfg.path not in PATHS:
         raise ValueError(f"w4a16: unknown config path {cfg.path!r}; expected one of {PATHS}")
     use_dot = cfg.path != "gemv"

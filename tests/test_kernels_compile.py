@@ -2,13 +2,31 @@
 pick: ahead-of-time through Triton's compiler and ptxas, no GPU needed. This catches
 what the interpreter cannot (tl.dot layouts and shapes, fp8 instructions, shared memory)."""
 
+import os
+import re
+import subprocess
+import tempfile
+
 import pytest
 import torch
+import triton
 
 from infer_tool.kernels import fp8, w4a16
 from infer_tool.kernels.layout import pack_int4_k
 
 K, N = 512, 384
+
+
+def stack_bytes(compiled) -> int:
+    """Per-thread stack of the sm_90 cubin (register spills land there), via the
+    cuobjdump that ships with Triton."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))
 
 
 def int4_operands(M, *, asym, act_order, dtype=torch.bfloat16):
@@ -20,7 +38,9 @@ def int4_operands(M, *, asym, act_order, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("M,asym,act_order,config", [
-    (1, True, True, w4a16.W4A16Config("gemv", BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4)),
+    (1, True, True, None),  # gemv, act-order scale gathers
+    (1, False, False, w4a16.W4A16Config("gemv", BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4)),
+    (3, True, False, None),  # gemv, BLOCK_M=4
     (16, False, False, None),  # splitk, one scale row per K-block
     (256, True, False, None),  # tiled
 ])
@@ -30,6 +50,7 @@ def test_w4a16_compiles_for_sm90(M, asym, act_order, config):
     compiled = launch.compile_for(90)
     uses_tensor_cores = "mma" in compiled.asm["ptx"]  # mma.sync or wgmma
     assert uses_tensor_cores == (launch.meta["USE_DOT"] is True)  # gemv: no tl.dot
+    assert stack_bytes(compiled) == 0  # no register spills
 
 
 @pytest.mark.parametrize("mode,block,M", [("w8a8", True, 16), ("w8a16", False, 256)])
@@ -39,5 +60,6 @@ def test_fp8_compiles_for_sm90(mode, block, M):
     scale = torch.rand(N // 128, K // 128) if block else torch.rand(N, 1)
     launch, _ = fp8.plan(x, w, scale, mode, (128, 128) if block else None, None)
     compiled = launch.compile_for(90)
+    assert stack_bytes(compiled) == 0  # no register spills
     if mode == "w8a8":  # FP8 x FP8 on Hopper tensor cores
         assert "e4m3" in compiled.asm["ptx"]
