@@ -31,6 +31,7 @@ import triton.language as tl
 
 from infer_tool.kernels import backend
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
+from infer_tool.kernels.splitk import sum_partials
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)  # floor of a dynamic activation scale (all-zero rows)
@@ -256,7 +257,7 @@ def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode
     launch.run()
     if out.dim() == 2:
         return out
-    return out.sum(dim=0).to(x.dtype)  # fixed-order reduction of split-K partials
+    return sum_partials(out, x.dtype)  # fixed-order reduction, no atomics
 
 
 def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,

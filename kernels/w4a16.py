@@ -35,6 +35,7 @@ import triton.language as tl
 
 from infer_tool.kernels import backend
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
+from infer_tool.kernels.splitk import sum_partials
 from infer_tool.kernels.layout import PACK_FACTOR, unpack_int4_k
 
 SYMMETRIC_ZERO = 8  # implied zero point of symmetric 4-bit weights
@@ -246,8 +247,7 @@ def w4a16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     launch.run()
     if out.dim() == 2:
         return out
-    # Deterministic reduction of the split-K partials: a fixed-order sum, no atomics.
-    return out.sum(dim=0).to(x.dtype)
+    return sum_partials(out, x.dtype)  # fixed-order reduction, no atomics
 
 
 def plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,

@@ -63,3 +63,13 @@ def test_fp8_compiles_for_sm90(mode, block, M):
     assert stack_bytes(compiled) == 0  # no register spills
     if mode == "w8a8":  # FP8 x FP8 on Hopper tensor cores
         assert "e4m3" in compiled.asm["ptx"]
+
+
+def test_split_k_reduction_compiles_for_sm90():
+    from infer_tool.kernels.backend import Launch
+    from infer_tool.kernels.splitk import BLOCK, _sum_partials_kernel
+
+    partials, out = torch.zeros(4, 3, N), torch.empty(3, N, dtype=torch.bfloat16)
+    launch = Launch(_sum_partials_kernel, (1,), (partials, out, 3 * N),
+                    dict(SPLIT_K=4, BLOCK=BLOCK, num_warps=4, num_stages=1))
+    assert stack_bytes(launch.compile_for(90)) == 0
