@@ -3,9 +3,11 @@ kernel, in two modes:
 
 - "w8a16": activations stay fp16/bf16/fp32; FP8 weights are upcast in-kernel;
 - "w8a8":  activations are quantized to e4m3 per token inside the kernel
-           (`a_scale[m] = max(amax_k |x[m, k]|, eps·448) / 448`, the vLLM dynamic
-           per-token scheme) or with a static per-tensor `input_scale`, then FP8 x FP8
-           `tl.dot` with fp32 accumulation.
+           (`a_scale[m] = max(amax_k |x[m, k]| / 448, 1 / (448·512))`, vLLM's dynamic
+           per-token scale and floor) or with a static per-tensor `input_scale`, then
+           FP8 x FP8 `tl.dot` with fp32 accumulation. We quantize `x / a_scale` (IEEE
+           division); vLLM's CUDA kernel multiplies by the reciprocal, which can differ
+           in the last fp32 bit and so, rarely, by one e4m3 step.
 
 Operands (the compressed-tensors / vLLM orientation):
 - `x`       `(M, K)` fp16, bf16 or fp32;
