@@ -110,6 +110,15 @@ class Fp8Scheme:
         return {"method": self.method, **d}
 
 
+def make_fp8_scheme(**overrides: object) -> Fp8Scheme:
+    """`Fp8Scheme` with `overrides`; a value of None keeps the dataclass default."""
+    names = {f.name for f in dataclasses.fields(Fp8Scheme)}
+    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in names)
+    if unknown:
+        raise BadInput(f"options {unknown} do not apply to method 'fp8'; it accepts {sorted(names)}")
+    return Fp8Scheme(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+
+
 @dataclass
 class Fp8Weight:
     """One linear layer in FP8: W ~ weight.float() * expand(weight_scale).
