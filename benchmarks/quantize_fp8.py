@@ -8,7 +8,9 @@ Each FP8 row quantizes a fresh copy of the model with the pipeline, writes the c
 and evaluates it the way it runs deployed: every quantized linear replaced by the
 kernels' `Fp8Linear` in W8A8 mode (activations to e4m3 per token, or with the static
 input scale), and for `kv` rows the keys / values rounded through e4m3 with the
-calibrated k_scale / v_scale. On CPU the kernels' torch reference runs.
+calibrated k_scale / v_scale. On CPU the kernels' torch reference runs. The
+`channel-weight-only` row evaluates the per-channel checkpoint in W8A16 mode (FP8 weights,
+fp32 activations), separating the weight error from the activation rounding.
 
     python benchmarks/quantize_fp8.py [--eval-tokens 40960] [--num-samples 128] [--rows all] [--json]
 """
@@ -33,6 +35,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "tensor-static": {"granularity": "tensor", "activations": "static"},
     "channel-static": {"granularity": "channel", "activations": "static"},
     "channel-kv": {"granularity": "channel", "kv_cache": "fp8"},
+    "channel-weight-only": {"granularity": "channel", "eval_mode": "w8a16"},
     "tensor-static-kv-native": {"granularity": "tensor", "activations": "static", "kv_cache": "fp8", "format": "fp8"},
 }
 
@@ -84,6 +87,7 @@ def main() -> None:
         for row in rows:
             opts = dict(ROWS[row])
             fmt = opts.pop("format", "compressed-tensors")
+            mode = opts.pop("eval_mode", "w8a8")  # w8a16: the same checkpoint, activations kept in fp32
             scheme = Fp8Scheme(**opts)
             model = copy.deepcopy(base)
             t0 = time.perf_counter()
@@ -96,11 +100,11 @@ def main() -> None:
             size = _dir_mib(out)
             shutil.rmtree(out)
             scales = {n: (a.k_amax / 448, a.v_amax / 448) for n, a in kv.items()}
-            with torch.no_grad(), fp8_runtime(model, result.quantized, scales):
+            with torch.no_grad(), fp8_runtime(model, result.quantized, scales, mode=mode):
                 r = evaluate_ppl(model, eval_ids, args.eval_seq_len)
             errs = [e["relative_output_error"] for e in result.layer_errors]
             results.append({
-                "row": row, "format": fmt, "scheme": scheme.to_dict(), "ppl": r.ppl,
+                "row": row, "format": fmt, "scheme": scheme.to_dict(), "eval_mode": mode, "ppl": r.ppl,
                 "ppl_increase_pct": 100 * (r.ppl / fp.ppl - 1), "quantize_s": q_s,
                 "checkpoint_mib": size, "eval_s": r.seconds, "max_layer_rel_err": max(errs),
             })
