@@ -29,6 +29,16 @@ from infer_tool.packers.scheme import make_scheme
 V, T, B = 96, 24, 6
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():  # noqa: ANN201
+    """Tiny tensors: a thread pool's barriers cost more than they save, and stall badly
+    when the cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _config(model_type: str):  # noqa: ANN202
     import transformers as tf
 

@@ -16,6 +16,16 @@ from typer.testing import CliRunner
 from infer_tool.cli.app import app
 
 runner = CliRunner()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():  # noqa: ANN201
+    """Tiny tensors: a thread pool's barriers cost more than they save, and stall badly
+    when the cores are shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 WORDS = [f"w{i}" for i in range(90)]
 FAST = ["--num-samples", "4", "--seq-len", "32", "--no-progress"]
 
