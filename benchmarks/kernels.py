@@ -31,6 +31,7 @@ GPU_MS = (1, 16, 64, 2048)
 DRY_SHAPES = ((328, 200), (136, 72))  # not tile multiples
 DRY_MS = (1, 16, 80)
 GROUP_SIZE = 128
+HOPPER_SMS = 132  # H100 SXM and H200: sizes split-K in the --resources report
 REL_TOL = {"bfloat16": 1e-2, "float16": 2e-3}  # relative Frobenius error vs fp32 reference
 
 # (kernel, M, metric, threshold): metric "speedup" (x bf16), "tbps" (TB/s),
@@ -273,6 +274,40 @@ def markdown(meta: dict[str, Any], rows: list[Row], targets: list[dict[str, Any]
     return "\n".join(lines) + "\n"
 
 
+def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: int,
+              log: Callable[[str], None]) -> str:
+    """Markdown table of the default configs (as chosen on a 132-SM H100/H200) compiled
+    for `arch` without a GPU: registers and stack (spills) per thread, from the cubin."""
+    import torch
+
+    from infer_tool.kernels import fp8, w4a16
+    from infer_tool.kernels.backend import resource_usage
+    from infer_tool.kernels.layout import pack_int4_k
+
+    lines = ["| kernel | K x N | M | config | registers | stack (spills) |", "|---|---|---|---|---|---|"]
+    for K, N in shapes:
+        qweight = pack_int4_k(torch.zeros(K, N, dtype=torch.uint8))
+        scales = torch.ones(-(-K // GROUP_SIZE), N, dtype=torch.bfloat16)
+        w_fp8 = torch.zeros(N, K, dtype=torch.float8_e4m3fn)
+        w_scale = torch.ones(N, 1)
+        for M in ms:
+            x = torch.zeros(M, K, dtype=torch.bfloat16)  # CPU tensors: only dtypes matter
+            w4_cfg = w4a16.choose_config(M, N, K, HOPPER_SMS, group_size=GROUP_SIZE)
+            fp8_cfg = fp8.choose_config(M, N, K, HOPPER_SMS)
+            plans = [("w4a16", w4a16.plan(x, qweight, scales, None, None, GROUP_SIZE, config=w4_cfg)[0])]
+            plans += [(f"fp8-{mode}", fp8.plan(x, w_fp8, w_scale, mode, None, None, config=fp8_cfg)[0])
+                      for mode in ("w8a8", "w8a16")]
+            for name, launch in plans:
+                use = resource_usage(launch.compile_for(arch))
+                m = launch.meta
+                cfg = (f"{m['BLOCK_M']}x{m['BLOCK_N']}x{m['BLOCK_K']} split {m['SPLIT_K']} "
+                       f"w{m['num_warps']} s{m['num_stages']}")
+                line = f"| {name} | {K}x{N} | {M} | {cfg} | {use['registers']} | {use['stack']} |"
+                lines.append(line)
+                log(line)
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dry-run", action="store_true",
@@ -281,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="folder for kernels_<device>.md/.json")
     p.add_argument("--shapes", default=None, help="comma list of KxN, e.g. 4096x4096,4096x14336")
     p.add_argument("--ms", default=None, help="comma list of M, e.g. 1,16,64,2048")
+    p.add_argument("--resources", type=int, metavar="ARCH", default=None,
+                   help="no GPU needed: compile the default configs for compute capability "
+                        "ARCH (90 = H100/H200) and print registers and spills per thread")
     p.add_argument("--sweep", action="store_true",
                    help="also time variations of each default config; 'kernel*' rows show the best")
     args = p.parse_args(argv)
@@ -290,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
+    if args.resources is not None:
+        shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")) \
+            if args.shapes else GPU_SHAPES
+        ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else GPU_MS
+        print(resources(shapes, ms, args.resources, log=lambda s: None))
+        return 0
     if not args.dry_run and not torch.cuda.is_available():
         print("no CUDA device: run on a GPU, or pass --dry-run to check the script on CPU",
               file=sys.stderr)

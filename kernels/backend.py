@@ -117,3 +117,24 @@ class Launch:
         src = ASTSource(fn=self.kernel, signature=signature,
                         constexprs={(indices[k],): v for k, v in constexprs.items()})
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def resource_usage(compiled: Any) -> dict[str, int]:
+    """Per-thread registers, stack (where spills land) and static shared memory of a
+    kernel compiled by `Launch.compile_for`, read with the cuobjdump shipped in Triton."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"cuobjdump printed no resource usage: {text[-200:]!r}")
+    return {"registers": int(found[1]), "stack": int(found[2]), "shared": int(found[3])}

@@ -2,31 +2,19 @@
 pick: ahead-of-time through Triton's compiler and ptxas, no GPU needed. This catches
 what the interpreter cannot (tl.dot layouts and shapes, fp8 instructions, shared memory)."""
 
-import os
-import re
-import subprocess
-import tempfile
-
 import pytest
 import torch
-import triton
 
 from infer_tool.kernels import fp8, w4a16
+from infer_tool.kernels.backend import resource_usage
 from infer_tool.kernels.layout import pack_int4_k
 
 K, N = 512, 384
 
 
 def stack_bytes(compiled) -> int:
-    """Per-thread stack of the sm_90 cubin (register spills land there), via the
-    cuobjdump that ships with Triton."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
-                               text=True, check=True).stdout
-    return int(re.search(r"STACK:(\d+)", usage).group(1))
+    """Per-thread stack of the sm_90 cubin: register spills land there."""
+    return resource_usage(compiled)["stack"]
 
 
 def int4_operands(M, *, asym, act_order, dtype=torch.bfloat16):
