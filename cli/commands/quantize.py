@@ -32,18 +32,28 @@ def register(app: typer.Typer) -> None:
 
 
 def _flag_help(text: str, name: str) -> str:
-    return f"{text} [default: {getattr(DEFAULTS, name)}]"
+    return f"{text} (default: {getattr(DEFAULTS, name)})"
+
+
+def _scheme_default(method: str, name: str) -> object:
+    """A field default of a method's scheme (packers/scheme.py), for help texts."""
+    import dataclasses
+
+    from infer_tool.packers.scheme import SCHEMES
+
+    return next(f.default for f in dataclasses.fields(SCHEMES[method]) if f.name == name)
 
 
 @cli_command
 def quantize(
     model: Annotated[Optional[str], typer.Argument(help=f"Model directory, .gguf file, demo name or hub name. Omitted: the demo model {DEMO_MODEL} with {DEMO_METHOD.upper()}, group size {DEMO_GROUP_SIZE}, into a fresh directory, evaluated on {DEMO_EVAL}.")] = None,
     method: Annotated[Optional[str], typer.Option(help=_flag_help("awq, gptq, rtn, or fp8 (e4m3 weights and activations).", "method"))] = None,
-    bits: Annotated[Optional[int], typer.Option(help="Weight bits [default: the scheme's, 4].")] = None,
-    group_size: Annotated[Optional[int], typer.Option(help="Columns per scale group, -1 per channel [default: the method's scheme, 128].")] = None,
-    sym: Annotated[Optional[bool], typer.Option("--sym/--asym", help="Symmetric (no zero point) or asymmetric [default: AWQ asym, GPTQ/RTN sym].", show_default=False)] = None,
+    bits: Annotated[Optional[int], typer.Option(help=f"Weight bits (default: {_scheme_default('rtn', 'bits')}).")] = None,
+    group_size: Annotated[Optional[int], typer.Option(help=f"Columns per scale group, -1 per channel (default: {_scheme_default('rtn', 'group_size')}; demo {DEMO_GROUP_SIZE}).")] = None,
+    sym: Annotated[Optional[bool], typer.Option("--sym/--asym", help="Symmetric (no zero point) or asymmetric (default: "
+        + ", ".join(f"{m} {'sym' if _scheme_default(m, 'symmetric') else 'asym'}" for m in ("awq", "gptq", "rtn")) + ").", show_default=False)] = None,
     act_order: Annotated[Optional[bool], typer.Option("--act-order/--no-act-order", help="GPTQ: columns by decreasing Hessian diagonal, static groups.", show_default=False)] = None,
-    damp: Annotated[Optional[float], typer.Option(help="GPTQ dampening, fraction of mean diag(H) [default: 0.01].")] = None,
+    damp: Annotated[Optional[float], typer.Option(help=f"GPTQ dampening, fraction of mean diag(H) (default: {_scheme_default('gptq', 'damp')}).")] = None,
     fp8_granularity: Annotated[Optional[str], typer.Option(help=GRANULARITY_HELP)] = None,
     fp8_activations: Annotated[Optional[str], typer.Option(help=ACTIVATIONS_HELP)] = None,
     kv_cache: Annotated[Optional[str], typer.Option(help=KV_CACHE_HELP)] = None,
@@ -61,7 +71,7 @@ def quantize(
     max_ppl_increase: Annotated[Optional[str], typer.Option(help="Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.")] = None,
     stats: Annotated[Optional[str], typer.Option("--stats", help="Reuse statistics saved by `infer-tool calibrate` (gptq/rtn). " + STATS_NOTE)] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="YAML/TOML file with these options; flags override it.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [default: auto: CUDA when available].")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (default: auto: CUDA when available).")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
@@ -302,7 +312,7 @@ def calibrate(
     num_samples: Annotated[Optional[int], typer.Option(help=_flag_help("Calibration sequences.", "num_samples"))] = None,
     seq_len: Annotated[Optional[int], typer.Option(help=_flag_help("Tokens per calibration sequence.", "seq_len"))] = None,
     seed: Annotated[Optional[int], typer.Option(help=_flag_help("Seed of the calibration windows.", "seed"))] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N [default: auto].")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (default: auto).")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
