@@ -2,13 +2,14 @@
 
 Passes, in order (each reported through the `progress` callback):
 1. the target decodes each prompt's continuation once (greedy at temperature 0, else
-   sampled with a per-prompt seed); these runs are also the plain-decoding baseline and
-   give the target's decode-step latency;
+   sampled with a per-prompt seed);
 2. target and every draft score prompt + continuation teacher-forced, one forward pass
    per sequence, giving exact β per position (`spec_acceptance`);
-3. each draft's decode-step latency at batch 1 gives its cost ratio c (unless given);
-4. the real draft-k-then-verify loop per draft and k (`spec_decode`), timed against
-   the baseline, with the accepted-length histogram.
+3. the cost ratio c = median draft decode step / median target decode step at batch 1,
+   timed in alternating chunks (unless given);
+4. the real draft-k-then-verify loop per prompt, draft and k (`spec_decode`), with the
+   accepted-length histogram, timed against plain decoding of the same prompt re-run
+   just before (interleaving keeps a shared machine's load drift out of the ratio).
 
 What this module does not know: where models and prompts come from, or how results
 are printed.
@@ -30,12 +31,13 @@ from infer_tool.evals.spec_acceptance import (
     summarize,
     vllm_rate,
 )
-from infer_tool.evals.spec_decode import DecodeRun, speculative_decode, target_decode
-from infer_tool.evals.spec_drafts import Draft
+from infer_tool.evals.spec_decode import DecodeRun, SpecRun, speculative_decode, target_decode
+from infer_tool.evals.spec_drafts import Draft, ModelDraft
 from infer_tool.evals.spec_models import CachedLM
 from infer_tool.evals.spec_sampling import warp
 
-LATENCY_STEPS = 32  # decode steps timed per draft for its cost ratio
+LATENCY_STEPS = 8  # decode steps per timing chunk for the cost ratio
+LATENCY_ROUNDS = 4  # alternating target/draft chunks
 
 
 @dataclass
@@ -71,7 +73,7 @@ class DraftProfile:
 class SpecProfile:
     target: str
     target_step_ms: float
-    baseline_seconds: float
+    baseline_seconds: float  # plain decoding, re-timed next to the speculative runs
     tokens: int  # generated tokens per run (prompts × max_new_tokens)
     drafts: list[DraftProfile]
     ranking: list[dict[str, object]] = field(default_factory=list)
@@ -136,8 +138,8 @@ def profile(
     temperature: float,
     top_p: float,
     *,
-    cost_ratio: float | None = None,
-    seed: int = 0,
+    cost_ratio: float | None,
+    seed: int,
     n_boot: int = 1000,
     progress: Progress | None = None,
 ) -> SpecProfile:
@@ -152,7 +154,6 @@ def profile(
         progress("target decode", i + 1, n)
     target_steps = [s for run in baseline for s in run.step_seconds]
     target_step_ms = _median_ms(target_steps)
-    baseline_seconds = sum(run.seconds for run in baseline)
 
     betas: list[list[torch.Tensor]] = [[] for _ in drafts]
     for i, (prompt, run) in enumerate(zip(prompts, baseline)):
@@ -163,47 +164,71 @@ def profile(
             betas[j].append(beta(p, draft.teacher_forced(seq, P, temperature, top_p)))
         progress("acceptance", i + 1, n)
 
+    # Cost ratio: draft and target decode steps timed in alternating chunks, so that a
+    # drift in machine load hits both medians alike.
+    target_as_draft = ModelDraft("target", target, vocab)
+    step_ms: list[float] = []
+    ratios: list[float] = []
+    for j, draft in enumerate(drafts):
+        d_steps: list[float] = []
+        t_steps: list[float] = []
+        for _ in range(LATENCY_ROUNDS):
+            t_steps += target_as_draft.step_seconds(prompts[0], LATENCY_STEPS)
+            d_steps += draft.step_seconds(prompts[0], LATENCY_STEPS)
+        step_ms.append(_median_ms(d_steps))
+        ratios.append(_median_ms(d_steps) / _median_ms(t_steps))
+        progress("cost ratio", j + 1, len(drafts))
+
+    # The real loop, prompt by prompt: the plain baseline is re-timed next to the
+    # speculative runs of the same prompt, so both see the same machine load.
+    runs: dict[tuple[int, int], list[SpecRun]] = {(j, k): [] for j in range(len(drafts)) for k in ks}
+    plain_seconds = 0.0
+    total = n * len(drafts) * len(ks)
+    for i, prompt in enumerate(prompts):
+        plain_seconds += target_decode(lm, prompt, max_new_tokens, temperature, top_p,
+                                       _generator(seed + i, temperature)).seconds
+        for j, draft in enumerate(drafts):
+            for k in ks:
+                runs[j, k].append(speculative_decode(lm, draft, prompt, k, max_new_tokens, temperature,
+                                                     top_p, _generator(seed + i, temperature)))
+                progress("speculative decode", sum(len(r) for r in runs.values()), total)
+
     profiles: list[DraftProfile] = []
     for j, draft in enumerate(drafts):
         acc = summarize(betas[j], n_boot, seed)
-        draft_step_ms = _median_ms(draft.step_seconds(prompts[0], min(LATENCY_STEPS, max_new_tokens)))
-        c = cost_ratio if cost_ratio is not None else draft_step_ms / target_step_ms
+        c = cost_ratio if cost_ratio is not None else ratios[j]
         per_k: list[KResult] = []
         for k in ks:
+            rs = runs[j, k]
             hist = [0] * (k + 1)
-            seconds = 0.0
-            accepted = drafted = passes = 0
-            identical = True
-            for i, prompt in enumerate(prompts):
-                run = speculative_decode(lm, draft, prompt, k, max_new_tokens, temperature, top_p,
-                                         _generator(seed + i, temperature))
-                seconds += run.seconds
-                passes += run.target_passes
-                accepted += sum(run.accepted)
-                drafted += sum(run.drafted)
-                for a in run.accepted:
+            for r in rs:
+                for a in r.accepted:
                     hist[a] += 1
-                identical &= bool(torch.equal(run.tokens, baseline[i].tokens))
-                progress(f"{draft.name} k={k}", i + 1, n)
+            passes = sum(r.target_passes for r in rs)
+            drafted = sum(sum(r.drafted) for r in rs)
+            seconds = sum(r.seconds for r in rs)
             per_k.append(KResult(
                 k=k,
                 expected_tokens=expected_tokens(acc.alpha, k),
                 measured_tokens=n * max_new_tokens / passes,
                 predicted_speedup=predicted_speedup(acc.alpha, k, c),
-                measured_speedup=baseline_seconds / seconds,
+                measured_speedup=plain_seconds / seconds,
                 predicted_vllm_rate=vllm_rate(acc.alpha, k),
-                measured_vllm_rate=accepted / drafted if drafted else 0.0,
+                measured_vllm_rate=sum(sum(r.accepted) for r in rs) / drafted if drafted else 0.0,
                 accepted_hist=hist,
                 target_passes=passes,
                 seconds=seconds,
-                greedy_identical=identical if temperature == 0 else None,
+                greedy_identical=(
+                    all(torch.equal(r.tokens, b.tokens) for r, b in zip(rs, baseline))
+                    if temperature == 0 else None
+                ),
             ))
         profiles.append(DraftProfile(
             name=draft.name,
             acceptance=acc,
             cost_ratio=c,
             cost_ratio_source="given" if cost_ratio is not None else "measured",
-            draft_step_ms=draft_step_ms,
+            draft_step_ms=step_ms[j],
             per_k=per_k,
             best_k=max(per_k, key=lambda r: r.predicted_speedup).k,
             best_k_measured=max(per_k, key=lambda r: r.measured_speedup).k,
@@ -211,7 +236,7 @@ def profile(
     return SpecProfile(
         target=target_name,
         target_step_ms=target_step_ms,
-        baseline_seconds=baseline_seconds,
+        baseline_seconds=plain_seconds,
         tokens=n * max_new_tokens,
         drafts=profiles,
         ranking=rank(profiles),

@@ -193,7 +193,7 @@ def test_teacher_forced_beta_equals_step_by_step(target, prompts) -> None:
 def test_sampled_loop_and_profile(target, prompts) -> None:
     """Temperature > 0: the loop emits the asked tokens; the profile's numbers are consistent."""
     drafts = drafts_of(target)[1:3]
-    result = profile("tiny", target, V, drafts, prompts, [1, 3], 12, 1.0, 0.9, seed=0, n_boot=200)
+    result = profile("tiny", target, V, drafts, prompts, [1, 3], 12, 1.0, 0.9, cost_ratio=None, seed=0, n_boot=200)
     assert [d.name for d in result.drafts] == ["truncated:2", "prompt-lookup:2"]
     for d in result.drafts:
         lo, hi = d.acceptance.alpha_ci
