@@ -99,11 +99,12 @@ def _w4a16_kernel(
     stride_os, stride_om, stride_on,
     # meta-parameters
     HAS_ZEROS: tl.constexpr, HAS_G_IDX: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
-    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """One `(BLOCK_M, BLOCK_N)` output tile over the K-blocks `pid_k, pid_k + SPLIT_K, ...`.
+    """"splitk"/"tiled": one `(BLOCK_M, BLOCK_N)` output tile with `tl.dot`, over the
+    K-blocks `pid_k, pid_k + SPLIT_K, ...`.
 
     x `(M, K)`; qw int32 `(K/8, N)`; s `(G, N)`; z uint8 `(G, N)`; g int32 `(K,)`;
     out `(M, N)` when SPLIT_K == 1, else fp32 partials `(SPLIT_K, M, N)`.
@@ -126,10 +127,7 @@ def _w4a16_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
 
-    if USE_DOT:
-        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    else:  # gemv: accumulate products elementwise, reduce over K once at the end
-        acc = tl.full((BLOCK_M, BLOCK_K, BLOCK_N), 0.0, tl.float32)
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for kb in range(pid_k, (K + BLOCK_K - 1) // BLOCK_K, SPLIT_K):
         offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
@@ -137,7 +135,7 @@ def _w4a16_kernel(
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BM, BK)
         mask_w = mask_k[:, None] & mask_n[None, :]
         packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * stride_qk + offs_n[None, :] * stride_qn,
-                         mask=mask_w, other=0)  # (BK, BN) int32, each word seen 8 times
+                         mask=mask_w, other=0)  # (BK, BN) int32: each word read 8 times (L1)
         q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF  # (BK, BN)
         if SCALE_PER_BLOCK:
             g = (kb * BLOCK_K) // group_size
@@ -161,12 +159,7 @@ def _w4a16_kernel(
             else:
                 z = 8
         w = ((q - z).to(tl.float32) * s).to(x.dtype)  # (BK, BN)
-        if USE_DOT:
-            acc += tl.dot(x, w, input_precision=DOT_PRECISION)
-        else:
-            acc += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]  # (BM, BK, BN)
-    if not USE_DOT:
-        acc = tl.reduce(acc, 1, tl.standard._sum_combine)  # = tl.sum over K: (BM, BN)
+        acc += tl.dot(x, w, input_precision=DOT_PRECISION)
 
     out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     mask_out = mask_m[:, None] & mask_n[None, :]
@@ -174,6 +167,86 @@ def _w4a16_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
     else:
         tl.store(out_ptrs, acc, mask=mask_out)
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    # pointers
+    x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, out_ptr,
+    # sizes
+    M, N, K, group_size,
+    # strides
+    stride_xm, stride_xk,
+    stride_qk, stride_qn,
+    stride_sg, stride_sn,
+    stride_zg, stride_zn,
+    stride_os, stride_om, stride_on,
+    # meta-parameters
+    HAS_ZEROS: tl.constexpr, HAS_G_IDX: tl.constexpr, SCALE_PER_BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """"gemv": a few rows (BLOCK_M, tiny) times one BLOCK_N column slab, no `tl.dot`.
+
+    Each packed int32 word is loaded once as a `(BLOCK_K/8, BLOCK_N)` tile and unpacked
+    to `(BLOCK_K/8, 8, BLOCK_N)` nibbles (k = 8r + i); x is read as `(BM, BK/8, 8)`.
+    Products accumulate elementwise in `(BM, BK/8, 8, BN)` fp32 and are reduced over K
+    once at the end. Operands and outputs as in `_w4a16_kernel`.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    R: tl.constexpr = BLOCK_K // 8
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_i = tl.arange(0, 8)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    acc = tl.full((BLOCK_M, R, 8, BLOCK_N), 0.0, tl.float32)
+    for kb in range(pid_k, (K + BLOCK_K - 1) // BLOCK_K, SPLIT_K):
+        offs_r = kb * R + tl.arange(0, R)  # packed rows
+        offs_k = offs_r[:, None] * 8 + offs_i[None, :]  # (R, 8)
+        mask_k = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None, None] * stride_xm + offs_k[None, :, :] * stride_xk,
+                    mask=mask_m[:, None, None] & mask_k[None, :, :], other=0.0)  # (BM, R, 8)
+        packed = tl.load(qw_ptr + offs_r[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                         mask=(offs_r * 8 < K)[:, None] & mask_n[None, :], other=0)  # (R, BN)
+        q = (packed[:, None, :] >> (offs_i * 4)[None, :, None]) & 0xF  # (R, 8, BN)
+        if SCALE_PER_BLOCK:
+            g = (kb * BLOCK_K) // group_size
+            s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0)
+            s = s.to(tl.float32)[None, None, :]  # (1, 1, BN)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask_n, other=0)
+                z = z.to(tl.int32)[None, None, :]
+            else:
+                z = 8
+        else:
+            if HAS_G_IDX:
+                g = tl.load(g_ptr + offs_k, mask=mask_k, other=0)  # (R, 8)
+            else:
+                g = offs_k // group_size
+            mask_w = mask_k[:, :, None] & mask_n[None, None, :]
+            s = tl.load(s_ptr + g[:, :, None] * stride_sg + offs_n[None, None, :] * stride_sn,
+                        mask=mask_w, other=0.0).to(tl.float32)  # (R, 8, BN)
+            if HAS_ZEROS:
+                z = tl.load(z_ptr + g[:, :, None] * stride_zg + offs_n[None, None, :] * stride_zn,
+                            mask=mask_w, other=0).to(tl.int32)
+            else:
+                z = 8
+        w = ((q - z).to(tl.float32) * s).to(x.dtype)  # (R, 8, BN), rounded like the dot paths
+        acc += x.to(tl.float32)[:, :, :, None] * w.to(tl.float32)[None, :, :, :]
+    acc2 = tl.reduce(tl.reduce(acc, 2, tl.standard._sum_combine), 1, tl.standard._sum_combine)
+
+    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    mask_out = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc2.to(out_ptr.dtype.element_ty), mask=mask_out)
+    else:
+        tl.store(out_ptrs, acc2, mask=mask_out)
 
 
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
@@ -265,6 +338,8 @@ def plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     use_dot = cfg.path != "gemv"
     if use_dot and cfg.BLOCK_M < 16:
         raise ValueError(f"w4a16: tl.dot paths need BLOCK_M >= 16, got {cfg.BLOCK_M}")
+    if not use_dot and cfg.BLOCK_K % 8:
+        raise ValueError(f"w4a16: gemv needs BLOCK_K a multiple of 8, got {cfg.BLOCK_K}")
     x = x.contiguous()
     split = cfg.SPLIT_K
     if split == 1:
@@ -287,10 +362,11 @@ def plan(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: to
     meta = dict(
         HAS_ZEROS=zeros is not None, HAS_G_IDX=g_idx is not None,
         SCALE_PER_BLOCK=g_idx is None and group_size % cfg.BLOCK_K == 0,
-        USE_DOT=use_dot, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-        SPLIT_K=split, GROUP_M=cfg.GROUP_M,
+        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, SPLIT_K=split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
+    if not use_dot:
+        return Launch(_w4a16_gemv_kernel, grid, args, meta), out
+    meta.update(DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=cfg.GROUP_M)
     return Launch(_w4a16_kernel, grid, args, meta), out
