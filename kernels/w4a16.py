@@ -16,8 +16,9 @@ Dequantisation: `w[k, n] = (q[k, n] - z[g(k), n]) * s[g(k), n]`; result `x @ w`,
 `(M, N)` in x's dtype.
 
 Kernel paths, chosen from M by `choose_config` (or forced with `config=`):
-- "gemv"   (M <= 4): no `tl.dot`; broadcast-multiply and reduce along K, split over K
-            so that a single row still fills the GPU;
+- "gemv"   (M <= 4): its own kernel, no `tl.dot`: each packed word is loaded once and
+            unpacked to (K/8, 8, N) nibbles, products accumulate elementwise and are
+            reduced over K at the end; split over K so that one row still fills the GPU;
 - "splitk" (M <= 64): `tl.dot` tiles with the K loop split over `SPLIT_K` programs;
 - "tiled"  (larger M): classic `tl.dot` tiling, grouped program order for L2 reuse.
 Split-K writes fp32 partials `(SPLIT_K, M, N)` that are summed in a fixed order
