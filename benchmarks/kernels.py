@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = run(shapes, ms, device=device, sweep=args.sweep,
                log=lambda s: print(s, file=sys.stderr, flush=True))
-    targets = check_targets(rows)
+    targets = [] if args.dry_run else check_targets(rows)  # interpreter timings mean nothing
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU interpreter ({platform.machine()})"
     meta = {"device": name, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__, "triton": triton.__version__,
