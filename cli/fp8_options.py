@@ -93,3 +93,20 @@ EVALUATED_FP8 = (
     "activations rounded to e4m3 per token or with the static input_scale), KV cache rounded through "
     "e4m3 with the calibrated k_scale/v_scale when --kv-cache fp8"
 )
+
+
+def fp8_notes(result: Any, scheme: Any) -> list[str]:
+    """Report notes for FP8 runs: block shapes runtimes refuse, KV scales transformers ignores."""
+    if getattr(scheme, "method", None) != "fp8":
+        return []
+    from infer_tool.packers.fp8_formats import block_alignment_notes
+
+    notes = []
+    if scheme.granularity == "block":
+        notes += block_alignment_notes({n: w.shape for n, w in result.quantized.items()}, scheme.block_size)
+    if getattr(result, "kv_amax", None):
+        notes.append(
+            "k_scale/v_scale are read by vLLM (kv_cache_dtype fp8); transformers 5.x with compressed-tensors "
+            "0.20 does not attach them (it looks for a past_key_value(s) argument) and reports them as unexpected keys"
+        )
+    return notes

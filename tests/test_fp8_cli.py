@@ -101,3 +101,5 @@ def test_native_block_checkpoint(tiny: dict[str, Path], tmp_path: Path) -> None:
     assert cfg == {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
                    "ignored_layers": ["lm_head"]}
     assert "fp8 e4m3 block weights 128x128, dynamic activations" in r.stdout.replace("\n", " ")
+    report = json.loads((out / "quantize_report.json").read_text())
+    assert any("not multiples of 128x128" in n for n in report["notes"])  # the tiny model's 64x64 layers

@@ -160,7 +160,7 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
     from infer_tool.calib.recipe import to_dict
     from infer_tool.calib.stats import load_stats
     from infer_tool.evals.ppl import evaluate_ppl
-    from infer_tool.cli.fp8_options import EVALUATED_FP8, eval_context, kv_scales, kv_tensors
+    from infer_tool.cli.fp8_options import EVALUATED_FP8, eval_context, fp8_notes, kv_scales, kv_tensors
     from infer_tool.packers.checkpoint import write_checkpoint
 
     seconds: dict[str, float] = {}
@@ -242,6 +242,7 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
         "fallback_count": len(result.fallbacks),
         "awq": result.awq,
         **({"kv_cache_scales": {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales(result).items()}} if result.kv_amax else {}),
+        "notes": report["notes"] + fp8_notes(result, scheme),
         "memory": peak_memory(torch.device(dev)),
         "seconds": seconds,
     })
