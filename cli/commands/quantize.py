@@ -289,6 +289,10 @@ def _print_report(report: dict[str, Any]) -> None:
     if report["layer_error_mean"] is not None:
         worst = max(report["layer_errors"], key=lambda e: e["relative_output_error"])
         table.add_row("layer output error", f"mean {report['layer_error_mean']:.4f}, max {worst['relative_output_error']:.4f} ({worst['layer']})")
+    if report["linear_errors"]:
+        errs = report["linear_errors"]
+        worst = max(errs, key=errs.get)
+        table.add_row("linear output error", f"mean {sum(errs.values()) / len(errs):.4f}, max {errs[worst]:.4f} ({worst}); from H")
     table.add_row("fallbacks", str(report["fallback_count"]))
     if "eval" in report:
         ev = report["eval"]
