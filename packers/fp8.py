@@ -211,7 +211,7 @@ def cast_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def _clip_to_scale_shape(clip: torch.Tensor, amax: torch.Tensor, granularity: str) -> torch.Tensor:
+def _clip_to_scale_shape(clip: torch.Tensor, granularity: str) -> torch.Tensor:
     """Ratios `(1,)`, `(N,)` or `(Nb,)` broadcast against amax `(1,)`, `(N,1)` or `(Nb,Kb)`."""
     return clip.float().reshape(1) if granularity == "tensor" else clip.float().reshape(-1, 1)
 
@@ -236,7 +236,7 @@ def quantize_fp8_weight(
     block = scheme.block_size if scheme.granularity == "block" else None
     amax = weight_amax(w, scheme.granularity, block)
     if clip is not None:
-        amax = amax * _clip_to_scale_shape(clip, amax, scheme.granularity)
+        amax = amax * _clip_to_scale_shape(clip, scheme.granularity)
     s = scale_from_amax(amax)
     q = cast_e4m3(w / expand_scale(s, scheme.granularity, w.shape, block))
     return Fp8Weight(

@@ -8,7 +8,6 @@ KV recording on the final (FP8-weight) model, and the checkpoint read back by ou
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
