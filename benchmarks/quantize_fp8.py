@@ -36,6 +36,7 @@ ROWS: dict[str, dict[str, Any]] = {
     "channel-static": {"granularity": "channel", "activations": "static"},
     "channel-kv": {"granularity": "channel", "kv_cache": "fp8"},
     "channel-weight-only": {"granularity": "channel", "eval_mode": "w8a16"},
+    "channel-clip": {"granularity": "channel", "clip_search": True},
     "tensor-static-kv-native": {"granularity": "tensor", "activations": "static", "kv_cache": "fp8", "format": "fp8"},
 }
 
