@@ -108,7 +108,8 @@ def test_compressed_tensors_checkpoint_loads_in_transformers(tiny: dict[str, Pat
     code, stdout, stderr = quantize(tiny, out, "--method", method, "--group-size", "32", "--sym", "--json")
     assert code == 0, stderr
     report = json.loads(stdout)
-    assert report == json.loads((out / "quantize_report.json").read_text()) | {"seconds": report["seconds"]}
+    assert report == json.loads((out / "quantize_report.json").read_text())
+    assert {"load", "quantize", "write", "total"} <= set(report["seconds"])
     assert report["method"] == method and report["format"] == "compressed-tensors"
     assert report["quantized_layers"] == 14 and report["calibration"]["tokens"] == 4 * 32
     assert len(report["layer_errors"]) == 2 and all(0 < e["relative_output_error"] < 1 for e in report["layer_errors"])

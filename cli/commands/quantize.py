@@ -100,6 +100,7 @@ def quantize(
             opts.out = fresh_dir(f"{DEMO_MODEL}-{opts.method}-w4g{opts.group_size}")
     report = run_quantize(opts, overwrite=overwrite, show_progress=not no_progress, recipe=recipe)
     report["seconds"]["total"] = time.perf_counter() - t_start
+    _rewrite_report(Path(report["out"]), report)
     if json_:
         emit_json(report)
     else:
