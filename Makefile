@@ -33,8 +33,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# The main job on the built-in default: quantize the demo model (SmolLM2-135M) with AWQ,
+# group size 64, into a fresh ./smollm2-135m-awq-w4g64* directory, and evaluate it.
 demo: install
-	$(BIN)/infer-tool kv-budget llama-3.1-70b --gpu H100-80GB --num-gpus 2 --tp 2 --weights int4 --kv-dtype fp8 --context 32768
+	$(BIN)/infer-tool quantize
 
 test: install
 	$(BIN)/pytest -q

@@ -9,7 +9,15 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from infer_tool.calib.recipe import DEFAULTS, DEMO_EVAL, DEMO_GROUP_SIZE, DEMO_METHOD, DEMO_MODEL
+from infer_tool.calib.recipe import (
+    DEFAULTS,
+    DEMO_EVAL,
+    DEMO_EVAL_TOKENS,
+    DEMO_GROUP_SIZE,
+    DEMO_METHOD,
+    DEMO_MODEL,
+    DEMO_NUM_SAMPLES,
+)
 from infer_tool.cli.fp8_options import ACTIVATIONS_HELP, CLIP_HELP, GRANULARITY_HELP, KV_CACHE_HELP
 from infer_tool.cli.output import cli_command, emit_json, err, out, progress_bar, to_json
 from infer_tool.common.errors import BadInput, QualityGateFailed
@@ -46,7 +54,7 @@ def _scheme_default(method: str, name: str) -> object:
 
 @cli_command
 def quantize(
-    model: Annotated[Optional[str], typer.Argument(help=f"Model directory, .gguf file, demo name or hub name. Omitted: the demo model {DEMO_MODEL} with {DEMO_METHOD.upper()}, group size {DEMO_GROUP_SIZE}, into a fresh directory, evaluated on {DEMO_EVAL}.")] = None,
+    model: Annotated[Optional[str], typer.Argument(help=f"Model directory, .gguf file, demo name or hub name. Omitted: the demo model {DEMO_MODEL} with {DEMO_METHOD.upper()}, group size {DEMO_GROUP_SIZE}, {DEMO_NUM_SAMPLES} calibration samples, into a fresh directory, evaluated on the first {DEMO_EVAL_TOKENS} tokens of {DEMO_EVAL}.")] = None,
     method: Annotated[Optional[str], typer.Option(help=_flag_help("awq, gptq, rtn, or fp8 (e4m3 weights and activations).", "method"))] = None,
     bits: Annotated[Optional[int], typer.Option(help=f"Weight bits (default: {_scheme_default('rtn', 'bits')}).")] = None,
     group_size: Annotated[Optional[int], typer.Option(help=f"Columns per scale group, -1 per channel (default: {_scheme_default('rtn', 'group_size')}; demo {DEMO_GROUP_SIZE}).")] = None,
