@@ -14,10 +14,10 @@ from infer_tool.common.errors import BadInput, QualityGateFailed
 
 # Only subcommands that work are registered here.
 COMMANDS = (
-    "kv_budget",
+    "quantize",  # also registers `calibrate`
     "eval",
+    "kv_budget",
     "spec_profile",
-    "quantize",
 )
 
 app = typer.Typer(

@@ -84,9 +84,9 @@ def quantize(
     json_: Annotated[bool, typer.Option("--json", help="Print the report as one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
 ) -> None:
-    """Calibrate MODEL layer by layer, quantize its decoder linears to INT4 (AWQ, GPTQ or
-    RTN) and write a checkpoint vLLM/transformers load, with quantize_report.json in it.
-    Exit 2: bad input; exit 3: --max-ppl-increase exceeded."""
+    """Calibrate MODEL layer by layer, quantize its decoder linears to INT4 (AWQ, GPTQ,
+    RTN) or FP8, and write a checkpoint vLLM/transformers load, with quantize_report.json
+    in it. Exit 2: bad input; exit 3: --max-ppl-increase exceeded."""
     from infer_tool.calib.recipe import apply_demo, fresh_dir, load_recipe, merge
 
     t_start = time.perf_counter()
