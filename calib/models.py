@@ -25,7 +25,6 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-QUANTIZED_METHODS = ("compressed-tensors", "awq", "gptq", "fp8")
 
 
 @dataclass(frozen=True)
