@@ -231,10 +231,25 @@ def load_model(
 
     dtype defaults to torch.float32. Quantized checkpoints are refused here: they are
     loaded by `evals.loading.load_for_eval`."""
+    directory, notes = resolve_model_dir(spec, allow_pickle)
+    return load_from_dir(spec, directory, notes, dtype=dtype, device=device,
+                         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+
+
+def load_from_dir(
+    spec: str,
+    directory: Path,
+    notes: list[str],
+    *,
+    dtype: Any = None,
+    device: str = "cpu",
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """`load_model` for a spec already resolved to `directory` (see `resolve_model_dir`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    directory, notes = resolve_model_dir(spec, allow_pickle)
     method = quantization_method(directory)
     if method is not None:
         raise BadInput(

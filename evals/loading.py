@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from infer_tool.calib.models import LoadedModel, load_model, load_tokenizer, quantization_method, resolve_model_dir
-from infer_tool.common.errors import BadInput
+from infer_tool.calib.models import (
+    LoadedModel,
+    load_from_dir,
+    load_tokenizer,
+    quantization_method,
+    resolve_model_dir,
+)
 
 
 def backend_of(model: Any) -> str:
@@ -39,8 +44,9 @@ def load_for_eval(
     directory, notes = resolve_model_dir(spec, allow_pickle)
     method = quantization_method(directory)
     if method is None:
-        return load_model(
-            spec, dtype=dtype, device=device, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code
+        return load_from_dir(
+            spec, directory, notes, dtype=dtype, device=device,
+            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
         )
     from infer_tool.evals.quantized import load_quantized
 
