@@ -101,6 +101,16 @@ def _dist() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def finish_distributed() -> None:
+    """Leave the process group cleanly (a barrier, then destroy it); without this, a rank
+    that exits while its peer still holds the connection can abort at shutdown."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def window_nll(model: Any, ids: Any, window: Window) -> float:
     """Sum of next-token NLL (float64) over the window's last `scored` positions."""
     import torch

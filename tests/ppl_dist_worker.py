@@ -20,3 +20,7 @@ world = int(os.environ.get("WORLD_SIZE", "1"))
 if int(os.environ.get("RANK", "0")) == 0:
     with open(sys.argv[1], "w") as f:
         json.dump({"world": world, "nll_sum": r.nll_sum, "tokens": r.tokens, "windows": r.windows}, f)
+if world > 1:
+    from infer_tool.evals.ppl import finish_distributed
+
+    finish_distributed()

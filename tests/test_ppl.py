@@ -4,6 +4,7 @@ transformers' own loss, determinism, the two-process reduction, and the CLI."""
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -87,14 +88,19 @@ def test_sliding_window_matches_hf_guide_loop():
 def test_two_process_reduction_is_exact(tmp_path):
     # accelerate's --multi_gpu launcher is torchrun underneath; without GPUs the
     # processes join a gloo (CPU) process group.
+    # Loopback only and a free port: gloo otherwise picks the interface the host name
+    # resolves to, and a fixed port can still be held by an earlier run.
     script = Path(__file__).with_name("ppl_dist_worker.py")
     out = tmp_path / "dist.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", "29533", str(script), str(out)]
+           "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), str(script), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[:3000]
     dist = json.loads(out.read_text())
     assert dist["world"] == 2
     single = subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")],

@@ -119,6 +119,9 @@ def ppl(
             report["ppl_ratio"] = result.ppl / bres.ppl
             report["ppl_delta"] = result.ppl - bres.ppl
 
+    from infer_tool.evals.ppl import finish_distributed
+
+    finish_distributed()
     if not rank0:
         return
     if json_:
