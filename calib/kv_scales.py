@@ -54,15 +54,18 @@ class KvAmax:
         self.tokens += int(key_states.shape[0] * key_states.shape[-2])
 
 
-class _RecordingCache:
-    """Stands in for the model's cache inside one attention module for one call."""
+class _CacheProxy:
+    """Stands in for the model's cache (or for None) inside one attention module: sees
+    the post-RoPE keys / values of `update`, passes them on, delegates everything else."""
 
-    def __init__(self, stats: KvAmax, real: Any) -> None:
-        self._stats = stats
+    def __init__(self, real: Any) -> None:
         self._real = real
 
+    def transform(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        self._stats.observe(key_states, value_states)
+        key_states, value_states = self.transform(key_states, value_states)
         if self._real is None:
             return key_states, value_states
         return self._real.update(key_states, value_states, *args, **kwargs)
@@ -72,6 +75,18 @@ class _RecordingCache:
         if real is None:
             raise AttributeError(name)
         return getattr(real, name)
+
+
+class _RecordingCache(_CacheProxy):
+    """Records the keys' / values' amax of one attention call."""
+
+    def __init__(self, stats: KvAmax, real: Any) -> None:
+        super().__init__(real)
+        self._stats = stats
+
+    def transform(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._stats.observe(key_states, value_states)
+        return key_states, value_states
 
 
 def _cache_argument(module: nn.Module) -> tuple[str, int] | None:
@@ -158,30 +173,20 @@ def measure_kv_amax(
     return stats
 
 
-class _Fp8KvCache:
-    """Stands in for the model's cache: keys / values go through e4m3 with the layer's
-    static scales (x -> e4m3(clamp(x / s)) * s), as vLLM's FP8 KV cache stores them."""
+class _Fp8KvCache(_CacheProxy):
+    """Keys / values go through e4m3 with the layer's static scales
+    (x -> e4m3(clamp(x / s)) * s), as vLLM's FP8 KV cache stores them."""
 
     def __init__(self, k_scale: float, v_scale: float, real: Any) -> None:
+        super().__init__(real)
         self._scales = (k_scale, v_scale)
-        self._real = real
 
     @staticmethod
     def _qdq(x: torch.Tensor, s: float) -> torch.Tensor:
         return ((x.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * s).to(x.dtype)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        key_states = self._qdq(key_states, self._scales[0])
-        value_states = self._qdq(value_states, self._scales[1])
-        if self._real is None:
-            return key_states, value_states
-        return self._real.update(key_states, value_states, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        real = self.__dict__.get("_real")
-        if real is None:
-            raise AttributeError(name)
-        return getattr(real, name)
+    def transform(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._qdq(key_states, self._scales[0]), self._qdq(value_states, self._scales[1])
 
 
 def add_fp8_kv_simulation(root: nn.Module, scales: dict[str, tuple[float, float]]) -> list[Any]:
