@@ -13,9 +13,12 @@ its linears' statistics, run a solver, and propagate the quantized layer's outpu
      o, then gate/up, then down), re-run the layer (stopping at the group) so the group's
      Hessian is measured on inputs that went through the already-quantized earlier groups;
    - AWQ, per block: scale search per mapping on a subsample of sequences (block-output MSE
-     of the inspected module), fold the scales, clip search, RTN;
+     of the inspected module; from the Gram matrix XᵀX when that module is the balanced
+     linear itself), fold the scales, clip search, RTN;
    the weights are replaced by their dequantized values, the layer is run again to give
-   Ŷ, the next layer's inputs, and the relative error ‖Ŷ − Y‖/‖Y‖ is recorded.
+   Ŷ, the next layer's inputs, and the relative error ‖Ŷ − Y‖/‖Y‖ on the first
+   ERROR_SAMPLES sequences is recorded. Solvers that read no activations (RTN, dynamic
+   FP8) run only those sequences.
 3. `collect_stats` runs the same loop without quantizing (for `calibrate --out`):
    every layer's statistics are then measured on fp inputs.
 
@@ -49,6 +52,7 @@ from infer_tool.packers.scheme import AWQScheme, GPTQScheme, QuantScheme, check_
 # How the pipeline runs (not algorithm defaults: those live in packers/scheme.py).
 BATCH_SIZE = 16  # sequences per layer forward
 AWQ_SEARCH_SAMPLES = 16  # sequences the AWQ scale/clip searches run on
+ERROR_SAMPLES = 16  # sequences the reported per-layer output error is measured on
 
 
 class _StopForward(Exception):
@@ -441,10 +445,14 @@ def _awq_layer(
             with torch.no_grad():
                 return torch.cat([_first(module(*c.args, **c.kwargs)) for c in icalls[key]])
 
+        gram = None
+        if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
+            x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
+            gram = (x.T @ x, x.shape[0])
         try:
             found_scale = awq_search_scale(
                 stats[_group_of(arch, m.balance[0])].act_abs_mean.to(originals[0].device),
-                originals, forward, torch.cat(iouts[m.inspect]), scheme,
+                originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram,
             )
         finally:
             for b, w in zip(balance, originals):
@@ -471,6 +479,14 @@ def _awq_layer(
 
 
 # ---------------------------------------------------------------- entry points
+
+
+def _data_free(scheme: QuantScheme) -> bool:
+    """True when the solver reads no calibration activations (RTN; FP8 with dynamic
+    activations, no clip search and no KV-cache scales)."""
+    if getattr(scheme, "method", None) == "fp8":
+        return not (scheme.needs_activation_stats or scheme.needs_hessian or scheme.kv_cache == "fp8")
+    return not isinstance(scheme, (GPTQScheme, AWQScheme))
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -516,9 +532,14 @@ def _quantize_model(
     targets = set(names) if scheme is not None else set()
     result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - set(names)), tokens=int(input_ids.numel()))
     model.eval()
+    chunks = lambda samples: max(1, -(-samples // batch_size))  # noqa: E731
+    search_chunks, error_chunks = chunks(search_samples), chunks(ERROR_SAMPLES)
+    if scheme is not None and _data_free(scheme):
+        # The solver reads no activations: run only what the reported error needs.
+        input_ids = input_ids[: error_chunks * batch_size]
+        result.tokens = int(input_ids.numel())
     X, calls = capture_inputs(model, arch, input_ids, batch_size, dev)
     result.seconds["capture"] = time.perf_counter() - t0
-    search_chunks = max(1, -(-search_samples // batch_size))
     layers = decoder_layers(model, arch)
     t_layers = time.perf_counter()
     home = next(layers[0].parameters()).device
@@ -537,9 +558,9 @@ def _quantize_model(
             Y_hat = Y
         else:
             if isinstance(scheme, AWQScheme):
-                Y = _awq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result, search_chunks)
+                Y = _awq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result, search_chunks)[:error_chunks]
             else:
-                Y = run_layer(layer, X, calls[i])
+                Y = run_layer(layer, X[:error_chunks], calls[i][:error_chunks])  # fp outputs, for the error only
                 if getattr(scheme, "method", None) == "fp8":
                     from infer_tool.calib.fp8_layers import fp8_layer
 
@@ -552,7 +573,7 @@ def _quantize_model(
                             module = get_submodule(layer, n)
                             _record(result, f"{prefix}.{n}", module, _solve(weight_nk(module, arch.conv1d).detach(), None, scheme), arch, None)
             Y_hat = run_layer(layer, X, calls[i])
-        err = _relative_error(Y_hat, Y)
+        err = _relative_error(Y_hat[: len(Y)], Y)
         result.layer_errors.append({"layer": prefix, "relative_output_error": err})
         del Y
         X = Y_hat

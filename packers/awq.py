@@ -53,12 +53,21 @@ def candidate_scales(x_abs_mean: torch.Tensor, ratio: float, w_mean: torch.Tenso
     return s
 
 
+def linear_output_mse(delta: torch.Tensor, H: torch.Tensor, tokens: int) -> float:
+    """mean((X ΔWᵀ)²) over T tokens and N outputs, from the Gram matrix H = XᵀX (K, K):
+    sum((ΔW H) ∘ ΔW) / (T·N). delta: ΔW (N, K). Costs N·K² instead of T·N·K flops."""
+    d = delta.float()
+    return float(((d @ H.float()) * d).sum()) / (tokens * d.shape[0])
+
+
 def awq_search_scale(
     x_abs_mean: torch.Tensor,
     weights: Sequence[torch.Tensor],
-    forward: Callable[[list[torch.Tensor]], torch.Tensor],
-    reference_output: torch.Tensor,
+    forward: Callable[[list[torch.Tensor]], torch.Tensor] | None,
+    reference_output: torch.Tensor | None,
     scheme: AWQScheme = AWQScheme(),
+    *,
+    gram: tuple[torch.Tensor, int] | None = None,
 ) -> AWQScaleResult:
     """Grid-search the per-input-channel scale s (K,) shared by the balanced linears.
 
@@ -68,17 +77,23 @@ def awq_search_scale(
         linear's weight replaced by Q(W_i·diag(s))·diag(s)^-1 (the same order as `weights`);
         equivalent to feeding X/s to the quantized scaled weights.
     reference_output: the block output with the original weights (same shape as forward's).
+    gram: (H = XᵀX (K, K), T) when the inspected block is the one balanced linear itself
+        (up -> down, v -> o): the loss is then `linear_output_mse`, the same MSE (a bias
+        cancels) without running the block; forward and reference_output may be None.
     For alpha in {0, 1/grid, ..., (grid-1)/grid}; loss = mean squared error of the outputs.
     Plain RTN (s = 1) is also measured and kept when no alpha beats it.
     """
     w_mean = weight_magnitude(weights, scheme.group_size) if scheme.duo_scaling else None
-    ref = reference_output.float()
+    ref = None if gram is not None else reference_output.float()
 
     def loss_with(s: torch.Tensor) -> float:
         effective = [
             (fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric) / s).to(w.dtype)
             for w in weights
         ]
+        if gram is not None:
+            (w,), (e,) = weights, effective
+            return linear_output_mse(e.float() - w.float(), *gram)
         return float((forward(effective).float() - ref).pow(2).mean())
 
     ones = torch.ones(x_abs_mean.shape[0], device=weights[0].device)

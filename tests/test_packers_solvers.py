@@ -222,6 +222,21 @@ def test_awq_beats_rtn_on_salient_channels():
     assert found.rtn_loss == pytest.approx(float(((X @ fake_quantize(W, 4, 64, False).T - ref) ** 2).mean()), rel=1e-5)
 
 
+def test_awq_gram_loss_equals_running_the_linear():
+    """The XᵀX form of a single linear's output MSE picks the same ratio with the same losses
+    (fp32 tolerance 1e-4 relative) as running X·W_effᵀ, bias included (it cancels)."""
+    gen = torch.Generator().manual_seed(13)
+    W = torch.randn(48, 128, generator=gen)
+    b = torch.randn(48, generator=gen)
+    X = _correlated_inputs(2048, 128, seed=13)
+    scheme = AWQScheme(group_size=32)
+    direct = awq_search_scale(X.abs().mean(0), [W], lambda eff: X @ eff[0].T + b, X @ W.T + b, scheme)
+    fast = awq_search_scale(X.abs().mean(0), [W], None, None, scheme, gram=(X.T @ X, X.shape[0]))
+    assert fast.ratio == direct.ratio and torch.equal(fast.scales, direct.scales)
+    assert fast.rtn_loss == pytest.approx(direct.rtn_loss, rel=1e-4)
+    assert fast.losses == pytest.approx(direct.losses, rel=1e-4)
+
+
 def test_awq_clip_never_worse_per_group():
     """The clip search includes shrink 0 (no clipping), so each group's error cannot grow."""
     gen = torch.Generator().manual_seed(10)

@@ -17,6 +17,7 @@ from infer_tool.calib.pipeline import (
     _fold,
     _smooth_channels,
     decoder_layers,
+    linear_shapes,
     quantize_from_stats,
     quantize_model,
     weight_nk,
@@ -175,6 +176,22 @@ def test_quantize_all_methods_run_and_gptq_beats_rtn(model_type: str) -> None:
         assert r.layer_errors[-1]["relative_output_error"] > 0
     assert errors["gptq"] < errors["rtn"], errors
     assert errors["awq"] < errors["rtn"], errors
+
+
+def test_data_free_rtn_runs_only_the_error_samples() -> None:
+    """RTN reads no activations: the weights equal RTN of the fp weights whatever the
+    batch, and only ERROR_SAMPLES sequences go through the layers (the error's)."""
+    from infer_tool.calib.pipeline import ERROR_SAMPLES
+    from infer_tool.packers.rtn import quantize_rtn
+
+    x = torch.randint(0, V, (ERROR_SAMPLES + 8, 16), generator=torch.Generator().manual_seed(3))
+    model = tiny_model("llama")
+    scheme = make_scheme("rtn", group_size=32)
+    fp = {n: weight_nk(model.get_submodule(n), False).detach().clone() for n in linear_shapes(model, architecture_for("llama"))}
+    r = quantize_model(model, x, scheme, batch_size=4, device="cpu")
+    assert r.tokens == ERROR_SAMPLES * 16
+    for name, qw in r.quantized.items():
+        assert torch.equal(qw.q, quantize_rtn(fp[name], None, scheme).q), name
 
 
 def test_gptq_true_sequential_hessians() -> None:
