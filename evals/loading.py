@@ -17,6 +17,7 @@ from infer_tool.calib.models import (
     quantization_method,
     resolve_model_dir,
 )
+from infer_tool.common.errors import BadInput
 
 
 def backend_of(model: Any) -> str:
@@ -39,10 +40,14 @@ def load_for_eval(
     device: str = "cpu",
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    kv_cache_dtype: str = "auto",
 ) -> LoadedModel:
-    """A model ready for evaluation: plain, or one of our quantized checkpoints."""
+    """A model ready for evaluation: plain, or one of our quantized checkpoints
+    (`kv_cache_dtype`: see `load_quantized`)."""
     directory, notes = resolve_model_dir(spec, allow_pickle)
     method = quantization_method(directory)
+    if method is None and kv_cache_dtype != "auto":
+        raise BadInput(f"--kv-cache-dtype {kv_cache_dtype} needs a quantized checkpoint with KV-cache scales; {spec} is not quantized")
     if method is None:
         return load_from_dir(
             spec, directory, notes, dtype=dtype, device=device,
@@ -50,7 +55,7 @@ def load_for_eval(
         )
     from infer_tool.evals.quantized import load_quantized
 
-    model, more = load_quantized(directory, dtype=dtype, device=device)
+    model, more = load_quantized(directory, dtype=dtype, device=device, kv_cache_dtype=kv_cache_dtype)
     notes += [f"quantized checkpoint ({method})", *more]
     tokenizer = load_tokenizer(directory, trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=spec, path=directory, notes=notes)

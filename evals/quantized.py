@@ -32,17 +32,25 @@ def _set_module(model: Any, name: str, module: Any) -> None:
     setattr(parent, child, module)
 
 
-def load_quantized(directory: Path, dtype: Any = None, device: str = "cpu") -> tuple[Any, list[str]]:
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def load_quantized(
+    directory: Path, dtype: Any = None, device: str = "cpu", kv_cache_dtype: str = "auto"
+) -> tuple[Any, list[str]]:
     """(model in eval mode, notes) from one of our quantized checkpoint directories.
 
     `dtype` is the compute dtype of activations and unquantized layers (default: the
-    checkpoint's own `torch_dtype`, else float32)."""
+    checkpoint's own `torch_dtype`, else float32). `kv_cache_dtype` as vLLM's
+    `--kv-cache-dtype`: "auto" keeps keys / values in the compute dtype, "fp8" rounds them
+    through e4m3 with the checkpoint's k_scale / v_scale (an FP8 KV cache)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear
     from infer_tool.packers.checkpoint import read_checkpoint
     from infer_tool.packers.fp8 import Fp8Weight
+    from infer_tool.packers.fp8_formats import read_kv_scales
     from infer_tool.packers.quantized import QuantizedWeight
 
     config, layers, rest = read_checkpoint(directory)
@@ -70,11 +78,17 @@ def load_quantized(directory: Path, dtype: Any = None, device: str = "cpu") -> t
         if (module.in_features, module.out_features) != (linear.in_features, linear.out_features):
             raise BadInput(f"{directory}: layer {name} shape does not match the model config")
         _set_module(model, name, module)
-    kv = [k for k in rest if k.endswith((".k_scale", ".v_scale"))]
-    for k in kv:
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise BadInput(f"unknown --kv-cache-dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    kv_scales = read_kv_scales(rest)
+    for k in [k for k in rest if k.endswith((".k_scale", ".v_scale"))]:
         rest.pop(k)
-    if kv:
-        notes.append("checkpoint carries FP8 KV-cache scales; evaluation keeps the KV cache unquantized")
+    if kv_cache_dtype == "fp8" and not kv_scales:
+        raise BadInput(f"--kv-cache-dtype fp8: {directory} has no k_scale / v_scale; quantize with --kv-cache fp8")
+    if kv_cache_dtype == "fp8":
+        notes.append("KV cache in FP8: keys / values rounded through e4m3 with the checkpoint's k_scale / v_scale")
+    elif kv_scales:
+        notes.append("checkpoint carries FP8 KV-cache scales; evaluation keeps the KV cache unquantized (--kv-cache-dtype fp8 applies them)")
     missing, unexpected = model.load_state_dict(rest, strict=False)
     if unexpected:
         raise BadInput(f"{directory}: tensors the model does not have: {', '.join(sorted(unexpected)[:5])}")
@@ -85,5 +99,9 @@ def load_quantized(directory: Path, dtype: Any = None, device: str = "cpu") -> t
         raise BadInput(f"{directory}: checkpoint lacks tensors: {', '.join(sorted(missing)[:5])}")
     if tied:
         model.tie_weights()
+    if kv_cache_dtype == "fp8":
+        from infer_tool.calib.kv_scales import add_fp8_kv_simulation
+
+        add_fp8_kv_simulation(model, kv_scales)  # hooks live as long as the model
     model.to(device).eval()
     return model, notes

@@ -93,6 +93,26 @@ def test_static_kv_checkpoint_loads_and_reports(tiny: dict[str, Path], tmp_path:
     assert float((a - b).abs().max()) <= 1e-4 * float(b.abs().max())
 
 
+def test_eval_kv_cache_dtype_fp8_reproduces_quantize_eval(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """`eval ppl --kv-cache-dtype fp8` on the checkpoint = `quantize --eval`'s ppl of the model
+    as deployed (FP8 KV cache with the calibrated scales), to 1e-5 relative; without the flag
+    the KV cache stays unquantized and the ppl differs; a plain model is refused (exit 2)."""
+    out = tmp_path / "kv"
+    ev = ["--eval-seq-len", "64", "--eval-tokens", "256"]
+    r = quantize(tiny, out, "--fp8-granularity", "channel", "--kv-cache", "fp8", "--eval", tiny["calib"], *ev, "--json")
+    assert r.exit_code == 0, r.output
+    after = json.loads(r.stdout)["eval"]["ppl_after"]
+    flags = ["--data", tiny["calib"], "--seq-len", "64", "--max-tokens", "256", "--json", "--no-progress"]
+    with_kv = run("eval", "ppl", out, *flags, "--kv-cache-dtype", "fp8")
+    assert with_kv.exit_code == 0, with_kv.output
+    plain = json.loads(run("eval", "ppl", out, *flags).stdout)
+    assert json.loads(with_kv.stdout)["ppl"] == pytest.approx(after, rel=1e-5)
+    assert plain["ppl"] != pytest.approx(after, rel=1e-5)
+    assert any("--kv-cache-dtype fp8 applies them" in n for n in plain["notes"])
+    refused = run("eval", "ppl", tiny["model"], *flags, "--kv-cache-dtype", "fp8")
+    assert refused.exit_code == 2 and "not quantized" in refused.output
+
+
 def test_native_block_checkpoint(tiny: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "native"
     r = quantize(tiny, out, "--fp8-granularity", "block", "--format", "fp8")

@@ -61,6 +61,7 @@ def ppl(
     baseline: Annotated[Optional[str], typer.Option(help="A second model evaluated on the identical windows.")] = None,
     dtype: Annotated[str, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")] = "float32",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option(help="auto: keys/values in the compute dtype; fp8: through e4m3 with the checkpoint's k_scale/v_scale (as vLLM --kv-cache-dtype fp8).")] = "auto",
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle-based weight files (.bin/.pt); they can run code.")] = False,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Run the model repository's own Python code.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
@@ -71,6 +72,8 @@ def ppl(
         raise BadInput(f"--seq-len must be >= 2 (got {seq_len})")
     if max_tokens is not None and max_tokens < 1:
         raise BadInput(f"--max-tokens must be >= 1 (got {max_tokens})")
+    if kv_cache_dtype not in ("auto", "fp8"):
+        raise BadInput(f"unknown --kv-cache-dtype {kv_cache_dtype!r}: expected auto or fp8")
     dt = torch_dtype(dtype)
     dev = pick_device(device)
     quiet_transformers()
@@ -79,7 +82,8 @@ def ppl(
     from infer_tool.evals.loading import backend_of, load_for_eval
     from infer_tool.evals.ppl import PROTOCOL, evaluate_ppl
 
-    loaded = load_for_eval(model, dtype=dt, device=dev, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    loaded = load_for_eval(model, dtype=dt, device=dev, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                           kv_cache_dtype=kv_cache_dtype)
     text = load_text(data, text_field)
     ids = tokenize(text, loaded.tokenizer)
     context = getattr(loaded.model.config, "max_position_embeddings", None)
