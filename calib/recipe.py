@@ -60,6 +60,7 @@ class QuantizeOptions:
     max_ppl_increase: float | None = None  # a fraction: 0.05 = 5 %
     stats: str | None = None
     device: str | None = None
+    dtype: str = "auto"  # of the checkpoint's unquantized tensors and INT scales; auto: the source's
     # --method fp8 (defaults in packers/fp8.py's Fp8Scheme; see cli/fp8_options.py)
     fp8_granularity: str | None = None
     fp8_activations: str | None = None

@@ -88,7 +88,7 @@ def awq_search_scale(
 
     def loss_with(s: torch.Tensor) -> float:
         effective = [
-            (fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric) / s).to(w.dtype)
+            (fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype) / s).to(w.dtype)
             for w in weights
         ]
         if gram is not None:
@@ -162,7 +162,7 @@ def awq_search_clip(weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = A
         for i in range(n_shrink):
             t = org_max * (1 - i / scheme.clip_grid)
             cur = torch.clamp(w, -t, t)
-            q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric).reshape(b, G, g)
+            q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype).reshape(b, G, g)
             err = (torch.bmm(xs, q.permute(1, 2, 0)) - org_out).pow(2).mean(dim=1)  # (G, b)
             err = err.transpose(0, 1).unsqueeze(-1)  # (b, G, 1)
             better = err < min_err

@@ -96,4 +96,5 @@ FORMAT = CheckpointFormat(
     read=read_layers,
     matches=matches,
     check=check,
+    scale_dtype="float16",
 )

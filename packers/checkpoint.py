@@ -61,6 +61,8 @@ class CheckpointFormat:
     read(tensors, quantization_config) -> {linear name: weight object}.
     matches(quantization_config) -> True when a checkpoint is in this format.
     check(scheme, quantized) raises BadInput before anything is written.
+    scale_dtype: the dtype the format stores INT scales in whatever the model's (AutoAWQ
+    and GPTQ v1: float16), or None for the model dtype; solvers round scales to it.
     """
 
     name: str
@@ -71,6 +73,7 @@ class CheckpointFormat:
     read: Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], dict[str, Any]]
     matches: Callable[[Mapping[str, Any]], bool]
     check: Callable[[Any, Mapping[str, Any]], None] = field(default=_no_check)
+    scale_dtype: str | None = None
 
 
 _BUILTIN: dict[tuple[str, str], str] = {

@@ -75,7 +75,7 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
     # permutation (GPTQModel `static_groups`, llm-compressor actorder="weight").
     static = scheme.act_order and scheme.static_groups
     if static:
-        s_static, z_static = qparams(W.reshape(N, K // g, g), bits, sym)  # (N, G)
+        s_static, z_static = qparams(W.reshape(N, K // g, g), bits, sym, scheme.torch_scale_dtype)  # (N, G)
 
     perm = None
     if scheme.act_order:
@@ -129,7 +129,7 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
                     Wg = W1[:, i : i + g]
                     if Wg.shape[1] < g:  # group runs past this block
                         Wg = torch.cat([Wg, W[:, i2 : i2 + g - Wg.shape[1]]], dim=1)
-                    scale[:, j], zero[:, j] = qparams(Wg, bits, sym)
+                    scale[:, j], zero[:, j] = qparams(Wg, bits, sym, scheme.torch_scale_dtype)
                 s, z = scale[:, j], zero[:, j]
             q = quantize_codes(w, s, z, bits)  # (N,)
             Q1[:, i] = q

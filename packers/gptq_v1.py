@@ -118,4 +118,5 @@ FORMAT = CheckpointFormat(
     read=read_layers,
     matches=matches,
     check=check,
+    scale_dtype="float16",
 )

@@ -17,20 +17,23 @@ from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.scheme import QuantScheme, RTNScheme
 
 
-def qparams(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def qparams(
+    w: torch.Tensor, bits: int, symmetric: bool, scale_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point reducing over the last dim: w (..., c) -> scale (...), zero (...).
 
-    Both returned as float32; zero holds integers in 0 .. 2^bits - 1.
+    Both returned as float32; zero holds integers in 0 .. 2^bits - 1; every scale is a
+    value of `scale_dtype` (the checkpoint's), rounded before the zero point is derived.
     """
     w = w.float()
     maxq = (1 << bits) - 1
     if symmetric:
-        scale = w.abs().amax(dim=-1) / ((1 << (bits - 1)) - 1)
+        scale = _storable(w.abs().amax(dim=-1) / ((1 << (bits - 1)) - 1), scale_dtype)
         zero = torch.full_like(scale, float(1 << (bits - 1)))
     else:
         lo = w.amin(dim=-1).clamp(max=0.0)
         hi = w.amax(dim=-1).clamp(min=0.0)
-        scale = (hi - lo) / maxq
+        scale = _storable((hi - lo) / maxq, scale_dtype)
         zero = torch.zeros_like(scale)
         nz = scale > 0
         zero[nz] = torch.round(-lo[nz] / scale[nz]).clamp(0, maxq)
@@ -38,12 +41,21 @@ def qparams(w: torch.Tensor, bits: int, symmetric: bool) -> tuple[torch.Tensor, 
     return scale, zero
 
 
+def _storable(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 values of `dtype` nearest `scale` (within its finite range)."""
+    if dtype == torch.float32:
+        return scale
+    return scale.clamp(max=torch.finfo(dtype).max).to(dtype).float()
+
+
 def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """Integer codes clamp(round(w / scale) + zero, 0, 2^bits - 1) as float32 (broadcasting)."""
     return torch.clamp(torch.round(w.float() / scale) + zero, 0, (1 << bits) - 1)
 
 
-def fake_quantize(weight: torch.Tensor, bits: int, group_size: int, symmetric: bool) -> torch.Tensor:
+def fake_quantize(
+    weight: torch.Tensor, bits: int, group_size: int, symmetric: bool, scale_dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Quantize-dequantize (N, K) with contiguous groups of `group_size` columns (-1: per row).
 
     Returns float32 (N, K). The hot loop of AWQ's searches; equal to
@@ -52,7 +64,7 @@ def fake_quantize(weight: torch.Tensor, bits: int, group_size: int, symmetric: b
     n, k = weight.shape
     g = k if group_size == -1 else group_size
     w = weight.float().reshape(n, k // g, g)  # (N, G, g)
-    scale, zero = qparams(w, bits, symmetric)  # (N, G)
+    scale, zero = qparams(w, bits, symmetric, scale_dtype)  # (N, G)
     scale, zero = scale.unsqueeze(-1), zero.unsqueeze(-1)
     q = quantize_codes(w, scale, zero, bits)
     return ((q - zero) * scale).reshape(n, k)
@@ -76,7 +88,7 @@ def quantize_rtn(
         raise ValueError(f"group size {g} does not divide K={k}")
     w = weight.float()
     if g_idx is None:
-        scale, zero = qparams(w.reshape(n, k // g, g), scheme.bits, scheme.symmetric)  # (N, G)
+        scale, zero = qparams(w.reshape(n, k // g, g), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype)  # (N, G)
         cols = torch.arange(k, device=w.device) // g
     else:
         cols = g_idx.long()
@@ -84,7 +96,7 @@ def quantize_rtn(
         idx = cols.expand(n, k)
         lo = torch.zeros(n, num_groups, device=w.device).scatter_reduce(1, idx, w, "amin", include_self=True)
         hi = torch.zeros(n, num_groups, device=w.device).scatter_reduce(1, idx, w, "amax", include_self=True)
-        scale, zero = qparams(torch.stack([lo, hi], dim=-1), scheme.bits, scheme.symmetric)
+        scale, zero = qparams(torch.stack([lo, hi], dim=-1), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype)
     q = quantize_codes(w, scale[:, cols], zero[:, cols], scheme.bits)
     return QuantizedWeight(
         q=q.to(torch.uint8),

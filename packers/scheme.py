@@ -17,27 +17,41 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 
+SCALE_DTYPES = ("float32", "bfloat16", "float16")
+
 
 @dataclass(frozen=True)
 class QuantScheme:
     """Integer weight quantization shared by every INT solver.
 
     `bits` in 2..8; `symmetric` stores no zero point (zero 2^(bits-1) implied).
+    `scale_dtype`: the dtype the checkpoint stores scales in; solvers round every scale to
+    it before computing codes, so the stored checkpoint dequantizes to exactly the weights
+    the solver produced and evaluated.
     """
 
     method: ClassVar[str] = "rtn"
     bits: int = 4
     group_size: int = 128
     symmetric: bool = True
+    scale_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if not 2 <= self.bits <= 8:
             raise BadInput(f"bits={self.bits} is not supported; use 2..8 (4 for the INT4 formats)")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise BadInput(f"scale dtype {self.scale_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
         if self.group_size != -1 and self.group_size <= 0:
             raise BadInput(
                 f"group_size={self.group_size} is not supported; use a positive size "
                 "dividing the input features, or -1 for per-channel"
             )
+
+    @property
+    def torch_scale_dtype(self) -> "torch.dtype":  # noqa: F821
+        import torch
+
+        return getattr(torch, self.scale_dtype)
 
     def group_for(self, in_features: int) -> int:
         """The group size in columns for a layer with `in_features` (K) inputs."""

@@ -335,3 +335,28 @@ def test_awq_block_search_then_fold_beats_rtn():
     e_rtn = found.rtn_loss
     assert found.ratio is not None and e_awq < 0.8 * e_rtn
     assert e_awq == pytest.approx(found.best_loss, rel=1e-3)  # folding reproduces the searched loss
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("sym", [True, False])
+def test_scales_are_solved_in_the_stored_dtype(dtype: str, sym: bool) -> None:
+    """Every solver's scales are values of the checkpoint's scale dtype, and the codes are
+    RTN against those rounded scales (not against fp32 ones rounded afterwards)."""
+    gen = torch.Generator().manual_seed(14)
+    W = torch.randn(32, 128, generator=gen) * 0.02
+    X = _correlated_inputs(512, 128, seed=14)
+    td = getattr(torch, dtype)
+    for scheme, qw in (
+        (RTNScheme(group_size=32, symmetric=sym, scale_dtype=dtype), None),
+        (GPTQScheme(group_size=32, symmetric=sym, scale_dtype=dtype), None),
+        (GPTQScheme(group_size=32, symmetric=sym, act_order=True, scale_dtype=dtype), None),
+    ):
+        qw = quantize_gptq(W, X.T @ X, scheme) if isinstance(scheme, GPTQScheme) else quantize_rtn(W, None, scheme)
+        assert torch.equal(qw.scale.to(td).float(), qw.scale), scheme
+    rtn = quantize_rtn(W, None, RTNScheme(group_size=32, symmetric=sym, scale_dtype=dtype))
+    s = rtn.scale.repeat_interleave(32, dim=1)
+    z = (torch.full_like(rtn.scale, 8) if sym else rtn.zero.float()).repeat_interleave(32, dim=1)
+    assert torch.equal(rtn.q.float(), torch.clamp(torch.round(W / s) + z, 0, 15))
+    assert torch.equal(fake_quantize(W, 4, 32, sym, td), rtn.dequantize())
+    with pytest.raises(BadInput, match="int8"):
+        RTNScheme(scale_dtype="int8")

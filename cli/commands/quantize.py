@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -80,6 +82,7 @@ def quantize(
     stats: Annotated[Optional[str], typer.Option("--stats", help="Reuse statistics saved by `infer-tool calibrate` (gptq/rtn). " + STATS_NOTE)] = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="YAML/TOML file with these options; flags override it.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (default: auto: CUDA when available).")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), float32, bfloat16 or float16. Calibration sees the weights as stored.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
@@ -95,7 +98,7 @@ def quantize(
         "act_order": act_order, "damp": damp, "calib": calib, "num_samples": num_samples, "seq_len": seq_len,
         "format": format, "out": out_dir, "ignore": tuple(ignore or ()), "seed": seed, "eval": eval_,
         "eval_tokens": eval_tokens, "eval_seq_len": eval_seq_len, "max_ppl_increase": max_ppl_increase,
-        "stats": stats, "device": device,
+        "stats": stats, "device": device, "dtype": dtype,
         "fp8_granularity": fp8_granularity, "fp8_activations": fp8_activations, "kv_cache": kv_cache,
         "fp8_clip_search": fp8_clip_search,
     }
@@ -125,7 +128,7 @@ def quantize(
 def _validate(opts: Any, overwrite: bool) -> tuple[Any, Any]:
     """Every option checked before any work: (scheme, format)."""
     from infer_tool.packers.checkpoint import get_format
-    from infer_tool.packers.scheme import make_scheme
+    from infer_tool.packers.scheme import SCALE_DTYPES, make_scheme
 
     from infer_tool.cli.fp8_options import check_no_fp8_options, fp8_scheme
 
@@ -144,6 +147,8 @@ def _validate(opts: Any, overwrite: bool) -> tuple[Any, Any]:
         raise BadInput("--out DIR is required when MODEL is given")
     if Path(opts.out).exists() and not overwrite:
         raise BadInput(f"output directory {opts.out!r} already exists; pass --overwrite to replace it")
+    if opts.dtype != "auto" and opts.dtype not in SCALE_DTYPES:
+        raise BadInput(f"unknown --dtype {opts.dtype!r}: expected auto, {', '.join(SCALE_DTYPES)}")
     if opts.max_ppl_increase is not None and opts.eval is None:
         raise BadInput("--max-ppl-increase needs --eval CORPUS (the ppl to compare)")
     if opts.stats is not None:
@@ -177,6 +182,12 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
     loaded = load_model(opts.model, device="cpu")
     seconds["load"] = time.perf_counter() - t
     lm = loaded.model
+    dtype_name = _checkpoint_dtype(opts.dtype, loaded.path)
+    store_dtype = getattr(torch, dtype_name)
+    if dtype_name != "float32":
+        _round_to(lm, store_dtype)
+    if hasattr(scheme, "scale_dtype"):  # INT: scales rounded to what the checkpoint stores
+        scheme = dataclasses.replace(scheme, scale_dtype=fmt.scale_dtype or dtype_name)
     arch, names = plan(lm, scheme, opts.ignore)  # unknown architecture / bad group size: before any work
     if arch.conv1d:
         raise BadInput(
@@ -197,6 +208,7 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
         "method": scheme.method,
         "scheme": scheme.to_dict(),
         "format": fmt.name,
+        "dtype": dtype_name,
         "out": opts.out,
         "device": dev,
         "recipe": recipe,
@@ -257,12 +269,35 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
     })
     t = time.perf_counter()
     write_checkpoint(
-        lm, result.quantized, fmt.name, scheme, opts.out, src_dir=loaded.path, overwrite=overwrite,
+        lm, result.quantized, fmt.name, scheme, opts.out, src_dir=loaded.path, overwrite=overwrite, dtype=store_dtype,
         extra_files={REPORT_NAME: to_json(report) + "\n"}, extra_tensors=kv_tensors(result, fmt.name),
     )
     seconds["write"] = time.perf_counter() - t
     _rewrite_report(Path(opts.out), report)
     return report
+
+
+def _checkpoint_dtype(requested: str, model_dir: Path) -> str:
+    """`--dtype`, with auto resolved to the source config's dtype (float32 when it names none)."""
+    if requested != "auto":
+        return requested
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    name = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+    return name if name in ("float32", "bfloat16", "float16") else "float32"
+
+
+def _round_to(model: Any, dtype: Any) -> None:
+    """Round every floating parameter to `dtype`'s values (kept in the compute dtype), so
+    calibration, evaluation and the written checkpoint all see the weights as stored."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.copy_(p.to(dtype).to(p.dtype))
 
 
 def _rewrite_report(out_path: Path, report: dict[str, Any]) -> None:
