@@ -61,6 +61,8 @@ class QuantizeOptions:
     stats: str | None = None
     device: str | None = None
     dtype: str = "auto"  # of the checkpoint's unquantized tensors and INT scales; auto: the source's
+    allow_pickle: bool = False  # load .bin/.pt weights (pickle can run code)
+    trust_remote_code: bool = False  # run the model repository's own Python code
     # --method fp8 (defaults in packers/fp8.py's Fp8Scheme; see cli/fp8_options.py)
     fp8_granularity: str | None = None
     fp8_activations: str | None = None
@@ -146,7 +148,7 @@ def _check_types(opts: QuantizeOptions) -> None:
         v = getattr(opts, name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise BadInput(f"{name}={v!r} must be an integer")
-    for name in ("symmetric", "act_order"):
+    for name in ("symmetric", "act_order", "allow_pickle", "trust_remote_code"):
         v = getattr(opts, name)
         if v is not None and not isinstance(v, bool):
             raise BadInput(f"{name}={v!r} must be true or false")

@@ -301,3 +301,22 @@ def test_checkpoint_dtype_auto_is_the_source_dtype(tiny: dict[str, Path], tmp_pa
     assert json.loads(stdout)["dtype"] == "bfloat16"
     code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "x", *FAST, "--dtype", "int8")
     assert code == 2 and "--dtype 'int8'" in stderr
+
+
+def test_pickle_weights_need_allow_pickle(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """A .bin source is refused (exit 2, nothing written) unless --allow-pickle is given."""
+    from transformers import AutoModelForCausalLM
+
+    src = tmp_path / "pickled"
+    model = AutoModelForCausalLM.from_pretrained(tiny["model"], dtype=torch.float32)
+    src.mkdir()
+    model.config.save_pretrained(src)
+    torch.save(model.state_dict(), src / "pytorch_model.bin")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (src / f).write_bytes((tiny["model"] / f).read_bytes())
+    args = ["--method", "rtn", "--group-size", "32"]
+    code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "refused", *FAST, *args)
+    assert code == 2 and "--allow-pickle" in stderr and not (tmp_path / "refused").exists()
+    code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "ok", *FAST, *args, "--allow-pickle")
+    assert code == 0, stderr
+    assert (tmp_path / "ok" / "model.safetensors").is_file()

@@ -83,6 +83,8 @@ def quantize(
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="YAML/TOML file with these options; flags override it.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (default: auto: CUDA when available).")] = None,
     dtype: Annotated[Optional[str], typer.Option(help="Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), float32, bfloat16 or float16. Calibration sees the weights as stored.")] = None,
+    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Allow pickle-based weight files (.bin/.pt); they can run code.", show_default=False)] = None,
+    trust_remote_code: Annotated[Optional[bool], typer.Option("--trust-remote-code", help="Run the model repository's own Python code.", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print the report as one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
@@ -98,7 +100,7 @@ def quantize(
         "act_order": act_order, "damp": damp, "calib": calib, "num_samples": num_samples, "seq_len": seq_len,
         "format": format, "out": out_dir, "ignore": tuple(ignore or ()), "seed": seed, "eval": eval_,
         "eval_tokens": eval_tokens, "eval_seq_len": eval_seq_len, "max_ppl_increase": max_ppl_increase,
-        "stats": stats, "device": device, "dtype": dtype,
+        "stats": stats, "device": device, "dtype": dtype, "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code,
         "fp8_granularity": fp8_granularity, "fp8_activations": fp8_activations, "kv_cache": kv_cache,
         "fp8_clip_search": fp8_clip_search,
     }
@@ -179,7 +181,7 @@ def run_quantize(opts: Any, *, overwrite: bool, show_progress: bool, recipe: str
 
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    loaded = load_model(opts.model, device="cpu")
+    loaded = load_model(opts.model, device="cpu", allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
     seconds["load"] = time.perf_counter() - t
     lm = loaded.model
     dtype_name = _checkpoint_dtype(opts.dtype, loaded.path)
@@ -362,6 +364,8 @@ def calibrate(
     seq_len: Annotated[Optional[int], typer.Option(help=_flag_help("Tokens per calibration sequence.", "seq_len"))] = None,
     seed: Annotated[Optional[int], typer.Option(help=_flag_help("Seed of the calibration windows.", "seed"))] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu, cuda or cuda:N (default: auto).")] = None,
+    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Allow pickle-based weight files (.bin/.pt); they can run code.", show_default=False)] = None,
+    trust_remote_code: Annotated[Optional[bool], typer.Option("--trust-remote-code", help="Run the model repository's own Python code.", show_default=False)] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory.")] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars.")] = False,
@@ -370,7 +374,8 @@ def calibrate(
     |x|) on the fp model and save them for `quantize --stats`. """
     from infer_tool.calib.recipe import merge
 
-    opts = merge({}, {"model": model, "calib": calib, "num_samples": num_samples, "seq_len": seq_len, "seed": seed, "device": device})
+    opts = merge({}, {"model": model, "calib": calib, "num_samples": num_samples, "seq_len": seq_len, "seed": seed, "device": device,
+                      "allow_pickle": allow_pickle, "trust_remote_code": trust_remote_code})
     if Path(out_dir).exists() and not overwrite:
         raise BadInput(f"output directory {out_dir!r} already exists; pass --overwrite to replace it")
     from infer_tool.cli.commands.eval import pick_device, quiet_transformers
@@ -385,7 +390,7 @@ def calibrate(
     from infer_tool.calib.stats import save_stats
 
     t0 = time.perf_counter()
-    loaded = load_model(opts.model, device="cpu")
+    loaded = load_model(opts.model, device="cpu", allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
     plan(loaded.model, None)
     ids = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     with progress_bar(not no_progress) as bar:
