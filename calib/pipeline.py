@@ -447,9 +447,10 @@ def _awq_layer(
 
         gram = None
         if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
-            x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
-            T, N, n = x.shape[0], sum(int(o.shape[0]) for o in originals), scheme.grid + 1
+            T = sum(c.args[0].numel() // K for c in icalls[m.inspect])
+            N, n = sum(int(o.shape[0]) for o in originals), scheme.grid + 1
             if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
+                x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
                 gram = (x.T @ x, T)
         try:
             found_scale = awq_search_scale(

@@ -72,8 +72,10 @@ def ppl(
         raise BadInput(f"--seq-len must be >= 2 (got {seq_len})")
     if max_tokens is not None and max_tokens < 1:
         raise BadInput(f"--max-tokens must be >= 1 (got {max_tokens})")
-    if kv_cache_dtype not in ("auto", "fp8"):
-        raise BadInput(f"unknown --kv-cache-dtype {kv_cache_dtype!r}: expected auto or fp8")
+    from infer_tool.evals.quantized import KV_CACHE_DTYPES
+
+    if kv_cache_dtype not in KV_CACHE_DTYPES:  # before any loading
+        raise BadInput(f"unknown --kv-cache-dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
     dt = torch_dtype(dtype)
     dev = pick_device(device)
     quiet_transformers()

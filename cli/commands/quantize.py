@@ -287,8 +287,10 @@ def _checkpoint_dtype(requested: str, model_dir: Path) -> str:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return "float32"
+    from infer_tool.packers.scheme import SCALE_DTYPES
+
     name = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
-    return name if name in ("float32", "bfloat16", "float16") else "float32"
+    return name if name in SCALE_DTYPES else "float32"
 
 
 def _round_to(model: Any, dtype: Any) -> None:
