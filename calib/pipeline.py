@@ -11,7 +11,10 @@ its linears' statistics, run a solver, and propagate the quantized layer's outpu
    - RTN: every linear alone;
    - GPTQ, true-sequential: for each linear group of the architecture table (q/k/v, then
      o, then gate/up, then down), re-run the layer (stopping at the group) so the group's
-     Hessian is measured on inputs that went through the already-quantized earlier groups;
+     Hessian is measured on inputs that went through the already-quantized earlier groups.
+     A sub-block whose output is its last linear's output (attention -> o_proj, MLP ->
+     down_proj; checked on the first chunk) is final once that linear is quantized: later
+     runs replay its cached output, so attention runs once per layer, not four times;
    - AWQ, per block: scale search per mapping on a subsample of sequences (block-output MSE
      of the inspected module; from the Gram matrix XᵀX when that module is the balanced
      linear itself), fold the scales, clip search, RTN;
@@ -23,7 +26,8 @@ its linears' statistics, run a solver, and propagate the quantized layer's outpu
    every layer's statistics are then measured on fp inputs.
 
 Peak memory: the model's weights (on the CPU), one layer on the device, and the
-calibration activations X, Y (B, T, D) on the device.
+calibration activations X, Y (B, T, D) on the device; GPTQ also keeps the current
+layer's attention and MLP outputs (B, T, D) and, while down_proj is solved, its input (B, T, I).
 
 This module knows nothing about file formats or the CLI; the solvers are packers'.
 """
@@ -258,7 +262,7 @@ def _capture_inputs(
             if accs is not None:
                 accs[key].add(x)
             if keep is not None and seen[key] < keep_chunks:
-                keep[key].append(x.reshape(-1, x.shape[-1]))
+                keep[key].append(x)
             seen[key] += 1
             if stop:
                 raise _StopForward
@@ -347,18 +351,99 @@ def _record(
         result.fallbacks.append({"layer": full, "fallback": qw.info["fallback"], "reason": qw.info.get("reason")})
 
 
+@dataclass
+class _ReplayPoint:
+    """A sub-block of a decoder layer whose first output is its last linear's output."""
+
+    parent: nn.Module  # e.g. self_attn, mlp
+    linear: nn.Module  # e.g. o_proj, down_proj
+    trailing: int | None  # None: the sub-block returns a tensor; else its tuple's length - 1
+
+
+def _replay_points(
+    layer: nn.Module, arch: Architecture, X: list[torch.Tensor], calls: list[LayerCall]
+) -> tuple[list[torch.Tensor], dict[int, _ReplayPoint]]:
+    """Run the layer on X (the error chunks) and find the groups that can be replayed.
+
+    Group g qualifies when it is one linear inside a sub-block (not the layer itself), no
+    later group lies in that sub-block, and on the first chunk the sub-block's (first)
+    output equals that linear's output bit for bit. Returns (the layer outputs on X,
+    {group index: replay point})."""
+    candidates: dict[int, _ReplayPoint] = {}
+    for g, group in enumerate(arch.groups):
+        name = group[0]
+        parent = name.rpartition(".")[0]
+        later = [other[0].rpartition(".")[0] for other in arch.groups[g + 1 :]]
+        if len(group) == 1 and parent and parent not in later:
+            candidates[g] = _ReplayPoint(get_submodule(layer, parent), get_submodule(layer, name), None)
+    seen: dict[tuple[int, str], Any] = {}
+    handles = []
+    for g, point in candidates.items():
+        for role, module in (("parent", point.parent), ("linear", point.linear)):
+            def hook(module: nn.Module, args: Any, out: Any, key: tuple[int, str] = (g, role)) -> None:
+                seen.setdefault(key, out)
+
+            handles.append(module.register_forward_hook(hook))
+    try:
+        Y = run_layer(layer, X[:1], calls[:1])
+    finally:
+        for h in handles:
+            h.remove()
+    points = {}
+    for g, point in candidates.items():
+        out, lin = seen.get((g, "parent")), seen.get((g, "linear"))
+        if not isinstance(lin, torch.Tensor):
+            continue
+        if isinstance(out, torch.Tensor) and torch.equal(out, lin):
+            points[g] = point
+        elif isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and torch.equal(out[0], lin):
+            points[g] = _ReplayPoint(point.parent, point.linear, len(out) - 1)
+    return Y + run_layer(layer, X[1:], calls[1:]), points
+
+
+@contextlib.contextmanager
+def _replay(point: _ReplayPoint, outputs: list[torch.Tensor]) -> Iterator[None]:
+    """While active, the sub-block's forward returns its cached output, one chunk per
+    call (its other outputs, attention weights, become None)."""
+    chunks = iter(outputs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out = next(chunks)
+        return out if point.trailing is None else (out, *([None] * point.trailing))
+
+    parent = point.parent
+    saved = parent.__dict__.get("forward")  # an accelerate hook may have set one
+    parent.forward = forward
+    try:
+        yield
+    finally:
+        if saved is None:
+            del parent.forward
+        else:
+            parent.forward = saved
+
+
 def _gptq_layer(
     layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], arch: Architecture,
-    targets: set[str], scheme: GPTQScheme, result: PipelineResult,
-) -> None:
-    """True-sequential GPTQ: each group's Hessian on inputs through the quantized earlier groups."""
-    for group in arch.groups:
+    targets: set[str], scheme: GPTQScheme, result: PipelineResult, error_chunks: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """True-sequential GPTQ: each group's Hessian on inputs through the quantized earlier groups.
+
+    Returns (Y, Ŷ): the fp outputs on the first `error_chunks` chunks and the quantized
+    layer's outputs on all of X."""
+    Y, points = _replay_points(layer, arch, X[:error_chunks], calls[:error_chunks])
+    cached: dict[int, list[torch.Tensor]] = {}  # group index -> its quantized linear's outputs, per chunk
+    for g, group in enumerate(arch.groups):
         todo = [n for n in group if f"{prefix}.{n}" in targets]
         if not todo:
             continue
         head = get_submodule(layer, group[0])
         acc = {group[0]: StatsAccumulator(weight_nk(head, arch.conv1d).shape[1], hessian=True)}
-        with _capture_inputs({group[0]: head}, accs=acc, stop=True):
+        keep: dict[str, list[torch.Tensor]] | None = {group[0]: []} if g in points else None
+        with contextlib.ExitStack() as replays:
+            for h, inputs in cached.items():
+                replays.enter_context(_replay(points[h], inputs))
+            replays.enter_context(_capture_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True))
             _run_until(layer, X, calls, head)
         stats = acc[group[0]].result()
         for n in group:
@@ -367,6 +452,13 @@ def _gptq_layer(
             module = get_submodule(layer, n)
             qw = _solve(weight_nk(module, arch.conv1d).detach(), stats, scheme)
             _record(result, f"{prefix}.{n}", module, qw, arch, stats)
+        if keep is not None:  # the sub-block's output is now final
+            cached[g] = [points[g].linear(x) for x in keep.pop(group[0])]
+    with contextlib.ExitStack() as replays:
+        for h, inputs in cached.items():
+            replays.enter_context(_replay(points[h], inputs))
+        Y_hat = run_layer(layer, X, calls)
+    return Y, Y_hat
 
 
 def _fold(smooth: nn.Module, balance: list[nn.Module], s: torch.Tensor, mapping: AWQMapping, arch: Architecture) -> None:
@@ -419,7 +511,7 @@ def _awq_layer(
     for group in arch.groups:
         for n in group:
             result.stats[f"{prefix}.{n}"] = stats[group[0]]
-    x_sub = {k: torch.cat(v) for k, v in keep.items()}  # (t, K) per group
+    x_sub = {k: torch.cat([x.reshape(-1, x.shape[-1]) for x in v]) for k, v in keep.items()}  # (t, K) per group
 
     # 1. scale search for every mapping on the fp block, then fold them all (as AutoAWQ).
     found: list[tuple[AWQMapping, torch.Tensor]] = []
@@ -562,20 +654,21 @@ def _quantize_model(
         else:
             if isinstance(scheme, AWQScheme):
                 Y = _awq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result, search_chunks)[:error_chunks]
+                Y_hat = run_layer(layer, X, calls[i])
+            elif isinstance(scheme, GPTQScheme):
+                Y, Y_hat = _gptq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result, error_chunks)
             else:
                 Y = run_layer(layer, X[:error_chunks], calls[i][:error_chunks])  # fp outputs, for the error only
                 if getattr(scheme, "method", None) == "fp8":
                     from infer_tool.calib.fp8_layers import fp8_layer
 
                     fp8_layer(layer, prefix, X, calls[i], arch, targets, scheme, result)
-                elif isinstance(scheme, GPTQScheme):
-                    _gptq_layer(layer, prefix, X, calls[i], arch, targets, scheme, result)
                 else:
                     for n in arch.linears:
                         if f"{prefix}.{n}" in targets:
                             module = get_submodule(layer, n)
                             _record(result, f"{prefix}.{n}", module, _solve(weight_nk(module, arch.conv1d).detach(), None, scheme), arch, None)
-            Y_hat = run_layer(layer, X, calls[i])
+                Y_hat = run_layer(layer, X, calls[i])
         err = _relative_error(Y_hat[: len(Y)], Y)
         result.layer_errors.append({"layer": prefix, "relative_output_error": err})
         del Y

@@ -293,3 +293,59 @@ def test_ignore_patterns_leave_layers_unquantized() -> None:
     assert r.ignored == ["model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"]
     assert torch.equal(model.get_submodule("model.layers.1.mlp.down_proj").weight, before)
     assert any(e.get("skipped", "").startswith("a balance layer") for e in r.awq)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # noqa: ANN001
+    """Replaying attention / MLP from their last linear's cached inputs gives bit-identical
+    GPTQ results to re-running them (replay switched off by finding no replay points)."""
+    from infer_tool.calib import pipeline
+    from infer_tool.calib.pipeline import _replay_points, capture_inputs
+
+    x = ids()
+    scheme = make_scheme("gptq", group_size=32)
+    arch = architecture_for(model_type)
+    model = tiny_model(model_type)
+    X, calls = capture_inputs(model, arch, x, 4, torch.device("cpu"))
+    layer = decoder_layers(model, arch)[0]
+    _, points = _replay_points(layer, arch, X, calls[0])
+    # Every architecture replays its attention; MLPs that are a sub-block replay too (OPT's fc1/fc2 are not).
+    parents = {arch.groups[g][0].rpartition(".")[0] for g in points}
+    assert "self_attn" in parents or "attn" in parents, parents
+    if model_type != "opt":
+        assert "mlp" in parents, parents
+
+    replayed = quantize_model(tiny_model(model_type), x, scheme, batch_size=4, device="cpu")
+    monkeypatch.setattr(pipeline, "_replay_points", lambda layer, arch, X, calls: (run_all(layer, X, calls), {}))
+    plain = quantize_model(tiny_model(model_type), x, scheme, batch_size=4, device="cpu")
+    assert replayed.quantized.keys() == plain.quantized.keys()
+    for name, qw in replayed.quantized.items():
+        assert torch.equal(qw.q, plain.quantized[name].q), name
+        assert torch.equal(qw.scale, plain.quantized[name].scale), name
+        assert torch.equal(replayed.stats[name].H, plain.stats[name].H), name
+    assert replayed.layer_errors == plain.layer_errors
+
+
+def run_all(layer: nn.Module, X: list[torch.Tensor], calls: list) -> list[torch.Tensor]:
+    from infer_tool.calib.pipeline import run_layer
+
+    return run_layer(layer, X, calls)
+
+
+@pytest.mark.parametrize("K, block", [(300, 64), (64, 256), (96, 32)])
+def test_stats_accumulator_against_fp64(K: int, block: int) -> None:
+    """The block-triangular Hessian sum, mirrored, equals 2·XᵀX/T computed in fp64 in one go
+    (K not a multiple of the block, chunks that split the tokens unevenly)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 11, K, generator=g) * torch.rand(K, generator=g) * 4  # uneven channel scales
+    acc = StatsAccumulator(K, chunk_tokens=7, block=block)
+    acc.add(x[:2])
+    acc.add(x[2])
+    st = acc.result()
+    flat = x.reshape(-1, K).double()
+    H_ref = 2 * flat.T @ flat / flat.shape[0]
+    assert st.tokens == 33
+    assert torch.allclose(st.H.double(), H_ref, rtol=1e-5, atol=1e-5 * float(H_ref.abs().max()))
+    assert torch.equal(st.H, st.H.T)
+    assert torch.allclose(st.act_abs_mean.double(), flat.abs().mean(0), rtol=1e-6)
+    assert st.act_abs_max == pytest.approx(float(flat.abs().max()), rel=1e-7)
