@@ -54,7 +54,8 @@ from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.scheme import AWQScheme, GPTQScheme, QuantScheme, check_group_size
 
 # How the pipeline runs (not algorithm defaults: those live in packers/scheme.py).
-BATCH_SIZE = 16  # sequences per layer forward
+BATCH_SIZE = 16  # sequences per layer forward on an accelerator
+CPU_BATCH_TOKENS = 2048  # tokens per layer forward on a CPU: activations stay in cache (AWQ ~10% faster than 8192)
 AWQ_SEARCH_SAMPLES = 16  # sequences the AWQ scale/clip searches run on
 ERROR_SAMPLES = 16  # sequences the reported per-layer output error is measured on
 
@@ -598,7 +599,7 @@ def quantize_model(
     *,
     ignore: tuple[str, ...] = (),
     device: str | torch.device | None = None,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
     search_samples: int = AWQ_SEARCH_SAMPLES,
     progress: Progress | None = None,
 ) -> PipelineResult:
@@ -608,11 +609,15 @@ def quantize_model(
     scheme None: measure every linear's statistics (with Hessians) on the fp model and
     quantize nothing (`calibrate`). Returns the per-linear `QuantizedWeight`s, statistics,
     per-layer relative output errors, fallbacks, AWQ search results and stage timings.
+    batch_size: sequences per layer forward; None: BATCH_SIZE, or CPU_BATCH_TOKENS' worth on a CPU.
     """
+    dev = _device(device)
+    if batch_size is None:
+        batch_size = max(1, CPU_BATCH_TOKENS // input_ids.shape[1]) if dev.type == "cpu" else BATCH_SIZE
     # Subnormal floats (tiny activations times tiny weights) slow CPU matmuls ~30x.
     flush = torch.set_flush_denormal(True)
     try:
-        return _quantize_model(model, input_ids, scheme, ignore, _device(device), batch_size, search_samples, progress or no_progress)
+        return _quantize_model(model, input_ids, scheme, ignore, dev, batch_size, search_samples, progress or no_progress)
     finally:
         if flush:
             torch.set_flush_denormal(False)
