@@ -4,7 +4,7 @@ is accumulated, saved and loaded.
 For inputs x (K,) seen over T tokens:
 - `H` (K, K) fp32 = (1/T) Σ 2·x·xᵀ, the GPTQ Hessian of the layer-wise loss ‖WX − ŴX‖²
   (Frantar et al. 2022, §2 eq. 1). Accumulated as an fp64 sum of per-chunk fp32 products,
-  upper block triangle only (H is symmetric; about 40% fewer flops), mirrored at the end.
+  upper block triangle only (H is symmetric: a third to 40% fewer flops), mirrored at the end.
 - `act_abs_mean` (K,) = (1/T) Σ |x|, the per-input-channel magnitude AWQ scales by
   (Lin et al. 2023, §3.2).
 - `act_abs_max` = max |x| over every token and channel.
