@@ -297,8 +297,8 @@ def test_ignore_patterns_leave_layers_unquantized() -> None:
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # noqa: ANN001
-    """Replaying attention / MLP from their last linear's cached inputs gives bit-identical
-    GPTQ results to re-running them (replay switched off by finding no replay points)."""
+    """Replaying attention / MLP outputs from cache once their last linear is quantized gives
+    bit-identical GPTQ results to re-running them (replay off: no replay points found)."""
     from infer_tool.calib import pipeline
     from infer_tool.calib.pipeline import _replay_points, capture_inputs
 
@@ -316,7 +316,7 @@ def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # n
         assert "mlp" in parents, parents
 
     replayed = quantize_model(tiny_model(model_type), x, scheme, batch_size=4, device="cpu")
-    monkeypatch.setattr(pipeline, "_replay_points", lambda layer, arch, X, calls: (run_all(layer, X, calls), {}))
+    monkeypatch.setattr(pipeline, "_replay_points", lambda layer, arch, X, calls: (pipeline.run_layer(layer, X, calls), {}))
     plain = quantize_model(tiny_model(model_type), x, scheme, batch_size=4, device="cpu")
     assert replayed.quantized.keys() == plain.quantized.keys()
     for name, qw in replayed.quantized.items():
@@ -324,12 +324,6 @@ def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # n
         assert torch.equal(qw.scale, plain.quantized[name].scale), name
         assert torch.equal(replayed.stats[name].H, plain.stats[name].H), name
     assert replayed.layer_errors == plain.layer_errors
-
-
-def run_all(layer: nn.Module, X: list[torch.Tensor], calls: list) -> list[torch.Tensor]:
-    from infer_tool.calib.pipeline import run_layer
-
-    return run_layer(layer, X, calls)
 
 
 @pytest.mark.parametrize("K, block", [(300, 64), (64, 256), (96, 32)])
