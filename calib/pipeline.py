@@ -424,6 +424,15 @@ def _replay(point: _ReplayPoint, outputs: list[torch.Tensor]) -> Iterator[None]:
             parent.forward = saved
 
 
+@contextlib.contextmanager
+def _replaying(points: dict[int, _ReplayPoint], cached: dict[int, list[torch.Tensor]]) -> Iterator[None]:
+    """Replay every sub-block whose output is cached (group index -> outputs per chunk)."""
+    with contextlib.ExitStack() as stack:
+        for g, outputs in cached.items():
+            stack.enter_context(_replay(points[g], outputs))
+        yield
+
+
 def _gptq_layer(
     layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], arch: Architecture,
     targets: set[str], scheme: GPTQScheme, result: PipelineResult, error_chunks: int,
@@ -441,10 +450,7 @@ def _gptq_layer(
         head = get_submodule(layer, group[0])
         acc = {group[0]: StatsAccumulator(weight_nk(head, arch.conv1d).shape[1], hessian=True)}
         keep: dict[str, list[torch.Tensor]] | None = {group[0]: []} if g in points else None
-        with contextlib.ExitStack() as replays:
-            for h, inputs in cached.items():
-                replays.enter_context(_replay(points[h], inputs))
-            replays.enter_context(_capture_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True))
+        with _replaying(points, cached), _capture_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True):
             _run_until(layer, X, calls, head)
         stats = acc[group[0]].result()
         for n in group:
@@ -455,9 +461,7 @@ def _gptq_layer(
             _record(result, f"{prefix}.{n}", module, qw, arch, stats)
         if keep is not None:  # the sub-block's output is now final
             cached[g] = [points[g].linear(x) for x in keep.pop(group[0])]
-    with contextlib.ExitStack() as replays:
-        for h, inputs in cached.items():
-            replays.enter_context(_replay(points[h], inputs))
+    with _replaying(points, cached):
         Y_hat = run_layer(layer, X, calls)
     return Y, Y_hat
 

@@ -52,7 +52,7 @@ class StatsAccumulator:
         self.in_features = in_features
         self.hessian = hessian
         self.chunk_tokens = chunk_tokens
-        self.block = block  # columns per block-row of the triangular Σ x xᵀ
+        self.block = -(-in_features // -(-in_features // block))  # rows per block-row of the triangular Σ x xᵀ (equal splits)
         self.xx: torch.Tensor | None = None  # (K, K) fp64 Σ x xᵀ, upper block triangle filled
         self.abs_sum: torch.Tensor | None = None  # (K,) fp64 Σ |x|
         self.abs_max = 0.0
@@ -73,9 +73,8 @@ class StatsAccumulator:
             lo, hi = torch.aminmax(xc)
             self.abs_max = max(self.abs_max, -float(lo), float(hi))
             if self.xx is not None:
-                K = self.in_features
-                b = -(-K // -(-K // self.block))  # ceil(K / block) equal block-rows
-                for i in range(0, K, b):
+                b = self.block
+                for i in range(0, self.in_features, b):
                     self.xx[i : i + b, i:] += (xc[:, i : i + b].T @ xc[:, i:]).double()
         self.tokens += int(x.shape[0])
 
