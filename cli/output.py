@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from infer_tool.common.errors import BadInput, QualityGateFailed
+from infer_tool.common.jsonout import to_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,29 +39,6 @@ def err() -> Console:
     from rich.console import Console
 
     return Console(file=sys.stderr, soft_wrap=True)
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def _finite(o: Any) -> Any:
-    """Replace NaN/Inf (not valid JSON) by None, recursively."""
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
-
-
-def to_json(obj: Any) -> str:
-    return json.dumps(_finite(obj), indent=2, default=_json_default)
 
 
 def emit_json(obj: Any) -> None:
@@ -93,14 +69,82 @@ def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def quiet_libraries() -> None:
+    """transformers' and datasets' warnings and bars would interleave with ours: warnings
+    off, datasets' bars off; transformers' bars go through `progress_bar` (drawn as our
+    own bars, or nowhere with --no-progress)."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("DATASETS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+    if "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+
+
+_ACTIVE: list[Callable[..., None]] = []  # the progress callback of the innermost enabled progress_bar
+
+
+def _routed_tqdm(base: type) -> type:
+    """A subclass of tqdm `base` that draws nothing and reports to the active progress bar
+    (libraries' own bars: transformers' GGUF conversion and weight loading)."""
+
+    class Routed(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+            iterable = args[0] if args else kwargs.get("iterable")
+            self._task = str(kwargs.get("desc") or "loading").rstrip(". :")
+            self._total = kwargs.get("total") or (len(iterable) if hasattr(iterable, "__len__") else None)
+            self._done = 0
+
+        def __iter__(self) -> Any:
+            for item in self.iterable:
+                yield item
+                self.update(1)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self._done += int(n or 0)
+            if _ACTIVE and self._total:
+                _ACTIVE[-1](self._task, min(self._done, int(self._total)), int(self._total))
+            return None
+
+    return Routed
+
+
+@contextlib.contextmanager
+def _routing_library_bars(update: Callable[..., None] | None) -> Iterator[None]:
+    """While active, `tqdm.auto.tqdm` (what transformers draws its bars with) reports to
+    `update`, or is silent when `update` is None."""
+    import tqdm.auto
+
+    original = tqdm.auto.tqdm
+    tqdm.auto.tqdm = _routed_tqdm(original)
+    if update is not None:
+        _ACTIVE.append(update)
+    try:
+        yield
+    finally:
+        tqdm.auto.tqdm = original
+        if update is not None:
+            _ACTIVE.pop()
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Callable[..., None]]:
     """A `common.progress.Progress` callback drawing rich bars on stderr, one per task.
 
-    Extra keyword figures (`tok_s`, `ppl`, ...) are shown after the bar.
+    Extra keyword figures (`tok_s`, `ppl`, ...) are shown after the bar. Libraries' own
+    tqdm bars are drawn as rich bars too (or silenced when not `enabled`).
     """
     if not enabled:
-        yield lambda *a, **k: None
+        with _routing_library_bars(None):
+            yield lambda *a, **k: None
         return
     from rich.progress import (
         BarColumn,
@@ -131,5 +175,5 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[..., None]]:
             ids[task] = bars.add_task(task, total=total, info=text)
         bars.update(ids[task], completed=done, total=total, info=text)
 
-    with bars:
+    with bars, _routing_library_bars(update):
         yield update

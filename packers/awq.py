@@ -1,10 +1,11 @@
 """AWQ (Lin et al. 2023, "AWQ: Activation-aware Weight Quantization"): the per-channel
-scale search (§3.2) and the weight-clipping search, as functions returning data, plus
-the separate steps that apply their results.
+scale search (§3.2) and the weight-clipping search, as functions returning data, and the
+clip's apply step (a tensor operation). Folding the scales into a block is module surgery
+and lives with the pipeline (`calib/quantizers/awq.fold_scales`).
 
-The caller (calib's pipeline) knows the block: it passes a `forward` callable that runs
-the inspected block with given effective weights for the balanced linears. This module
-knows nothing about architectures or files.
+The caller knows the block: it passes a `forward` callable that runs the inspected block
+with given effective weights for the balanced linears. This module knows nothing about
+architectures or files.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from infer_tool.packers.rtn import fake_quantize
 from infer_tool.packers.scheme import AWQScheme
@@ -108,29 +108,6 @@ def awq_search_scale(
         if loss < best[0]:
             best = (loss, ratio, s)
     return AWQScaleResult(scales=best[2].cpu(), ratio=best[1], rtn_loss=rtn_loss, losses=losses)
-
-
-@torch.no_grad()
-def apply_awq_scale(prev: nn.Module, linears: Sequence[nn.Linear], scales: torch.Tensor, *, norm_offset: float = 0.0) -> None:
-    """Fold s into the block in place: prev's output / s, each balanced linear's weight · s.
-
-    prev: a norm with `.weight` (K,) (and optional `.bias`), or a linear whose last K
-        output rows feed the balanced linears (e.g. v_proj -> o_proj).
-    norm_offset: 1.0 for norms computing x·(1 + weight) (Gemma): the effective (1 + w)/s.
-    """
-    s = scales.to(prev.weight.device).float()
-    if isinstance(prev, nn.Linear):
-        rows = prev.weight[-s.numel() :]  # (K, in)
-        rows.copy_((rows.float() / s.view(-1, 1)).to(rows.dtype))
-    else:
-        w = prev.weight
-        w.copy_(((w.float() + norm_offset) / s - norm_offset).to(w.dtype))
-    bias = getattr(prev, "bias", None)
-    if bias is not None:
-        b = bias[-s.numel() :]
-        b.copy_((b.float() / s).to(b.dtype))
-    for fc in linears:
-        fc.weight.copy_((fc.weight.float() * s.to(fc.weight.device).view(1, -1)).to(fc.weight.dtype))
 
 
 @torch.no_grad()

@@ -101,10 +101,6 @@ def all_formats() -> list[CheckpointFormat]:
     return [found[k] for k in sorted(found)]
 
 
-def scheme_kind(scheme: Any) -> str:
-    return "fp8" if getattr(scheme, "method", None) == "fp8" else "int"
-
-
 def get_format(name: str, kind: str = "int") -> CheckpointFormat:
     """The registered format `name` for weights of `kind`; BadInput names the accepted ones."""
     if (name, kind) in _REGISTERED:
@@ -251,7 +247,7 @@ def write_checkpoint(
     the scheme; on any failure nothing is left behind.
     """
     out = Path(out_dir)
-    fmt_obj = get_format(fmt, scheme_kind(scheme))
+    fmt_obj = get_format(fmt, scheme.kind)
     if out.exists() and not overwrite:
         raise BadInput(f"output directory {str(out)!r} already exists; pass --overwrite to replace it")
     fmt_obj.check(scheme, quantized)

@@ -28,95 +28,19 @@ This module knows nothing about models, files or formats (see `fp8_formats.py`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
 from infer_tool.common.errors import BadInput
+from infer_tool.packers.scheme import GRANULARITIES, Fp8Scheme
 
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 E4M3_MANTISSA_BITS = 3
 E4M3_MIN_NORMAL = 2.0**-6
 E4M3_SUBNORMAL_STEP = 2.0**-9
-GRANULARITIES = ("tensor", "channel", "block")
-ACTIVATION_SCHEMES = ("dynamic", "static")
-KV_CACHE_SCHEMES = ("fp8",)
-
-
-@dataclass(frozen=True)
-class Fp8Scheme:
-    """FP8 e4m3 weights (and activations, KV cache) — the defaults live here only.
-
-    granularity: weight scale per "tensor", output "channel" or "block" of `block_size`
-        `(bn, bk)` (rows, columns). The default, per-channel weights with dynamic per-token
-        activations, is llm-compressor's FP8_DYNAMIC scheme.
-    activations: "dynamic" (per-token scales at run time, no calibration) or "static"
-        (one calibrated per-tensor `input_scale`). Block weights go with dynamic only.
-    kv_cache: None, or "fp8" for calibrated per-layer k_scale / v_scale.
-    clip_search: search clipping ratios in [clip_min_ratio, 1] (clip_steps + 1 points)
-        minimising output error on calibration data (needs the layer Hessian).
-    """
-
-    method: ClassVar[str] = "fp8"
-    granularity: str = "channel"
-    block_size: tuple[int, int] = (128, 128)
-    activations: str = "dynamic"
-    kv_cache: str | None = None
-    clip_search: bool = False
-    clip_min_ratio: float = 0.8
-    clip_steps: int = 20
-
-    def __post_init__(self) -> None:
-        if self.granularity not in GRANULARITIES:
-            raise BadInput(f"FP8 granularity {self.granularity!r} is not supported; use one of {', '.join(GRANULARITIES)}")
-        if self.activations not in ACTIVATION_SCHEMES:
-            raise BadInput(
-                f"FP8 activations {self.activations!r} are not supported; use one of {', '.join(ACTIVATION_SCHEMES)}"
-            )
-        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_SCHEMES:
-            raise BadInput(f"kv cache {self.kv_cache!r} is not supported; use fp8 or leave it unset")
-        if self.granularity == "block" and self.activations == "static":
-            raise BadInput(
-                "block-wise FP8 weights go with dynamic activations only (vLLM and transformers "
-                "load no static input scale for them); use --fp8-activations dynamic or another granularity"
-            )
-        bs = tuple(self.block_size)
-        if len(bs) != 2 or min(bs) <= 0:
-            raise BadInput(f"block_size={self.block_size} is not supported; use two positive sizes such as (128, 128)")
-        object.__setattr__(self, "block_size", (int(bs[0]), int(bs[1])))
-        if not 0.0 < self.clip_min_ratio <= 1.0 or self.clip_steps < 1:
-            raise BadInput(
-                f"clip_min_ratio={self.clip_min_ratio}, clip_steps={self.clip_steps}: use a ratio in (0, 1] and at least 1 step"
-            )
-
-    @property
-    def needs_activation_stats(self) -> bool:
-        return self.activations == "static"
-
-    @property
-    def needs_hessian(self) -> bool:
-        return self.clip_search
-
-    def clip_grid(self) -> torch.Tensor:
-        """(S+1,) fp32 ratios from 1 down to clip_min_ratio."""
-        return torch.linspace(1.0, self.clip_min_ratio, self.clip_steps + 1, dtype=torch.float32)
-
-    def to_dict(self) -> dict[str, object]:
-        d = dataclasses.asdict(self)
-        d["block_size"] = list(self.block_size)
-        return {"method": self.method, **d}
-
-
-def make_fp8_scheme(**overrides: object) -> Fp8Scheme:
-    """`Fp8Scheme` with `overrides`; a value of None keeps the dataclass default."""
-    names = {f.name for f in dataclasses.fields(Fp8Scheme)}
-    unknown = sorted(k for k, v in overrides.items() if v is not None and k not in names)
-    if unknown:
-        raise BadInput(f"options {unknown} do not apply to method 'fp8'; it accepts {sorted(names)}")
-    return Fp8Scheme(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -149,6 +73,12 @@ class Fp8Weight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) weight in `dtype`: weight * scale."""
         return (self.weight.float() * self.scale_full()).to(dtype)
+
+    def to(self, device: torch.device | str) -> "Fp8Weight":
+        """A copy with every tensor on `device`."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return replace(self, weight=move(self.weight), weight_scale=move(self.weight_scale),
+                       input_scale=move(self.input_scale), clip_ratio=move(self.clip_ratio))
 
 
 def check_finite(weight: torch.Tensor, name: str) -> None:

@@ -46,6 +46,46 @@ def inverse_hessian_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor | Non
     return U
 
 
+class _GroupParams:
+    """The scale and zero point (N,) of the group of each column GPTQ reaches.
+
+    Static groups (act-order with `static_groups`: GPTQModel's `static_groups`,
+    llm-compressor's actorder="weight"): every group's parameters on the ORIGINAL column
+    order, computed up front from W before any permutation. Otherwise (dynamic groups):
+    a group's parameters on the error-updated weights, when its first column is reached.
+    scale, zero (N, G) float32 hold the parameters of every group at the end.
+    """
+
+    def __init__(self, W: torch.Tensor, perm: torch.Tensor | None, scheme: GPTQScheme) -> None:
+        N, K = W.shape
+        self.g = scheme.group_for(K)
+        self.bits, self.sym, self.scale_dtype = scheme.bits, scheme.symmetric, scheme.torch_scale_dtype
+        self.static = scheme.act_order and scheme.static_groups
+        self.col_group = None  # group of each permuted column (static groups only)
+        if self.static:
+            self.scale, self.zero = qparams(W.reshape(N, K // self.g, self.g), self.bits, self.sym, self.scale_dtype)
+            if perm is not None:
+                self.col_group = (torch.arange(K, device=W.device) // self.g)[perm]
+        else:
+            self.scale = torch.zeros(N, K // self.g, device=W.device)
+            self.zero = torch.zeros(N, K // self.g, device=W.device)
+
+    def at(self, col: int, W1: torch.Tensor, i: int, W: torch.Tensor, i2: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, zero) for permuted column `col`, which is column i of the current block
+        W1 = W[:, i1:i2] (dynamic groups read ahead into W past the block when needed)."""
+        g = self.g
+        if self.static:
+            j = int(self.col_group[col]) if self.col_group is not None else col // g
+        else:
+            j = col // g
+            if col % g == 0:
+                Wg = W1[:, i : i + g]
+                if Wg.shape[1] < g:  # the group runs past this block
+                    Wg = torch.cat([Wg, W[:, i2 : i2 + g - Wg.shape[1]]], dim=1)
+                self.scale[:, j], self.zero[:, j] = qparams(Wg, self.bits, self.sym, self.scale_dtype)
+        return self.scale[:, j], self.zero[:, j]
+
+
 def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQScheme()) -> QuantizedWeight:
     """Quantize W (N, K) column by column with error feedback through Hinv.
 
@@ -71,15 +111,9 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
     H[dead, dead] = 1
     W[:, dead] = 0
 
-    # Static groups: scale/zero of every group on the original column order, before any
-    # permutation (GPTQModel `static_groups`, llm-compressor actorder="weight").
-    static = scheme.act_order and scheme.static_groups
-    if static:
-        s_static, z_static = qparams(W.reshape(N, K // g, g), bits, sym, scheme.torch_scale_dtype)  # (N, G)
-
-    perm = None
-    if scheme.act_order:
-        perm = torch.argsort(torch.diag(H), descending=True)
+    perm = torch.argsort(torch.diag(H), descending=True) if scheme.act_order else None
+    groups = _GroupParams(W, perm, scheme)  # on the original column order
+    if perm is not None:
         W = W[:, perm]
         H = H[perm][:, perm]
 
@@ -98,13 +132,6 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
 
     Q = torch.zeros_like(W)  # (N, K) integer codes, permuted order
     Losses = torch.zeros_like(W)
-    n_groups = K // g
-    scale = torch.zeros(N, n_groups, device=W.device)
-    zero = torch.zeros(N, n_groups, device=W.device)
-    if static:
-        scale, zero = s_static, z_static
-    group_of = torch.arange(K, device=W.device) // g  # group of each ORIGINAL column
-    col_group = group_of[perm] if (static and perm is not None) else None  # group of each permuted column
 
     B = scheme.block_size
     for i1 in range(0, K, B):  # §3 Step 2: lazy batch updates over blocks of B columns
@@ -119,18 +146,7 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
         for i in range(count):
             w = W1[:, i]
             d = Hinv1[i, i]
-            col = i1 + i
-            if static:
-                j = int(col_group[col]) if col_group is not None else col // g
-                s, z = scale[:, j], zero[:, j]
-            else:
-                j = col // g
-                if col % g == 0:  # dynamic groups: params on the error-updated weights
-                    Wg = W1[:, i : i + g]
-                    if Wg.shape[1] < g:  # group runs past this block
-                        Wg = torch.cat([Wg, W[:, i2 : i2 + g - Wg.shape[1]]], dim=1)
-                    scale[:, j], zero[:, j] = qparams(Wg, bits, sym, scheme.torch_scale_dtype)
-                s, z = scale[:, j], zero[:, j]
+            s, z = groups.at(i1 + i, W1, i, W, i2)
             q = quantize_codes(w, s, z, bits)  # (N,)
             Q1[:, i] = q
             deq = (q - z) * s
@@ -147,15 +163,15 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
     if perm is not None:
         invperm = torch.argsort(perm)
         Q = Q[:, invperm]
-        if not static:
+        if not groups.static:
             # Group j holds permuted columns j*g..(j+1)*g-1: original column k sits at invperm[k].
             g_idx = (invperm // g).to(torch.int32)
 
     loss = float(Losses.sum())
     return QuantizedWeight(
         q=Q.to(torch.uint8),
-        scale=scale,
-        zero=None if sym else zero.to(torch.uint8),
+        scale=groups.scale,
+        zero=None if sym else groups.zero.to(torch.uint8),
         g_idx=g_idx,
         bits=bits,
         group_size=g,

@@ -13,7 +13,7 @@ module knows nothing about files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -67,6 +67,11 @@ class QuantizedWeight:
         z = self.zero_points()[:, g].float()  # (N, K)
         s = self.scale.float()[:, g]  # (N, K)
         return ((self.q.float() - z) * s).to(dtype)
+
+    def to(self, device: torch.device | str) -> "QuantizedWeight":
+        """A copy with every tensor on `device`."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return replace(self, q=move(self.q), scale=move(self.scale), zero=move(self.zero), g_idx=move(self.g_idx))
 
     def validate(self) -> None:
         """Raise ValueError when fields disagree on shapes, dtypes or ranges."""

@@ -1,10 +1,15 @@
-"""Quantization schemes: one frozen dataclass per INT algorithm, holding its defaults.
+"""Quantization schemes: one frozen dataclass per algorithm, holding its defaults, and
+the one registry of them (`SCHEMES`, method name -> class).
 
 Nothing else in the project restates these defaults: the CLI and recipes build a scheme
 with `make_scheme(method, **overrides)` where an override of `None` means "keep the
-default". This module knows nothing about models, files or tensors beyond their shapes.
+default". What callers need to know of a scheme is an attribute of it, never a test of
+its method name: `kind` (the checkpoint formats that carry it: "int" or "fp8"),
+`check_shapes` (shape constraints, before any work), `for_storage` (scales rounded to
+what the format stores) and `describe`. This module imports no torch and knows nothing
+about models, files or tensors beyond their shapes.
 
-A group of `group_size` consecutive input columns (along K) shares one scale and one
+INT: a group of `group_size` consecutive input columns (along K) shares one scale and one
 zero point; `group_size=-1` means one group per output row (per-channel).
 """
 
@@ -18,6 +23,9 @@ from typing import ClassVar
 from infer_tool.common.errors import BadInput
 
 SCALE_DTYPES = ("float32", "bfloat16", "float16")
+GRANULARITIES = ("tensor", "channel", "block")
+ACTIVATION_SCHEMES = ("dynamic", "static")
+KV_CACHE_SCHEMES = ("fp8",)
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,7 @@ class QuantScheme:
     """
 
     method: ClassVar[str] = "rtn"
+    kind: ClassVar[str] = "int"
     bits: int = 4
     group_size: int = 128
     symmetric: bool = True
@@ -59,6 +68,19 @@ class QuantScheme:
 
     def to_dict(self) -> dict[str, object]:
         return {"method": self.method, **dataclasses.asdict(self)}
+
+    def check_shapes(self, shapes: Mapping[str, tuple[int, int]]) -> None:
+        """Refuse layers ({name: (N, K)}) this scheme cannot quantize, before any work."""
+        check_group_size(shapes, self.group_size)
+
+    def for_storage(self, scale_dtype: str) -> "QuantScheme":
+        """This scheme with scales rounded to `scale_dtype`, the dtype the checkpoint stores."""
+        return dataclasses.replace(self, scale_dtype=scale_dtype)
+
+    def describe(self) -> str:
+        """'awq w4 g64 asym' (+ ' act-order') for the report table."""
+        order = " act-order" if getattr(self, "act_order", False) else ""
+        return f"{self.method} w{self.bits} g{self.group_size} {'sym' if self.symmetric else 'asym'}{order}"
 
 
 @dataclass(frozen=True)
@@ -129,10 +151,102 @@ class AWQScheme(QuantScheme):
             raise BadInput(f"max_shrink={self.max_shrink} is not supported; use a fraction in [0, 1)")
 
 
-SCHEMES: dict[str, type[QuantScheme]] = {s.method: s for s in (RTNScheme, GPTQScheme, AWQScheme)}
+@dataclass(frozen=True)
+class Fp8Scheme:
+    """FP8 e4m3 weights (and activations, KV cache).
+
+    granularity: weight scale per "tensor", output "channel" or "block" of `block_size`
+        `(bn, bk)` (rows, columns). The default, per-channel weights with dynamic per-token
+        activations, is llm-compressor's FP8_DYNAMIC scheme.
+    activations: "dynamic" (per-token scales at run time, no calibration) or "static"
+        (one calibrated per-tensor `input_scale`). Block weights go with dynamic only.
+    kv_cache: None, or "fp8" for calibrated per-layer k_scale / v_scale.
+    clip_search: search clipping ratios in [clip_min_ratio, 1] (clip_steps + 1 points)
+        minimising output error on calibration data (needs the layer Hessian).
+    """
+
+    method: ClassVar[str] = "fp8"
+    kind: ClassVar[str] = "fp8"
+    granularity: str = "channel"
+    block_size: tuple[int, int] = (128, 128)
+    activations: str = "dynamic"
+    kv_cache: str | None = None
+    clip_search: bool = False
+    clip_min_ratio: float = 0.8
+    clip_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise BadInput(f"FP8 granularity {self.granularity!r} is not supported; use one of {', '.join(GRANULARITIES)}")
+        if self.activations not in ACTIVATION_SCHEMES:
+            raise BadInput(
+                f"FP8 activations {self.activations!r} are not supported; use one of {', '.join(ACTIVATION_SCHEMES)}"
+            )
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_SCHEMES:
+            raise BadInput(f"kv cache {self.kv_cache!r} is not supported; use fp8 or leave it unset")
+        if self.granularity == "block" and self.activations == "static":
+            raise BadInput(
+                "block-wise FP8 weights go with dynamic activations only (vLLM and transformers "
+                "load no static input scale for them); use --fp8-activations dynamic or another granularity"
+            )
+        bs = tuple(self.block_size)
+        if len(bs) != 2 or min(bs) <= 0:
+            raise BadInput(f"block_size={self.block_size} is not supported; use two positive sizes such as (128, 128)")
+        object.__setattr__(self, "block_size", (int(bs[0]), int(bs[1])))
+        if not 0.0 < self.clip_min_ratio <= 1.0 or self.clip_steps < 1:
+            raise BadInput(
+                f"clip_min_ratio={self.clip_min_ratio}, clip_steps={self.clip_steps}: use a ratio in (0, 1] and at least 1 step"
+            )
+
+    @property
+    def needs_activation_stats(self) -> bool:
+        return self.activations == "static"
+
+    @property
+    def needs_hessian(self) -> bool:
+        return self.clip_search
+
+    def clip_grid(self) -> "torch.Tensor":  # noqa: F821
+        """(S+1,) fp32 ratios from 1 down to clip_min_ratio."""
+        import torch
+
+        return torch.linspace(1.0, self.clip_min_ratio, self.clip_steps + 1, dtype=torch.float32)
+
+    def to_dict(self) -> dict[str, object]:
+        d = dataclasses.asdict(self)
+        d["block_size"] = list(self.block_size)
+        return {"method": self.method, **d}
+
+    def check_shapes(self, shapes: Mapping[str, tuple[int, int]]) -> None:
+        """Any (N, K) works: edge blocks are partial."""
+
+    def for_storage(self, scale_dtype: str) -> "Fp8Scheme":
+        """FP8 scales are stored in float32 whatever the model dtype."""
+        return self
+
+    def describe(self) -> str:
+        """'fp8 e4m3 channel weights, dynamic activations, FP8 KV cache' for the report table."""
+        text = f"fp8 e4m3 {self.granularity} weights"
+        if self.granularity == "block":
+            text += f" {self.block_size[0]}x{self.block_size[1]}"
+        text += f", {self.activations} activations"
+        if self.clip_search:
+            text += ", clip search"
+        if self.kv_cache:
+            text += ", FP8 KV cache"
+        return text
 
 
-def make_scheme(method: str, **overrides: object) -> QuantScheme:
+Scheme = QuantScheme | Fp8Scheme
+SCHEMES: dict[str, type[QuantScheme] | type[Fp8Scheme]] = {s.method: s for s in (RTNScheme, GPTQScheme, AWQScheme, Fp8Scheme)}
+
+
+def scheme_fields(method: str) -> tuple[str, ...]:
+    """The option names `make_scheme(method, ...)` accepts."""
+    return tuple(f.name for f in dataclasses.fields(SCHEMES[method]))
+
+
+def make_scheme(method: str, **overrides: object) -> Scheme:
     """Build the scheme for `method`; overrides equal to None keep the dataclass default."""
     cls = SCHEMES.get(method)
     if cls is None:
@@ -141,7 +255,7 @@ def make_scheme(method: str, **overrides: object) -> QuantScheme:
     unknown = sorted(k for k, v in overrides.items() if v is not None and k not in names)
     if unknown:
         raise BadInput(f"options {unknown} do not apply to method {method!r}; it accepts {sorted(names)}")
-    return cls(**{k: v for k, v in overrides.items() if v is not None})
+    return cls(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
 
 
 def check_group_size(shapes: Mapping[str, tuple[int, int]], group_size: int) -> None:

@@ -41,7 +41,7 @@ def quantize(tiny: dict[str, Path], out: Path, *extra: Any) -> Any:
         (("--fp8-granularity", "block", "--fp8-activations", "static"), "dynamic activations only"),
         (("--fp8-granularity", "channel", "--format", "fp8"), "only by --format compressed-tensors"),
         (("--fp8-granularity", "row"), "tensor, channel, block"),
-        (("--group-size", "64"), "do not apply to --method fp8"),
+        (("--group-size", "64"), "--group-size does not apply to --method fp8"),
         (("--format", "awq"), "compressed-tensors, fp8"),
     ],
 )
@@ -54,7 +54,7 @@ def test_refused_combinations_exit_2_before_work(tiny: dict[str, Path], tmp_path
 
 def test_fp8_options_refused_with_int_method(tiny: dict[str, Path], tmp_path: Path) -> None:
     r = run("quantize", tiny["model"], "--method", "rtn", "--kv-cache", "fp8", "--out", tmp_path / "o", *FAST)
-    assert r.exit_code == 2 and "--method fp8 only" in r.stderr
+    assert r.exit_code == 2 and "--kv-cache does not apply to --method rtn (only to --method fp8)" in r.stderr
 
 
 def test_static_kv_checkpoint_loads_and_reports(tiny: dict[str, Path], tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""FP8 through the calibration pipeline and the checkpoint registry (calib/fp8_layers.py,
+"""FP8 through the calibration pipeline and the checkpoint registry (calib/quantizers/fp8.py,
 packers/fp8_formats.py registered in packers/checkpoint.py).
 
 Independent references: statistics re-measured with plain forward hooks / a whole-model
@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from infer_tool.calib.fp8_layers import quantize_model_fp8
 from infer_tool.calib.kv_scales import measure_kv_amax
+from infer_tool.calib.pipeline import quantize_model
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
-from infer_tool.packers.fp8 import Fp8Scheme, Fp8Weight
+from infer_tool.packers.fp8 import Fp8Weight
+from infer_tool.packers.scheme import Fp8Scheme
 from infer_tool.packers.fp8_formats import kv_scale_tensors, read_kv_scales
 
 
@@ -45,6 +46,12 @@ def ids() -> torch.Tensor:
 
 
 DECODER_LINEARS = 2 * 7
+
+
+def quantize_model_fp8(model: Any, ids: torch.Tensor, scheme: Fp8Scheme, **kw: Any) -> tuple[Any, dict[str, Any]]:
+    """The pipeline's result and its KV-cache amax per attention layer."""
+    result = quantize_model(model, ids, scheme, **kw)
+    return result, dict(result.kv_amax)
 
 
 def test_static_activations_and_kv_scales_match_a_plain_rerun(model: Any, ids: torch.Tensor) -> None:

@@ -9,7 +9,6 @@ import torch
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.awq import (
     apply_awq_clip,
-    apply_awq_scale,
     awq_search_clip,
     awq_search_scale,
 )
@@ -267,8 +266,11 @@ class _OnePlusNorm(torch.nn.Module):
 
 
 @pytest.mark.parametrize("prev_kind", ["layernorm", "one_plus_norm", "linear"])
-def test_apply_awq_scale_preserves_function(prev_kind):
+def test_fold_scales_preserves_function(prev_kind):
     """Folding 1/s into the previous module and s into the balanced linears keeps the output."""
+    from infer_tool.calib.architectures import Architecture, AWQMapping
+    from infer_tool.calib.quantizers.awq import fold_scales
+
     torch.manual_seed(11)
     s = torch.rand(32) + 0.5
     x = torch.randn(10, 32)
@@ -283,7 +285,7 @@ def test_apply_awq_scale_preserves_function(prev_kind):
     fcs = [torch.nn.Linear(32, 16), torch.nn.Linear(32, 8)]
     with torch.no_grad():
         before = [fc(prev(x)) for fc in fcs]
-        apply_awq_scale(prev, fcs, s, norm_offset=offset)
+        fold_scales(prev, fcs, s, AWQMapping("prev", ("fc",), "fc"), Architecture("", (), (), norm_offset=offset))
         after = [fc(prev(x)) for fc in fcs]
     for a, b in zip(after, before):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -311,6 +313,9 @@ def test_make_scheme_defaults_and_refusals():
 
 
 def test_awq_block_search_then_fold_beats_rtn():
+    from infer_tool.calib.architectures import Architecture, AWQMapping
+    from infer_tool.calib.quantizers.awq import fold_scales
+
     """A norm feeding two balanced linears: search s on the block output, fold 1/s into the
     norm and s into the linears, quantize; block output error at most 0.8× RTN's."""
     torch.manual_seed(12)
@@ -330,7 +335,7 @@ def test_awq_block_search_then_fold_beats_rtn():
     with torch.no_grad():
         ref = block(originals)
         found = awq_search_scale(norm(x).abs().mean(0), originals, block, ref, scheme)
-        apply_awq_scale(norm, fcs, found.scales)
+        fold_scales(norm, fcs, found.scales, AWQMapping("norm", ("fc",), "fc"), Architecture("", (), ()))
         e_awq = float(((block([fake_quantize(fc.weight, 4, 32, False) for fc in fcs]) - ref) ** 2).mean())
     e_rtn = found.rtn_loss
     assert found.ratio is not None and e_awq < 0.8 * e_rtn

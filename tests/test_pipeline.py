@@ -13,18 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from infer_tool.calib.pipeline import (
-    _fold,
-    _smooth_channels,
-    decoder_layers,
-    linear_shapes,
-    quantize_from_stats,
-    quantize_model,
-    weight_nk,
-)
+from infer_tool.calib.architectures import ARCHITECTURES, architecture_for
+from infer_tool.calib.layers import decoder_layers, linear_shapes, weight_nk
+from infer_tool.calib.pipeline import collect_stats, quantize_from_stats, quantize_model
+from infer_tool.calib.quantizers.awq import fold_scales, smooth_channels
 from infer_tool.calib.stats import StatsAccumulator, load_stats, relative_output_error, save_stats
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.architectures import ARCHITECTURES, architecture_for
 from infer_tool.packers.scheme import make_scheme
 
 V, T, B = 96, 24, 6
@@ -113,13 +107,13 @@ def test_fp_propagation_matches_model_forward(model_type: str) -> None:
     model = tiny_model(model_type)
     x = ids()
     ref = last_layer_output(model, x)
-    result = quantize_model(model, x, None, batch_size=4, device="cpu")
+    result = collect_stats(model, x, batch_size=4, device="cpu")
     assert not result.quantized
     # The pipeline leaves the model untouched in calibrate mode: re-running it still matches.
     got = []
     layer = decoder_layers(model, architecture_for(model_type))[-1]
     h = layer.register_forward_hook(lambda m, a, o: got.append(o[0] if isinstance(o, tuple) else o))
-    from infer_tool.calib.pipeline import capture_inputs, run_layer
+    from infer_tool.calib.layers import capture_inputs, run_layer
 
     arch = architecture_for(model_type)
     X, calls = capture_inputs(model, arch, x, 4, torch.device("cpu"))
@@ -148,10 +142,10 @@ def test_awq_fold_keeps_block_function(model_type: str) -> None:
             smooth = layer.get_submodule(m.smooth)
             balance = [layer.get_submodule(b) for b in m.balance]
             K = weight_nk(balance[0], arch.conv1d).shape[1]
-            if _smooth_channels(smooth, arch) != K * (m.part[1] if m.part else 1):
+            if smooth_channels(smooth, arch) != K * (m.part[1] if m.part else 1):
                 continue
             s = torch.rand(K, generator=g) * 3 + 0.25
-            _fold(smooth, balance, s, m, arch)
+            fold_scales(smooth, balance, s, m, arch)
             folded += 1
     assert folded >= 2 * 2
     assert rel(last_layer_output(model, x), ref) < 1e-4
@@ -173,7 +167,7 @@ def test_quantize_all_methods_run_and_gptq_beats_rtn(model_type: str) -> None:
             W = weight_nk(model.get_submodule(name), arch.conv1d)
             assert torch.equal(W, qw.dequantize(W.dtype)), name
         errors[method] = rel(last_layer_output(model, x), ref)
-        assert r.layer_errors[-1]["relative_output_error"] > 0
+        assert r.layer_errors[-1].relative_output_error > 0
     assert errors["gptq"] < errors["rtn"], errors
     assert errors["awq"] < errors["rtn"], errors
 
@@ -231,7 +225,7 @@ def test_gptq_true_sequential_hessians() -> None:
 def test_stats_roundtrip_and_reuse(tmp_path) -> None:  # noqa: ANN001
     model = tiny_model("qwen2")
     x = ids()
-    cal = quantize_model(model, x, None, batch_size=4, device="cpu")
+    cal = collect_stats(model, x, batch_size=4, device="cpu")
     save_stats(cal.stats, tmp_path / "stats", meta={"model": "tiny"})
     with pytest.raises(BadInput):
         save_stats(cal.stats, tmp_path / "stats", meta={})
@@ -278,7 +272,7 @@ def test_relative_output_error_from_hessian() -> None:
 def test_unknown_architecture_and_bad_group_size() -> None:
     model = tiny_model("llama")
     model.config.model_type = "mamba"
-    with pytest.raises(BadInput, match="packers/architectures.py"):
+    with pytest.raises(BadInput, match="calib/architectures.py"):
         quantize_model(model, ids(), make_scheme("rtn"))
     model.config.model_type = "llama"
     with pytest.raises(BadInput, match="does not divide"):
@@ -292,15 +286,16 @@ def test_ignore_patterns_leave_layers_unquantized() -> None:
     assert "model.layers.1.mlp.down_proj" not in r.quantized and "model.layers.0.self_attn.o_proj" not in r.quantized
     assert r.ignored == ["model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"]
     assert torch.equal(model.get_submodule("model.layers.1.mlp.down_proj").weight, before)
-    assert any(e.get("skipped", "").startswith("a balance layer") for e in r.awq)
+    assert any(e.get("skipped", "").startswith("a balance layer") for e in r.method_report["awq"])
 
 
 @pytest.mark.parametrize("model_type", TYPES)
 def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # noqa: ANN001
     """Replaying attention / MLP outputs from cache once their last linear is quantized gives
     bit-identical GPTQ results to re-running them (replay off: no replay points found)."""
-    from infer_tool.calib import pipeline
-    from infer_tool.calib.pipeline import _replay_points, capture_inputs
+    from infer_tool.calib.layers import capture_inputs, run_layer
+    from infer_tool.calib.quantizers import gptq
+    from infer_tool.calib.replay import replay_points
 
     x = ids()
     scheme = make_scheme("gptq", group_size=32)
@@ -308,7 +303,7 @@ def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # n
     model = tiny_model(model_type)
     X, calls = capture_inputs(model, arch, x, 4, torch.device("cpu"))
     layer = decoder_layers(model, arch)[0]
-    _, points = _replay_points(layer, arch, X, calls[0])
+    _, points = replay_points(layer, arch, X, calls[0])
     # Every architecture replays its attention; MLPs that are a sub-block replay too (OPT's fc1/fc2 are not).
     parents = {arch.groups[g][0].rpartition(".")[0] for g in points}
     assert "self_attn" in parents or "attn" in parents, parents
@@ -316,7 +311,7 @@ def test_gptq_replay_changes_nothing(model_type: str, monkeypatch) -> None:  # n
         assert "mlp" in parents, parents
 
     replayed = quantize_model(tiny_model(model_type), x, scheme, batch_size=4, device="cpu")
-    monkeypatch.setattr(pipeline, "_replay_points", lambda layer, arch, X, calls: (pipeline.run_layer(layer, X, calls), {}))
+    monkeypatch.setattr(gptq, "replay_points", lambda layer, arch, X, calls: (run_layer(layer, X, calls), {}))
     plain = quantize_model(tiny_model(model_type), x, scheme, batch_size=4, device="cpu")
     assert replayed.quantized.keys() == plain.quantized.keys()
     for name, qw in replayed.quantized.items():

@@ -164,10 +164,10 @@ def test_bad_input_exits_2_before_work(tiny: dict[str, Path], tmp_path: Path) ->
         (["--method", "magic"], "magic"),
         (["--max-ppl-increase", "5%"], "--eval"),
         (["--max-ppl-increase", "lots", "--eval", str(tiny["eval"])], "percentage"),
-        (["--method", "awq", "--act-order"], "act_order"),
+        (["--method", "awq", "--act-order"], "--act-order does not apply to --method awq"),
         (["--method", "awq", "--stats", str(tmp_path)], "--stats"),
         (["--format", "gguf"], "gguf"),
-        (["--num-samples", "0"], "num_samples"),
+        (["--num-samples", "0"], "--num-samples 0"),
     ]
     for extra, needle in cases:
         code, stdout, stderr = quantize(tiny, out, *extra)

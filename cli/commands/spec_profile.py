@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from infer_tool.cli.output import cli_command, emit_json, out, progress_bar
+from infer_tool.cli.output import cli_command, emit_json, out, progress_bar, quiet_libraries
 from infer_tool.common.errors import BadInput
 
 K_MAX = 64
@@ -152,7 +152,7 @@ def spec_profile(
     if cost_ratio is not None and cost_ratio < 0:
         raise BadInput(f"--cost-ratio must be >= 0 (got {cost_ratio})")
 
-    from infer_tool.cli.commands.eval import pick_device, quiet_transformers, torch_dtype
+    from infer_tool.common.device import pick_device, torch_dtype
 
     if threads is not None:
         if threads < 1:
@@ -162,7 +162,7 @@ def spec_profile(
         torch.set_num_threads(threads)
     dt = torch_dtype(dtype)
     dev = pick_device(device)
-    quiet_transformers()
+    quiet_libraries()
 
     from infer_tool.evals.loading import load_for_eval
     from infer_tool.evals.spec_drafts import NgramDraft

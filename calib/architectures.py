@@ -1,4 +1,4 @@
-"""Per-architecture knowledge the INT4 pipeline needs, as ONE table keyed by HF `model_type`.
+"""Per-architecture knowledge the calibration pipeline needs, as ONE table keyed by HF `model_type`.
 
 For each architecture:
 - `layers`: dotted path of the decoder-layer list from the top-level causal-LM module;
@@ -20,7 +20,8 @@ For each architecture:
 - `conv1d`: GPT-2's `Conv1D` stores its weight transposed, (K, N).
 
 Module paths inside a decoder layer are relative to that layer. This module knows
-nothing about solvers or file formats; adding an architecture means adding one entry.
+nothing about solvers or file formats; adding an architecture means adding one entry
+(and, when a configuration of it is not covered, a refusal in `check_model`).
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def architecture_for(model_type: str) -> Architecture:
         raise BadInput(
             f"model_type {model_type!r} is not in the quantization table; supported: "
             f"{', '.join(sorted(ARCHITECTURES))}. To add it, give it an entry in "
-            "ARCHITECTURES in packers/architectures.py (decoder-layer path, true-sequential "
+            "ARCHITECTURES in calib/architectures.py (decoder-layer path, true-sequential "
             "linear groups, AWQ smooth -> balance mappings)"
         )
     return arch
@@ -173,5 +174,5 @@ def get_submodule(root: Any, path: str) -> Any:
     except AttributeError:
         raise BadInput(
             f"module {path!r} not found in {type(root).__name__}; the entry for this model type "
-            "in packers/architectures.py does not match the model"
+            "in calib/architectures.py does not match the model"
         ) from None

@@ -1,0 +1,181 @@
+"""AWQ in the pipeline, per decoder block (Lin et al. 2023, §3.2): the scale search for
+every mapping of the architecture table on the fp block, then the scales folded into the
+block (`fold_scales`, the one apply step), then the clip search and RTN of each linear.
+The searches are `packers/awq`'s.
+
+- The searches run on the first `search_chunks` chunks; the activation statistics use all.
+- Where the inspected block is the balanced linear itself (up -> down, v -> o), the
+  output MSE comes from the Gram matrix XᵀX instead of re-running the linear for each
+  candidate: the same losses, fewer flops.
+- A mapping whose shapes do not line up (v -> o under GQA) is skipped, as AutoAWQ does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodule
+from infer_tool.calib.layers import (
+    LayerCall,
+    capturing_calls,
+    capturing_inputs,
+    first,
+    group_modules,
+    group_of,
+    run_layer,
+    set_weight_nk,
+    weight_nk,
+)
+from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record
+from infer_tool.calib.stats import StatsAccumulator
+from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale
+from infer_tool.packers.rtn import quantize_rtn
+
+
+@dataclass
+class MappingResult:
+    """One AWQ mapping of one layer: the chosen ratio α and its block-output losses, or why
+    it was skipped. ratio None with no `skipped`: no scaling beat plain RTN."""
+
+    layer: str
+    smooth: str
+    balance: list[str]
+    ratio: float | None = None
+    loss: float | None = None
+    rtn_loss: float | None = None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {"layer": self.layer, "smooth": self.smooth, "balance": self.balance}
+        if self.skipped is not None:
+            return {**head, "skipped": self.skipped}
+        return {**head, "ratio": self.ratio, "loss": self.loss, "rtn_loss": self.rtn_loss}
+
+
+def smooth_channels(smooth: nn.Module, arch: Architecture) -> int:
+    """Output channels of the smoothing module (a linear's N, a norm's width)."""
+    if isinstance(smooth, nn.Linear) or arch.conv1d and smooth.weight.dim() == 2:
+        return int(weight_nk(smooth, arch.conv1d).shape[0])
+    return int(smooth.weight.numel())
+
+
+@torch.no_grad()
+def fold_scales(smooth: nn.Module, balance: list[nn.Module], s: torch.Tensor, mapping: AWQMapping, arch: Architecture) -> None:
+    """Divide `smooth`'s output channels (its `part` slice for a fused linear) by s (K,) and
+    multiply the balance linears' input columns by s; the block's function is unchanged.
+    A norm computing x·(1 + w) (`arch.norm_offset` 1) gets (1 + w)/s − 1."""
+    s = s.to(balance[0].weight.device).float()
+    K = s.numel()
+    if isinstance(smooth, nn.Linear) or arch.conv1d and smooth.weight.dim() == 2:
+        W = weight_nk(smooth, arch.conv1d).detach().float().clone()  # (N, K_in)
+        i = mapping.part[0] if mapping.part else 0
+        W[i * K : (i + 1) * K] /= s.view(-1, 1)
+        set_weight_nk(smooth, W, arch.conv1d)
+        if getattr(smooth, "bias", None) is not None:
+            smooth.bias[i * K : (i + 1) * K] /= s.to(smooth.bias.dtype)
+    else:
+        w = smooth.weight
+        w.copy_(((w.float() + arch.norm_offset) / s - arch.norm_offset).to(w.dtype))
+        if getattr(smooth, "bias", None) is not None:
+            smooth.bias.copy_((smooth.bias.float() / s).to(smooth.bias.dtype))
+    for b in balance:
+        set_weight_nk(b, weight_nk(b, arch.conv1d).float() * s.view(1, -1), arch.conv1d)
+
+
+class AWQQuantizer(LayerQuantizer):
+    def needs(self, scheme: Any) -> Needs:
+        return Needs(activation_stats=True, live_blocks=True)
+
+    def stats_refusal(self, scheme: Any) -> str | None:
+        return "--stats works with --method gptq or rtn: AWQ's scale search needs block outputs on live activations"
+
+    def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        Y = self._search_fold_quantize(ctx, scheme)[: ctx.error_chunks]
+        return Y, run_layer(ctx.layer, ctx.X, ctx.calls)
+
+    def _search_fold_quantize(self, ctx: LayerContext, scheme: Any) -> list[torch.Tensor]:
+        """AWQ on one block; returns the fp block outputs Y (measured before any change)."""
+        layer, arch, prefix, result = ctx.layer, ctx.arch, ctx.prefix, ctx.result
+        heads = group_modules(layer, arch)
+        accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=False) for k, m in heads.items()}
+        keep: dict[str, list[torch.Tensor]] = {k: [] for k in heads}
+        inspect = {m.inspect: get_submodule(layer, m.inspect) for m in arch.mappings}
+        icalls: dict[str, list[LayerCall]] = {k: [] for k in inspect}
+        iouts: dict[str, list[torch.Tensor]] = {k: [] for k in inspect}
+        with capturing_inputs(heads, accs=accs, keep=keep, keep_chunks=ctx.search_chunks), capturing_calls(
+            inspect, icalls, iouts, ctx.search_chunks
+        ):
+            Y = run_layer(layer, ctx.X, ctx.calls)
+        stats = {k: a.result() for k, a in accs.items()}
+        for group in arch.groups:
+            for n in group:
+                result.stats[ctx.full(n)] = stats[group[0]]
+        x_sub = {k: torch.cat([x.reshape(-1, x.shape[-1]) for x in v]) for k, v in keep.items()}  # (t, K) per group
+
+        # 1. scale search for every mapping on the fp block, then fold them all (as AutoAWQ).
+        found: list[tuple[AWQMapping, torch.Tensor]] = []
+        entries = result.method_report.setdefault("awq", [])
+        for m in arch.mappings:
+            entry = MappingResult(prefix, m.smooth, list(m.balance))
+            if not all(ctx.is_target(b) for b in m.balance):
+                entry.skipped = "a balance layer is not quantized (--ignore)"
+                entries.append(entry.to_dict())
+                continue
+            smooth = get_submodule(layer, m.smooth)
+            balance = [get_submodule(layer, b) for b in m.balance]
+            K = int(weight_nk(balance[0], arch.conv1d).shape[1])
+            need = K * (m.part[1] if m.part else 1)
+            if smooth_channels(smooth, arch) != need:
+                entry.skipped = f"{m.smooth} has {smooth_channels(smooth, arch)} outputs, {m.balance[0]} reads {K} (GQA)"
+                entries.append(entry.to_dict())
+                continue
+            originals = [weight_nk(b, arch.conv1d).detach().clone() for b in balance]
+            module = inspect[m.inspect]
+
+            def forward(effective: list[torch.Tensor], balance: list[nn.Module] = balance, module: nn.Module = module, key: str = m.inspect) -> torch.Tensor:
+                for b, w in zip(balance, effective):
+                    set_weight_nk(b, w, arch.conv1d)
+                with torch.no_grad():
+                    return torch.cat([first(module(*c.args, **c.kwargs)) for c in icalls[key]])
+
+            gram = None
+            if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
+                T = sum(c.args[0].numel() // K for c in icalls[m.inspect])
+                N, n = sum(int(o.shape[0]) for o in originals), scheme.grid + 1
+                if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
+                    x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
+                    gram = (x.T @ x, T)
+            try:
+                found_scale = awq_search_scale(
+                    stats[group_of(arch, m.balance[0])].act_abs_mean.to(originals[0].device),
+                    originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram,
+                )
+            finally:
+                for b, w in zip(balance, originals):
+                    set_weight_nk(b, w, arch.conv1d)
+            entry.ratio, entry.loss, entry.rtn_loss = found_scale.ratio, found_scale.best_loss, found_scale.rtn_loss
+            entries.append(entry.to_dict())
+            found.append((m, found_scale.scales))
+        for m, s in found:
+            fold_scales(get_submodule(layer, m.smooth), [get_submodule(layer, b) for b in m.balance], s, m, arch)
+            key = group_of(arch, m.balance[0])
+            x_sub[key] = x_sub[key] / s.to(x_sub[key].device).view(1, -1)
+
+        # 2. clip search, then RTN of the scaled, clipped weight.
+        for group in arch.groups:
+            for n in group:
+                if not ctx.is_target(n):
+                    continue
+                module = ctx.module(n)
+                W = weight_nk(module, arch.conv1d).detach().float()
+                if scheme.clip and n not in arch.no_clip:
+                    W = apply_awq_clip(W, awq_search_clip(W, x_sub[group[0]], scheme))
+                record(result, ctx.full(n), module, quantize_rtn(W, None, scheme), arch, None)
+        return Y
+
+
+QUANTIZER = AWQQuantizer()

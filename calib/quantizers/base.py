@@ -1,0 +1,112 @@
+"""The layer-quantizer interface every method implements, and the one step that records a
+solved linear (`record`).
+
+A quantizer is called once per decoder layer with a `LayerContext` (the layer on the
+calibration device, its input chunks X and calls, the architecture entry, the linears to
+quantize, the run's `PipelineResult`). It returns (Y, Ŷ): the fp layer outputs on the
+first `error_chunks` chunks and the quantized layer's outputs on every chunk (the next
+layer's inputs). The default `quantize_layer` quantizes every target linear alone with
+`solve` (no statistics); methods that read activations override it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from infer_tool.calib.architectures import Architecture, get_submodule
+from infer_tool.calib.layers import LayerCall, run_layer, set_weight_nk, weight_nk
+from infer_tool.calib.result import Fallback, PipelineResult
+from infer_tool.calib.stats import LayerStats, relative_output_error
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a quantizer reads besides the weights."""
+
+    hessian: bool = False  # H = 2XXᵀ/T of each linear group's input
+    activation_stats: bool = False  # mean and max |x| of each linear group's input
+    live_blocks: bool = False  # block outputs on live activations (cannot come from saved statistics)
+    layer_pass: bool = False  # one more pass over the quantized layer (e.g. KV-cache amax)
+
+    @property
+    def data_free(self) -> bool:
+        """True when only the reported error reads calibration activations."""
+        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass)
+
+
+@dataclass
+class LayerContext:
+    """One decoder layer being quantized."""
+
+    layer: nn.Module  # on the calibration device
+    prefix: str  # its full name, e.g. model.layers.3
+    X: list[torch.Tensor]  # input chunks (b, T, D)
+    calls: list[LayerCall]  # the layer's other arguments per chunk
+    arch: Architecture
+    targets: set[str]  # full names of the linears to quantize
+    result: PipelineResult
+    error_chunks: int  # chunks the reported error is measured on
+    search_chunks: int  # chunks searches (AWQ) run on
+
+    def full(self, name: str) -> str:
+        return f"{self.prefix}.{name}"
+
+    def is_target(self, name: str) -> bool:
+        return self.full(name) in self.targets
+
+    def module(self, name: str) -> nn.Module:
+        return get_submodule(self.layer, name)
+
+
+def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, arch: Architecture, stats: LayerStats | None) -> None:
+    """Store a solved linear (`QuantizedWeight` or `Fp8Weight`) in `result`, on the CPU, and
+    replace the module's weight by its dequantized value; with a Hessian, record the
+    linear's relative output error; a solver's fallback is counted."""
+    W = weight_nk(module, arch.conv1d).detach().float()
+    W_hat = weight.dequantize(torch.float32).to(W.device)
+    if stats is not None and stats.H is not None:
+        result.linear_errors[full] = relative_output_error(W, W_hat, stats.H.to(W.device))
+    set_weight_nk(module, W_hat, arch.conv1d)
+    result.quantized[full] = weight.to("cpu")
+    if weight.info.get("fallback"):
+        result.fallbacks.append(Fallback(full, weight.info["fallback"], weight.info.get("reason")))
+
+
+class LayerQuantizer:
+    """One method's driver over a decoder layer. Subclasses set `needs`, and implement
+    `solve` or override `quantize_layer`."""
+
+    def needs(self, scheme: Any) -> Needs:
+        return Needs()
+
+    def stats_refusal(self, scheme: Any) -> str | None:
+        """Why `quantize --stats` cannot run this scheme, or None when it can."""
+        return None
+
+    def notes(self, result: PipelineResult, scheme: Any) -> list[str]:
+        """Notes for the report about what was written (e.g. shapes a runtime refuses)."""
+        return []
+
+    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Any, name: str) -> Any:
+        """Quantize one linear's weight W (N, K); `name` is its full name (for messages)."""
+        raise NotImplementedError
+
+    def quantize_linear(
+        self, result: PipelineResult, full: str, module: nn.Module, arch: Architecture, stats: LayerStats | None, scheme: Any
+    ) -> None:
+        """Solve one linear and record it."""
+        weight = self.solve(weight_nk(module, arch.conv1d).detach(), stats, scheme, full)
+        record(result, full, module, weight, arch, stats)
+
+    def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Every target linear alone, without statistics. Returns (Y on the error chunks, Ŷ)."""
+        e = ctx.error_chunks
+        Y = run_layer(ctx.layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
+        for n in ctx.arch.linears:
+            if ctx.is_target(n):
+                self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, None, scheme)
+        return Y, run_layer(ctx.layer, ctx.X, ctx.calls)

@@ -1,0 +1,103 @@
+"""FP8 (e4m3) in the pipeline. The solver is `packers/fp8.quantize_fp8_weight`.
+
+FP8 needs no Hessian-based error feedback: each linear is quantized on its own (RTN-like).
+Statistics are measured only when the scheme needs them, on the decoder layer's inputs
+(which went through the already-quantized earlier layers):
+- static activations: `act_abs_max` of each linear's input -> `input_scale`;
+- clip search: the layer Hessian H of each linear group -> `search_fp8_clip`.
+Within a layer, the statistics are taken in one fp pass (not true-sequential: o_proj's
+inputs come from the unquantized q/k/v), which is what llm-compressor's FP8 presets do.
+
+KV cache (`kv_cache="fp8"`): once a layer's linears are FP8, the layer is run once more
+on its calibration inputs with the attention's cache recorded (`calib/kv_scales.py`), so
+the per-layer post-RoPE key / value amax is measured layer by layer on the activations the
+deployed FP8 model produces (one extra layer pass; no full-model pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from infer_tool.calib.kv_scales import recording_kv
+from infer_tool.calib.layers import capturing_inputs, run_layer, weight_nk
+from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs
+from infer_tool.calib.result import PipelineResult
+from infer_tool.calib.stats import LayerStats, StatsAccumulator
+from infer_tool.packers.fp8 import Fp8Weight, check_finite, quantize_fp8_weight, search_fp8_clip, static_input_scale
+from infer_tool.packers.scheme import Fp8Scheme
+
+
+class Fp8Quantizer(LayerQuantizer):
+    def needs(self, scheme: Fp8Scheme) -> Needs:
+        return Needs(hessian=scheme.needs_hessian, activation_stats=scheme.needs_activation_stats,
+                     layer_pass=scheme.kv_cache == "fp8")
+
+    def stats_refusal(self, scheme: Fp8Scheme) -> str | None:
+        if scheme.kv_cache:
+            return "--kv-cache fp8 needs a calibration pass through the model; drop --stats"
+        return None
+
+    def notes(self, result: PipelineResult, scheme: Fp8Scheme) -> list[str]:
+        """Block shapes runtimes refuse; KV scales transformers ignores."""
+        from infer_tool.packers.fp8_formats import block_alignment_notes
+
+        notes = []
+        if scheme.granularity == "block":
+            notes += block_alignment_notes({n: w.shape for n, w in result.quantized.items()}, scheme.block_size)
+        if result.kv_amax:
+            notes.append(
+                "k_scale/v_scale are read by vLLM (kv_cache_dtype fp8); transformers 5.x with compressed-tensors "
+                "0.20 does not attach them (it looks for a past_key_value(s) argument) and reports them as unexpected keys"
+            )
+        return notes
+
+    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Fp8Scheme, name: str) -> Fp8Weight:
+        """W (N, K) -> Fp8Weight, with clip ratios (from H) and the static input scale (from
+        max |x|) when the scheme asks for them."""
+        check_finite(W, f"{name}.weight")
+        clip = search = None
+        if scheme.clip_search:
+            if stats is None or stats.H is None:
+                raise ValueError(f"{name}: the FP8 clip search needs the layer Hessian")
+            search = search_fp8_clip(W, stats.H.to(W.device), scheme, name=f"{name}.weight")
+            clip = search.ratios
+        input_scale = None
+        if scheme.activations == "static":
+            if stats is None:
+                raise ValueError(f"{name}: static FP8 activations need calibration statistics")
+            input_scale = static_input_scale(stats.act_abs_max)
+        fw = quantize_fp8_weight(W, scheme, name=f"{name}.weight", clip=clip, input_scale=input_scale)
+        if search is not None:
+            fw.info["clip_ratio_min"] = float(clip.min())
+            fw.info["clip_ratio_mean"] = float(clip.mean())
+            fw.info["clip_loss_ratio"] = search.loss_chosen / max(search.loss_unclipped, 1e-30)
+        return fw
+
+    def quantize_layer(self, ctx: LayerContext, scheme: Fp8Scheme) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        layer, arch, e = ctx.layer, ctx.arch, ctx.error_chunks
+        Y = run_layer(layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
+        groups = [g for g in arch.groups if any(ctx.is_target(n) for n in g)]
+        stats: dict[str, LayerStats] = {}
+        if groups and (scheme.needs_activation_stats or scheme.needs_hessian):
+            heads = {g[0]: ctx.module(g[0]) for g in groups}
+            accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=scheme.needs_hessian) for k, m in heads.items()}
+            with capturing_inputs(heads, accs=accs):
+                run_layer(layer, ctx.X, ctx.calls)
+            for g in groups:
+                st = accs[g[0]].result()
+                for n in g:
+                    stats[n] = ctx.result.stats[ctx.full(n)] = st
+        for g in groups:
+            for n in g:
+                if ctx.is_target(n):
+                    self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), arch, stats.get(n), scheme)
+        if scheme.kv_cache == "fp8":
+            with recording_kv(layer, f"{ctx.prefix}.") as kv:
+                run_layer(layer, ctx.X, ctx.calls)
+            ctx.result.kv_amax.update(kv)
+        return Y, run_layer(layer, ctx.X, ctx.calls)
+
+
+QUANTIZER = Fp8Quantizer()

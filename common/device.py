@@ -1,0 +1,44 @@
+"""The compute device and dtype a user names (`--device`, `--dtype`), resolved or refused.
+
+torch is imported inside the functions: `infer-tool --help` and `kv-budget` never load it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from infer_tool.common.errors import BadInput
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_device(device: str) -> None:
+    """Refuse a device name that is not auto, cpu, cuda or cuda:N (no torch needed)."""
+    if device in ("auto", "cpu", "cuda"):
+        return
+    if not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise BadInput(f"unknown --device {device!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def pick_device(device: str) -> str:
+    """auto: CUDA when available (under accelerate launch / torchrun, this rank's GPU), else cpu."""
+    check_device(device)
+    import torch
+
+    if device == "auto":
+        if not torch.cuda.is_available():
+            return "cpu"
+        return f"cuda:{os.environ['LOCAL_RANK']}" if "LOCAL_RANK" in os.environ else "cuda"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BadInput(f"--device {device} asked but no CUDA device is available")
+    return device
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype named float32, bfloat16 or float16."""
+    if name not in DTYPES:
+        raise BadInput(f"unknown --dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    import torch
+
+    return getattr(torch, name)
