@@ -58,9 +58,15 @@ def test_issue_example_70b_int4_fp8_two_h100():
                    "--weights", "int4", "--kv-dtype", "fp8", "--context", "32768", "--concurrency", "1,16")
     assert doc["kv_bytes_per_token"] == 327680 // 2  # fp8
     row = doc["rows"][1]
-    assert row["kv_bytes_per_gpu"] == 16 * 32768 * 163840 // 2  # tp 2 halves the 8 KV heads
+    assert row["plain"]["kv_bytes_per_gpu"] == 16 * 32768 * 163840 // 2  # tp 2 halves the 8 KV heads
+    # vLLM: a block of 16 tokens x 80 layers x 4 heads x (128 + 128) x 1 B per GPU; 2048 blocks a
+    # request, one null block kept back
+    block = 16 * 80 * 4 * 256
+    assert row["kv_bytes_per_gpu"] == (16 * 2048 + 1) * block
     per_gpu_budget = doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"] - 3 * GiB
-    assert doc["max_concurrency"]["32768"] == per_gpu_budget // (32768 * 163840 // 2)
+    assert doc["vllm"]["32768"]["num_blocks"] == per_gpu_budget // block
+    assert doc["max_concurrency"]["32768"] == (per_gpu_budget // block - 1) // 2048
+    assert doc["rows"][1]["plain"]["max_concurrency"] == per_gpu_budget // (32768 * 163840 // 2)
 
 
 def test_human_output_has_tables_and_sweep():
@@ -99,7 +105,6 @@ def test_every_preset_plans(preset):
         (["llama-3.1-8b", "--tp", "3"], "--tp 3 does not divide"),
         (["llama-3.1-8b", "--mem-util", "1.5"], "--mem-util 1.5"),
         (["llama-3.1-8b", "--kv-dtype", "fp4"], "--kv-dtype 'fp4'"),
-        (["llama-3.1-405b", "--gpu", "L4"], "cannot fit"),
     ],
 )
 def test_bad_input_exit_2_one_line(args, needle):
@@ -110,9 +115,6 @@ def test_bad_input_exit_2_one_line(args, needle):
     assert r.stdout == ""
 
 
-def test_cannot_fit_says_by_how_much():
-    r = run("llama-3.1-405b", "--gpu", "L4")
-    assert "by " in r.stderr and "GiB" in r.stderr
 
 
 def test_directory_missing_field_and_real_safetensors_bytes(tmp_path):
