@@ -1,7 +1,8 @@
 """Capacity planning: weights + KV cache + reserve per GPU against the usable budget
-(`mem_util x GPU memory`, as vLLM's --gpu-memory-utilization), for a grid of contexts
-and concurrencies; the largest concurrency at each context and the longest context at
-each concurrency.
+(`mem_util x GPU memory`, as vLLM's --gpu-memory-utilization, or a fixed KV-cache size
+as vLLM's --kv-cache-memory-bytes), for a grid of contexts and concurrencies; the
+largest concurrency at each context and the longest context at each concurrency. This
+is the plain per-token arithmetic; `vllm_kv` holds vLLM's block accounting.
 
 Parallelism: `tp` ranks split heads (see `kv`); `pp` stages split layers as vLLM's
 `get_pp_indices` does (even split, the remainder to the stages before the last); GPUs
@@ -17,15 +18,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from infer_tool.common.errors import BadInput
+from infer_tool.sizing.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MEM_UTIL, DEFAULT_RESERVE_BYTES
 from infer_tool.sizing.kv import KvDtype, SequenceBytes, ceil_div, sequence_bytes, token_bytes
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, ModelShape
 
-DEFAULT_MEM_UTIL = 0.9  # vLLM's --gpu-memory-utilization default
-DEFAULT_BLOCK_SIZE = 16  # vLLM's default paged-attention block
-# Activation peak + CUDA graphs + NCCL/cuBLAS workspaces kept aside per GPU. vLLM
-# measures it by profiling; for Llama-3-8B on an H100 it logs ~1.3 GiB activation peak
-# + ~1.8 GiB non-torch memory (vllm-project/vllm#10511), hence 3 GiB.
-DEFAULT_RESERVE_BYTES = 3 * 2**30
 MAX_CONTEXT_SEARCH = 2**24  # tokens; beyond this a context is reported as unbounded
 
 
@@ -40,6 +36,7 @@ class Deployment:
     reserve_bytes: int = DEFAULT_RESERVE_BYTES
     block_size: int = DEFAULT_BLOCK_SIZE
     shared_prefix: int = 0
+    kv_cache_memory_bytes: int | None = None  # fixed KV cache per GPU (ignores mem_util)
 
     @property
     def dp(self) -> int:
@@ -47,6 +44,9 @@ class Deployment:
 
     @property
     def usable_bytes(self) -> int:
+        """Memory per GPU the weights, reserve and KV cache may use."""
+        if self.kv_cache_memory_bytes is not None:
+            return self.gpu_memory_bytes
         return int(self.gpu_memory_bytes * self.mem_util)
 
 
@@ -94,6 +94,8 @@ def validate(shape: ModelShape, dep: Deployment) -> None:
         raise BadInput(f"GPU memory {dep.gpu_memory_bytes} must be greater than zero")
     if dep.reserve_bytes < 0:
         raise BadInput(f"--reserve {dep.reserve_bytes} must be 0 or more")
+    if dep.kv_cache_memory_bytes is not None and dep.kv_cache_memory_bytes <= 0:
+        raise BadInput(f"--kv-cache-memory {dep.kv_cache_memory_bytes} must be greater than zero")
     if dep.num_gpus % (dep.tp * dep.pp):
         raise BadInput(
             f"--num-gpus {dep.num_gpus} is not a multiple of --tp {dep.tp} x --pp {dep.pp}; "
@@ -124,15 +126,23 @@ class Planner:
         self.shape, self.dep = shape, dep
         self.stages = [shape.layers[a:b] for a, b in pp_stages(shape.num_layers, dep.pp)]
         self.weight_bytes_per_gpu = ceil_div(weight_bytes, dep.tp * dep.pp)
-        self.kv_budget_per_gpu = dep.usable_bytes - self.weight_bytes_per_gpu - dep.reserve_bytes
-        if self.kv_budget_per_gpu <= 0:
-            raise BadInput(
-                f"{shape.name} cannot fit: weights {gib(self.weight_bytes_per_gpu)} + reserve "
-                f"{gib(dep.reserve_bytes)} per GPU exceed the usable {gib(dep.usable_bytes)} "
-                f"({dep.mem_util:g} x {gib(dep.gpu_memory_bytes)}) by {gib(-self.kv_budget_per_gpu)}; "
-                "use more GPUs (--tp/--pp), smaller weights (--weights int4) or a smaller --reserve"
-            )
+        # KV budget per GPU; <= 0 when the weights (and reserve) alone do not fit
+        spare = dep.usable_bytes - self.weight_bytes_per_gpu - dep.reserve_bytes
+        if dep.kv_cache_memory_bytes is None:
+            self.kv_budget_per_gpu = spare
+        else:
+            self.kv_budget_per_gpu = dep.kv_cache_memory_bytes if spare >= dep.kv_cache_memory_bytes else min(spare, 0)
         self._stage_bytes = lru_cache(maxsize=4096)(self._stage_bytes_uncached)
+
+    @property
+    def weights_fit(self) -> bool:
+        """Weights + reserve (+ a fixed --kv-cache-memory) leave room for a KV cache."""
+        return self.kv_budget_per_gpu > 0
+
+    def weights_shortfall(self) -> int:
+        """Bytes per GPU by which weights + reserve (+ fixed KV) exceed the usable memory."""
+        fixed = self.dep.kv_cache_memory_bytes or 0
+        return self.weight_bytes_per_gpu + self.dep.reserve_bytes + fixed - self.dep.usable_bytes
 
     # --- per-token / per-sequence figures -------------------------------------------
     def bytes_per_token_by_kind(self) -> dict[str, int]:
@@ -186,24 +196,28 @@ class Planner:
             reserve_bytes_per_gpu=d.reserve_bytes,
             used_bytes_per_gpu=used,
             usable_bytes_per_gpu=d.usable_bytes,
-            fits=used <= d.usable_bytes,
+            fits=self.fits(context, concurrency),
         )
 
     def fits(self, context: int, concurrency: int) -> bool:
-        return self.kv_per_gpu(context, concurrency) <= self.kv_budget_per_gpu
+        return self.weights_fit and self.kv_per_gpu(context, concurrency) <= self.kv_budget_per_gpu
 
     def max_concurrency(self, context: int) -> int:
-        """Largest number of sequences of `context` tokens that fit (0 if none)."""
-        per_replica = min(
-            (self.kv_budget_per_gpu - s.shared) // s.unique if s.unique else MAX_CONTEXT_SEARCH
-            for s in self._stage_bytes(context)
-        )
+        """Largest number of sequences of `context` tokens that fit (0 if none). Every
+        sequence owns at least one block beyond a shared prefix shorter than the context
+        (the caller refuses a prefix that is not)."""
+        if not self.weights_fit:
+            return 0
+        per_replica = min((self.kv_budget_per_gpu - s.shared) // s.unique for s in self._stage_bytes(context))
         return max(0, per_replica) * self.dep.dp
 
     def max_context(self, concurrency: int) -> tuple[int, str]:
         """Longest context at which `concurrency` sequences fit, and what limits it:
-        'memory', 'model' (max_position_embeddings) or 'unbounded' (no growth, no limit)."""
+        'memory', 'weights' (no room for any cache), 'model' (max_position_embeddings) or
+        'unbounded' (no growth, no limit)."""
         limit = self.shape.max_position_embeddings
+        if not self.weights_fit:
+            return 0, "weights"
         if not self.fits(1, concurrency):
             return 0, "memory"
         if limit and self.fits(limit, concurrency):

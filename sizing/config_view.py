@@ -41,6 +41,12 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "gpt2": {"tie_word_embeddings": True, "n_positions": 1024, "attention_bias": True},
 }
 
+# Families whose layer layout and parameter count this package knows (the rest are
+# sized as plain attention from their fields, with a note saying so).
+KNOWN_MODEL_TYPES = frozenset(FAMILY_DEFAULTS) | {
+    "gemma3", "gpt_neox", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "phi3", "starcoder2",
+}
+
 
 class ConfigView:
     """A config dict with the language model's fields on top (`text_config` merged over

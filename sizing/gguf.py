@@ -42,70 +42,122 @@ class GgufHeader:
 
 
 def read_gguf_header(path: str | Path) -> GgufHeader:
-    """Read the metadata header of a GGUF file."""
+    """Read the metadata header of a GGUF file. Every length the file claims is checked
+    against the bytes left before anything is read or skipped, so a crafted header
+    fails fast instead of allocating or looping."""
     p = Path(path)
     try:
         with p.open("rb") as f:
-            if f.read(4) != b"GGUF":
+            r = _Reader(f, os.fstat(f.fileno()).st_size)
+            if r.read(4) != b"GGUF":
                 raise BadInput(f"{p}: not a GGUF file (magic bytes are not 'GGUF')")
-            version = _unpack(f, "<I")
+            version = r.unpack("<I")
             if version not in (2, 3):
                 raise BadInput(f"{p}: GGUF version {version} not supported; accepted: 2, 3")
-            tensor_count, kv_count = _unpack(f, "<Q"), _unpack(f, "<Q")
+            tensor_count, kv_count = r.unpack("<Q"), r.unpack("<Q")
+            r.claim(kv_count, _MIN_KV, "key/value pairs")
             metadata = {}
             for _ in range(kv_count):
-                key = _string(f)
-                metadata[key] = _value(f, _unpack(f, "<I"))
-            return GgufHeader(version, tensor_count, metadata, f.tell(), os.fstat(f.fileno()).st_size)
+                key = r.string()
+                metadata[key] = r.value(r.unpack("<I"))
+            return GgufHeader(version, tensor_count, metadata, f.tell(), r.size)
     except (OSError, struct.error, UnicodeDecodeError, ValueError) as e:
         raise BadInput(f"{p}: cannot read GGUF header ({e.__class__.__name__}: {e})") from None
 
 
-def _unpack(f: BinaryIO, fmt: str) -> Any:
-    size = struct.calcsize(fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise ValueError("file ends inside the metadata header")
-    return struct.unpack(fmt, data)[0]
+_MIN_KV = 8 + 4 + 1  # empty key, value type, smallest value
+_MIN_SIZE = {_STRING: 8, _ARRAY: 12}  # an empty string / array still has its header
+_MAX_DEPTH = 4  # arrays of arrays nest at most this deep
+_CHUNK = 1 << 20
 
 
-def _string(f: BinaryIO) -> str:
-    n = _unpack(f, "<Q")
-    data = f.read(n)
-    if len(data) != n:
-        raise ValueError("file ends inside a string")
-    return data.decode("utf-8")
+class _Reader:
+    """Reads within a file of `size` bytes; `claim` refuses counts the rest cannot hold."""
 
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self.f, self.size = f, size
 
-def _value(f: BinaryIO, vtype: int) -> Any:
-    if vtype in _SCALARS:
-        return _unpack(f, _SCALARS[vtype])
-    if vtype == _STRING:
-        return _string(f)
-    if vtype == _ARRAY:
-        etype, n = _unpack(f, "<I"), _unpack(f, "<Q")
-        if etype in _SCALARS and n <= _KEEP_ARRAY:
-            return [_unpack(f, _SCALARS[etype]) for _ in range(n)]
+    def left(self) -> int:
+        return self.size - self.f.tell()
+
+    def claim(self, count: int, each: int, what: str) -> None:
+        if count * each > self.left():
+            need = "" if each == 1 else f" ({count * each:,}+ bytes)"
+            raise ValueError(f"header claims {count:,} {what}{need} but {self.left():,} bytes are left")
+
+    def read(self, n: int) -> bytes:
+        self.claim(n, 1, "bytes")
+        return self.f.read(n)
+
+    def skip(self, n: int) -> None:
+        self.claim(n, 1, "bytes")
+        self.f.seek(n, os.SEEK_CUR)
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.read(self.unpack("<Q")).decode("utf-8")
+
+    def value(self, vtype: int, depth: int = 0) -> Any:
+        if vtype in _SCALARS:
+            return self.unpack(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        etype, n = self.unpack("<I"), self.unpack("<Q")
         if etype in _SCALARS:
-            f.seek(n * struct.calcsize(_SCALARS[etype]), os.SEEK_CUR)
+            size = struct.calcsize(_SCALARS[etype])
+            if n <= _KEEP_ARRAY:
+                return [self.unpack(_SCALARS[etype]) for _ in range(n)]
+            self.skip(n * size)  # one seek, after checking the bytes are there
         else:
-            for _ in range(n):
-                _skip(f, etype)
+            self.skip_array(etype, n, depth + 1)
         return GgufArray(etype, n)
-    raise ValueError(f"unknown GGUF value type {vtype}")
 
-
-def _skip(f: BinaryIO, vtype: int) -> None:
-    if vtype in _SCALARS:
-        f.seek(struct.calcsize(_SCALARS[vtype]), os.SEEK_CUR)
-    elif vtype == _STRING:
-        f.seek(_unpack(f, "<Q"), os.SEEK_CUR)
-    elif vtype == _ARRAY:
-        etype, n = _unpack(f, "<I"), _unpack(f, "<Q")
+    def skip_array(self, etype: int, n: int, depth: int) -> None:
+        """Skip n values of a variable-size type (strings, arrays)."""
+        if etype not in _MIN_SIZE:
+            raise ValueError(f"unknown GGUF value type {etype}")
+        if depth > _MAX_DEPTH:
+            raise ValueError(f"arrays nested deeper than {_MAX_DEPTH}")
+        self.claim(n, _MIN_SIZE[etype], "array values")  # bounds the walk by the file size
+        if etype == _STRING:
+            self._skip_strings(n)
+            return
         for _ in range(n):
-            _skip(f, etype)
-    else:
-        raise ValueError(f"unknown GGUF value type {vtype}")
+            inner, m = self.unpack("<I"), self.unpack("<Q")
+            if inner in _SCALARS:
+                self.skip(m * struct.calcsize(_SCALARS[inner]))
+            else:
+                self.skip_array(inner, m, depth + 1)
+
+    def _skip_strings(self, n: int) -> None:
+        """Walk n length-prefixed strings through 1 MiB buffers (a vocabulary holds
+        ~10^5 of them; one read call each would dominate the start-up)."""
+        buf, pos, start = b"", 0, self.f.tell()
+        for _ in range(n):
+            if pos + 8 > len(buf):
+                buf, pos, start = self._refill(buf, pos, start)
+            length = int.from_bytes(buf[pos : pos + 8], "little")
+            pos += 8
+            if start + pos + length > self.size:
+                raise ValueError(f"a string claims {length:,} bytes but {self.size - start - pos:,} are left")
+            if pos + length > len(buf):  # jump over a long string without buffering it
+                start, buf, pos = start + pos + length, b"", 0
+                self.f.seek(start)
+            else:
+                pos += length
+        self.f.seek(start + pos)
+
+    def _refill(self, buf: bytes, pos: int, start: int) -> tuple[bytes, int, int]:
+        start += pos
+        self.f.seek(start)
+        buf = self.f.read(_CHUNK)
+        if len(buf) < 8:
+            raise ValueError("file ends inside an array of strings")
+        return buf, 0, start
 
 
 # GGUF `general.architecture` -> transformers model_type, where they differ.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infer_tool.common.errors import BadInput
-from infer_tool.sizing.config_view import ConfigView
+from infer_tool.sizing.config_view import KNOWN_MODEL_TYPES, ConfigView
 from infer_tool.sizing.params import estimate_params
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, ModelShape
 
@@ -56,6 +56,12 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
     notes: list[str] = []
     if cfg.nested:
         notes.append("sized from text_config (language model only; vision/audio towers not counted)")
+    if cfg.model_type not in KNOWN_MODEL_TYPES:
+        notes.append(
+            f"model_type {cfg.model_type or '(none)'!r} is not a family this tool knows; its layers were sized "
+            "from the generic fields (layer_types, sliding_window, kv_lora_rank, heads) and may miss "
+            "architecture-specific caches"
+        )
     try:
         params = estimate_params(cfg, layers)
     except BadInput as e:  # weights may still come from safetensors headers

@@ -37,6 +37,7 @@ def estimate_params(cfg: ConfigView, layers: tuple[LayerSpec, ...]) -> ParamCoun
         linears.append(LinearShape(h, vocab, quantizable=False))  # lm_head
     norms_per_layer = 4 if mt.startswith("gemma2") or mt.startswith("gemma3") else 2
 
+    inactive = 0
     for i, layer in enumerate(layers):
         other += norms_per_layer * norm
         if layer.kind in (FULL, SLIDING):
@@ -45,8 +46,10 @@ def estimate_params(cfg: ConfigView, layers: tuple[LayerSpec, ...]) -> ParamCoun
             other += _mla(cfg, h, n_heads, linears)
         elif layer.kind == STATE:
             other += _state_mixer(cfg, h, linears)
-        other += _mlp(cfg, i, h, linears)
-    return ParamCount(linears=tuple(_merge(linears)), other=other)
+        extra, idle = _mlp(cfg, i, h, linears)
+        other += extra
+        inactive += idle
+    return ParamCount(linears=tuple(_merge(linears)), other=other, inactive=inactive)
 
 
 def _attention(cfg: ConfigView, layer: LayerSpec, h: int, n_heads: int, out: list[LinearShape]) -> int:
@@ -134,16 +137,20 @@ def _gated(h: int, inter: int, count: int = 1) -> list[LinearShape]:
     return [LinearShape(h, inter, count=2 * count), LinearShape(inter, h, count=count)]
 
 
-def _mlp(cfg: ConfigView, i: int, h: int, out: list[LinearShape]) -> int:
+def _mlp(cfg: ConfigView, i: int, h: int, out: list[LinearShape]) -> tuple[int, int]:
+    """Append layer i's MLP linears; return (other params, routed-expert params a token
+    does not use)."""
     if not _is_moe(cfg, i):
         if cfg.model_type in _UNGATED_MLP:
             inter = cfg.int("n_inner", "intermediate_size", default=4 * h)
             out += [LinearShape(h, inter), LinearShape(inter, h)]
-            return inter + h if cfg.model_type == "gpt2" else 0  # fc biases
+            return (inter + h if cfg.model_type == "gpt2" else 0), 0  # fc biases
         out += _gated(h, cfg.int("intermediate_size"))
-        return 0
+        return 0, 0
     n_exp = cfg.int("n_routed_experts", "num_local_experts", "num_experts")
     inter = cfg.int("moe_intermediate_size", "intermediate_size")
+    top_k = min(n_exp, cfg.int("num_experts_per_tok", "moe_topk", default=n_exp))
+    idle = 3 * h * inter * (n_exp - top_k)
     out += _gated(h, inter, count=n_exp)
     out.append(LinearShape(h, n_exp, quantizable=False))  # router
     extra = n_exp if cfg.get("topk_method", default="") == "noaux_tc" else 0  # score bias
@@ -152,7 +159,7 @@ def _mlp(cfg: ConfigView, i: int, h: int, out: list[LinearShape]) -> int:
     elif cfg.has("shared_expert_intermediate_size"):
         out += _gated(h, cfg.int("shared_expert_intermediate_size"))
         out.append(LinearShape(h, 1, quantizable=False))  # shared_expert_gate
-    return extra
+    return extra, idle
 
 
 def _merge(linears: list[LinearShape]) -> list[LinearShape]:

@@ -27,10 +27,22 @@ class ModelPreset:
 
 @dataclass(frozen=True)
 class GpuPreset:
+    """A GPU: driver-reported memory, and the datasheet figures the speed model uses
+    (None where the vendor does not state them)."""
+
     key: str
     name: str
     memory_bytes: int
     source: str
+    hbm_bytes_per_s: float | None = None
+    bf16_flops: float | None = None  # dense tensor FLOP/s
+    fp8_flops: float | None = None
+    link_bytes_per_s: float | None = None  # per GPU, one direction
+    spec_source: str = ""
+
+    @property
+    def has_speed(self) -> bool:
+        return self.hbm_bytes_per_s is not None and self.bf16_flops is not None
 
 
 @cache
@@ -42,9 +54,7 @@ def model_presets() -> dict[str, ModelPreset]:
 @cache
 def gpu_presets() -> dict[str, GpuPreset]:
     data = json.loads((_HERE / "gpus.json").read_text())
-    return {
-        k: GpuPreset(k, v["name"], v["memory_bytes"], v["source"]) for k, v in data.items() if not k.startswith("_")
-    }
+    return {k: GpuPreset(key=k, **v) for k, v in data.items() if not k.startswith("_")}
 
 
 def _norm(s: str) -> str:

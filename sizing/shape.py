@@ -63,10 +63,13 @@ class LinearShape:
 @dataclass(frozen=True)
 class ParamCount:
     """Parameters of the model: `linears` (the matrices a weight-only quantizer packs)
-    and `other` (embeddings, norms, biases, state-space vectors: kept in model dtype)."""
+    and `other` (embeddings, norms, biases, state-space vectors: kept in model dtype).
+    `inactive` counts the routed-expert weights a token does not use (MoE: experts
+    beyond the top-k), so `active` is what one token multiplies by."""
 
     linears: tuple[LinearShape, ...]
     other: int
+    inactive: int = 0
 
     @property
     def linear_params(self) -> int:
@@ -75,6 +78,10 @@ class ParamCount:
     @property
     def total(self) -> int:
         return self.linear_params + self.other
+
+    @property
+    def active(self) -> int:
+        return self.total - self.inactive
 
 
 @dataclass(frozen=True)

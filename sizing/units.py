@@ -18,6 +18,7 @@ _MEM_UNITS = {
 }
 _COUNT_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
 _MAX_ITEMS = 64
+_MAX_COUNT = 2**40  # tokens or sequences; anything larger is a typo
 
 
 def parse_bytes(text: str, what: str, *, allow_zero: bool = False) -> int:
@@ -40,6 +41,8 @@ def parse_count(text: str, what: str) -> int:
     value = int(m.group(1)) * _COUNT_SUFFIX[m.group(2).lower()]
     if value <= 0:
         raise BadInput(f"{what} {text!r} must be at least 1")
+    if value > _MAX_COUNT:
+        raise BadInput(f"{what} {text!r} is too large; accepted: at most {_MAX_COUNT:,}")
     return value
 
 
@@ -48,7 +51,10 @@ def parse_counts(values: list[str], what: str) -> list[int]:
     or `A..B:S` (step S). Returns sorted unique counts."""
     out: set[int] = set()
     for value in values:
-        for item in value.split(","):
+        items = value.split(",")
+        if len(items) > _MAX_ITEMS:
+            raise BadInput(f"{what} lists {len(items)} values; at most {_MAX_ITEMS} are accepted")
+        for item in items:
             item = item.strip()
             if not item:
                 continue
@@ -60,17 +66,22 @@ def parse_counts(values: list[str], what: str) -> list[int]:
             lo, hi = parse_count(lo_s, what), parse_count(hi_s, what)
             if hi < lo:
                 raise BadInput(f"{what} range {item!r} ends below its start")
-            if step_s:
-                step = parse_count(step_s, what)
+            step = parse_count(step_s, what) if step_s else 0
+            if step:  # sized before it is expanded: `1..16m:1` must not build 16M values
+                n = (hi - lo) // step + 1
+                if len(out) + n > _MAX_ITEMS:
+                    raise BadInput(
+                        f"{what} {item!r} gives {n:,} values; at most {_MAX_ITEMS} are accepted (use a coarser step)"
+                    )
                 out.update(range(lo, hi + 1, step))
-            else:
+            else:  # doubling: log2(hi / lo) values
                 v = lo
                 while v < hi:
                     out.add(v)
                     v *= 2
                 out.add(hi)
-            if len(out) > _MAX_ITEMS:
-                raise BadInput(f"{what} {item!r} gives more than {_MAX_ITEMS} values; use a coarser step")
+        if len(out) > _MAX_ITEMS:
+            raise BadInput(f"{what} {value!r} gives more than {_MAX_ITEMS} values; use a coarser step")
     if not out:
         raise BadInput(f"{what} needs at least one value")
     return sorted(out)

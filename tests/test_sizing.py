@@ -276,10 +276,11 @@ def test_dp_replicas_share_sequences():
     assert p.row(1024, 5).kv_bytes_total == 5 * 1024 * 131072
 
 
-def test_model_that_cannot_fit_says_by_how_much():
+def test_model_that_cannot_fit_is_an_answer_with_the_shortfall():
     shape = resolve_model("llama-3.1-405b").shape
-    with pytest.raises(BadInput, match=r"cannot fit: .* by \d+\.\d\d GiB"):
-        plan(shape, mem=80 * GiB, weights=810 * GiB, reserve=GiB)
+    p = plan(shape, mem=80 * GiB, weights=810 * GiB, reserve=GiB)  # mem_util 1.0
+    assert not p.weights_fit and p.weights_shortfall() == 810 * GiB + GiB - 80 * GiB
+    assert not p.row(1024, 1).fits and p.max_concurrency(1024) == 0 and p.max_context(1) == (0, "weights")
 
 
 # --- weights ----------------------------------------------------------------------

@@ -1,23 +1,31 @@
-"""`infer-tool kv-budget MODEL`: KV-cache memory budgets per model / context /
-concurrency on a GPU deployment. Pure arithmetic over the model's shape (`sizing/`);
-imports only typer and the stdlib-only `sizing` constants at module import; rich and
-the rest of sizing inside the command."""
+"""`infer-tool kv-budget MODEL`: what fits (by vLLM's KV-cache accounting or the plain
+per-token arithmetic), the smallest deployment that does (`--solve`) and how fast it
+serves, per context x concurrency. The library job is `sizing.budget.plan`; this module
+parses text into its `PlanRequest` and prints the `Report`. At import it loads only typer
+and `sizing.defaults`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from dataclasses import fields
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
-from infer_tool.sizing.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_MEM_UTIL, DEFAULT_RESERVE_BYTES
+from infer_tool.sizing.defaults import (
+    DEFAULT_ACCOUNTING,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_GPU,
+    DEFAULT_MEM_UTIL,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_RESERVE_BYTES,
+    VLLM_VERSION,
+)
 
 if TYPE_CHECKING:
-    from infer_tool.sizing.capacity import Planner, Row
+    from infer_tool.sizing.budget import Report
 
-_DEFAULT_GPU = "H100-80GB"
-_DEFAULT_CONCURRENCY = ["1,8,32,128"]
-_DEFAULT_CONTEXT_START = 4096
-_DEFAULT_CONTEXT_END = 131072  # when the model states no max_position_embeddings
+Opt = typer.Option
 
 
 def register(app: typer.Typer) -> None:
@@ -25,224 +33,135 @@ def register(app: typer.Typer) -> None:
 
 
 def kv_budget(
-    model: Annotated[
-        Optional[str],
-        typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models)."),
-    ] = None,
-    gpu: Annotated[str, typer.Option(help="GPU preset (--list-gpus).")] = _DEFAULT_GPU,
-    gpu_mem: Annotated[Optional[str], typer.Option(help="GPU memory instead of a preset: 80GiB, 80GB, 24G.")] = None,
-    num_gpus: Annotated[
-        Optional[int], typer.Option(help="GPUs in all (default: tp x pp); extra ones are replicas.")
-    ] = None,
-    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel size (default: num-gpus / pp).")] = None,
-    pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
-    mem_util: Annotated[
-        Optional[float], typer.Option(help=f"Fraction of GPU memory usable (default: {DEFAULT_MEM_UTIL}, as vLLM).")
-    ] = None,
-    weights: Annotated[
-        Optional[str],
-        typer.Option(help="bf16|fp16|fp8|int8|int4 (default: real bytes of the model's files if any, else bf16)."),
-    ] = None,
-    group_size: Annotated[int, typer.Option(help="int4 group size (-1: per channel).")] = 128,
-    kv_dtype: Annotated[str, typer.Option(help="KV cache dtype: bf16|fp16|fp8|int8|int4.")] = "bf16",
-    block_size: Annotated[
-        Optional[int], typer.Option(help=f"Tokens per cache block (default: {DEFAULT_BLOCK_SIZE}, as vLLM).")
-    ] = None,
-    context: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            help="Context lengths: 8192, 32k, lists 4k,8k, ranges 4k..128k (doubling) or 1k..8k:1k "
-            "(default: 4k doubling up to the model's max_position_embeddings)."
-        ),
-    ] = None,
-    concurrency: Annotated[
-        Optional[list[str]],
-        typer.Option(help=f"Concurrent sequences, same syntax as --context (default: {_DEFAULT_CONCURRENCY[0]})."),
-    ] = None,
-    shared_prefix: Annotated[
-        int, typer.Option(help="Prompt-prefix tokens shared by all sequences (prefix caching).")
-    ] = 0,
-    reserve: Annotated[
-        Optional[str],
-        typer.Option(help=f"Activation/workspace memory kept aside per GPU (default: {DEFAULT_RESERVE_BYTES / 2**30:g}GiB)."),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
-    list_models: Annotated[bool, typer.Option("--list-models", help="List model presets and exit.")] = False,
-    list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List GPU presets and exit.")] = False,
+    model: Annotated[Optional[str], typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")] = None,
+    gpu: Annotated[Optional[str], Opt(help=f"GPU preset (--list-gpus; default {DEFAULT_GPU}).")] = None,
+    gpu_mem: Annotated[Optional[str], Opt(help="GPU memory instead of a preset: 80GiB, 80GB, 24G.")] = None,
+    num_gpus: Annotated[Optional[int], Opt(help="GPUs in all (default tp x pp); extra ones are data-parallel replicas.")] = None,
+    tp: Annotated[Optional[int], Opt(help="Tensor-parallel size (default num-gpus / pp).")] = None,
+    pp: Annotated[Optional[int], Opt(help="Pipeline-parallel size (default 1).")] = None,
+    mem_util: Annotated[Optional[float], Opt(help=f"Fraction of GPU memory usable (default {DEFAULT_MEM_UTIL}, as vLLM).")] = None,
+    weights: Annotated[Optional[str], Opt(help="bf16|fp16|fp8|int8|int4 (default: the model files' real bytes if any, else bf16).")] = None,
+    group_size: Annotated[Optional[int], Opt(help="int4 group size, -1 per channel (default 128).")] = None,
+    kv_dtype: Annotated[Optional[str], Opt(help="KV cache dtype: bf16|fp16|fp8 (int8|int4 with --accounting plain); default bf16.")] = None,
+    block_size: Annotated[Optional[int], Opt(help=f"Tokens per cache block (default {DEFAULT_BLOCK_SIZE}, as vLLM).")] = None,
+    context: Annotated[Optional[list[str]], Opt(help="Contexts (vLLM's --max-model-len): 8192, 32k, lists 4k,8k, ranges 4k..128k (doubling) or 1k..8k:1k; default 4k doubling to the model's limit.")] = None,
+    concurrency: Annotated[Optional[list[str]], Opt(help=f"Concurrent sequences, same syntax (default {','.join(map(str, DEFAULT_CONCURRENCY))}).")] = None,
+    shared_prefix: Annotated[Optional[int], Opt(help="Prompt-prefix tokens shared by all sequences (prefix caching); below every context.")] = None,
+    reserve: Annotated[Optional[str], Opt(help=f"Activation/workspace memory kept aside per GPU (default {DEFAULT_RESERVE_BYTES / 2**30:g}GiB).")] = None,
+    kv_cache_memory: Annotated[Optional[str], Opt(help="KV cache size per GPU, as vLLM's --kv-cache-memory-bytes (ignores --mem-util): 12GiB.")] = None,
+    accounting: Annotated[Optional[str], Opt(help=f"vllm: vLLM {VLLM_VERSION}'s block accounting; plain: bytes per token (default {DEFAULT_ACCOUNTING}).")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], Opt(help="vLLM's --max-num-batched-tokens (default: vllm serve's for the GPU); sizes sliding-window reservations.")] = None,
+    async_scheduling: Annotated[Optional[bool], Opt("--async-scheduling/--no-async-scheduling", help="vLLM async scheduling (default on): 2 batches in flight.")] = None,
+    prefix_caching: Annotated[Optional[bool], Opt("--prefix-caching/--no-prefix-caching", help="vLLM prefix caching (default on): 2 state blocks per request on hybrid models.")] = None,
+    prompt_len: Annotated[Optional[int], Opt(help="Prompt tokens for TTFT and TPOT (default: the row's context less --output-len).")] = None,
+    output_len: Annotated[Optional[int], Opt(help=f"Output tokens per request (default {DEFAULT_OUTPUT_LEN}).")] = None,
+    spec: Annotated[Optional[str], Opt(help="Speculative decoding ALPHA,K,C (acceptance, drafts per pass, draft/target cost): 0.8,4,0.05.")] = None,
+    spec_profile: Annotated[Optional[str], Opt(help="Speculative decoding from a `spec-profile --json` report (its top-ranked draft).")] = None,
+    hbm_efficiency: Annotated[Optional[float], Opt(help="Achieved / peak HBM bandwidth in decode (default 0.8).")] = None,
+    mfu: Annotated[Optional[float], Opt(help="Achieved / peak dense tensor FLOP/s (default 0.5).")] = None,
+    link_efficiency: Annotated[Optional[float], Opt(help="Achieved / peak interconnect bandwidth (default 0.7).")] = None,
+    solve: Annotated[bool, Opt("--solve", help="List the smallest deployments (GPU x count x TP/PP x weights x KV dtype) serving the largest context x concurrency asked.")] = False,
+    solve_gpu: Annotated[Optional[list[str]], Opt(help="GPU presets --solve may use (default: all).")] = None,
+    max_tpot: Annotated[Optional[float], Opt(help="--solve latency target: time per output token, ms.")] = None,
+    max_ttft: Annotated[Optional[float], Opt(help="--solve latency target: time to first token, ms.")] = None,
+    require_fit: Annotated[bool, Opt("--require-fit", help="Exit 3 when a requested row does not fit (capacity check in CI).")] = False,
+    json_out: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.")] = False,
+    list_models: Annotated[bool, Opt("--list-models", help="List model presets and exit.")] = False,
+    list_gpus: Annotated[bool, Opt("--list-gpus", help="List GPU presets and exit.")] = False,
 ) -> None:
-    """KV-cache memory budget of MODEL per context and concurrency on a GPU deployment."""
-    args = dict(locals())
+    opts = {k: v for k, v in locals().items() if v is not None}
     from infer_tool.cli.output import cli_command
 
-    cli_command(_run)(**args)
+    cli_command(_run)(opts)
 
 
-def _run(
-    model: str | None,
-    gpu: str,
-    gpu_mem: str | None,
-    num_gpus: int | None,
-    tp: int | None,
-    pp: int,
-    mem_util: float | None,
-    weights: str | None,
-    group_size: int,
-    kv_dtype: str,
-    block_size: int | None,
-    context: list[str] | None,
-    concurrency: list[str] | None,
-    shared_prefix: int,
-    reserve: str | None,
-    json_out: bool,
-    list_models: bool,
-    list_gpus: bool,
-) -> None:
-    from infer_tool.common.errors import BadInput
-    from infer_tool.sizing import capacity, kv, units
-    from infer_tool.sizing.presets import gpu_preset, gpu_presets, model_presets
-    from infer_tool.sizing.resolve import resolve_model
-    from infer_tool.sizing.weights import weight_bytes
-
-    if list_models or list_gpus:
-        _print_lists(list_models, list_gpus, json_out, model_presets(), gpu_presets())
-        return
-    if model is None:
-        raise BadInput("MODEL is required (a model directory, config.json, .gguf file or a preset from --list-models)")
-
-    if gpu_mem is not None:
-        gpu_name, gpu_bytes = f"custom {gpu_mem}", units.parse_bytes(gpu_mem, "--gpu-mem")
-    else:
-        preset = gpu_preset(gpu)
-        gpu_name, gpu_bytes = preset.key, preset.memory_bytes
-    if pp < 1:
-        raise BadInput(f"--pp {pp} must be at least 1")
-    if tp is None:
-        tp = max(1, (num_gpus or pp) // pp)
-    if num_gpus is None:
-        num_gpus = tp * pp
-    dep = capacity.Deployment(
-        gpu_memory_bytes=gpu_bytes,
-        num_gpus=num_gpus,
-        tp=tp,
-        pp=pp,
-        kv=kv.kv_dtype(kv_dtype),
-        mem_util=DEFAULT_MEM_UTIL if mem_util is None else mem_util,
-        reserve_bytes=(
-            DEFAULT_RESERVE_BYTES if reserve is None else units.parse_bytes(reserve, "--reserve", allow_zero=True)
-        ),
-        block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
-        shared_prefix=shared_prefix,
-    )
-
-    resolved = resolve_model(model)
-    shape = resolved.shape
-    notes = list(shape.notes)
-    if weights is None and resolved.file_weight_bytes is not None:
-        weights_total, weights_how = resolved.file_weight_bytes, resolved.file_weight_note
-    else:
-        if shape.params is None:
-            raise BadInput(
-                f"cannot count {shape.name}'s parameters for --weights {weights or 'bf16'} "
-                f"({'; '.join(notes)}); pass a directory with *.safetensors"
-            )
-        wb = weight_bytes(shape.params, weights or "bf16", group_size)
-        weights_total, weights_how = wb.total, wb.how
-
-    contexts = units.parse_counts(context or [_default_contexts(shape.max_position_embeddings)], "--context")
-    concurrencies = units.parse_counts(concurrency or _DEFAULT_CONCURRENCY, "--concurrency")
-    limit = shape.max_position_embeddings
-    if limit and contexts[-1] > limit:
-        notes.append(f"context {contexts[-1]} exceeds the model's max_position_embeddings {limit}")
-
-    planner = capacity.Planner(shape, dep, weights_total)
-    rows = [planner.row(c, n) for c in contexts for n in concurrencies]
-    max_conc = {c: planner.max_concurrency(c) for c in contexts}
-    max_ctx = {n: planner.max_context(n) for n in concurrencies}
-    doc = _document(planner, resolved, gpu_name, weights_total, weights_how, rows, max_conc, max_ctx, notes)
-    if json_out:
-        from infer_tool.cli.output import emit_json
-
-        emit_json(doc)
-    else:
-        _print_human(planner, doc, rows, contexts, concurrencies, max_conc, max_ctx)
+kv_budget.__doc__ = f"Fits, smallest deployment and speed of MODEL per context x concurrency (vLLM {VLLM_VERSION} KV-cache accounting)."
 
 
-def _default_contexts(limit: int | None) -> str:
-    end = limit or _DEFAULT_CONTEXT_END
-    start = min(_DEFAULT_CONTEXT_START, end)
-    return f"{start}..{end}"
+def _efficiency(opts: dict[str, Any]) -> Any:
+    from infer_tool.sizing.roofline import Efficiency
+
+    given = {k: opts.pop(f) for k, f in (("hbm", "hbm_efficiency"), ("mfu", "mfu"), ("link", "link_efficiency")) if f in opts}
+    return Efficiency(**given)
 
 
-def _document(
-    planner: Planner,
-    resolved: Any,
-    gpu_name: str,
-    weights_total: int,
-    weights_how: str,
-    rows: list[Row],
-    max_conc: dict[int, int],
-    max_ctx: dict[int, tuple[int, str]],
-    notes: list[str],
-) -> dict[str, Any]:
-    shape, dep = planner.shape, planner.dep
-    per_token = planner.bytes_per_token_by_kind()
+def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
+    """CLI option -> (PlanRequest field, parser of its text)."""
+    from infer_tool.sizing import units
+    from infer_tool.sizing.spec_report import parse_spec
+
     return {
-        "model": shape.name,
-        "source": shape.source,
-        "layers": {k: shape.count(k) for k in ("full_attention", "sliding_attention", "mla", "linear_state")},
-        "params": shape.params.total if shape.params else None,
-        "gpu": {"name": gpu_name, "memory_bytes": dep.gpu_memory_bytes},
-        "deployment": {
-            "num_gpus": dep.num_gpus,
-            "tp": dep.tp,
-            "pp": dep.pp,
-            "dp": dep.dp,
-            "mem_util": dep.mem_util,
-            "usable_bytes_per_gpu": dep.usable_bytes,
-            "reserve_bytes_per_gpu": dep.reserve_bytes,
-            "kv_dtype": dep.kv.name,
-            "kv_scales": dep.kv.scales,
-            "block_size": dep.block_size,
-            "shared_prefix": dep.shared_prefix,
-        },
-        "weights": {
-            "bytes_total": weights_total,
-            "bytes_per_gpu": planner.weight_bytes_per_gpu,
-            "how": weights_how,
-            "from_files": resolved.file_weight_bytes is not None and weights_total == resolved.file_weight_bytes,
-        },
-        "kv_bytes_per_token": sum(per_token.values()),
-        "kv_bytes_per_token_by_kind": per_token,
-        "state_bytes_per_sequence": planner.state_bytes_per_sequence(),
-        "rows": [
-            {
-                "context": r.context,
-                "concurrency": r.concurrency,
-                "kv_bytes_per_sequence": r.kv_bytes_per_sequence,
-                "kv_bytes_total": r.kv_bytes_total,
-                "kv_bytes_per_gpu": r.kv_bytes_per_gpu,
-                "weight_bytes_per_gpu": r.weight_bytes_per_gpu,
-                "reserve_bytes_per_gpu": r.reserve_bytes_per_gpu,
-                "used_bytes_per_gpu": r.used_bytes_per_gpu,
-                "usable_bytes_per_gpu": r.usable_bytes_per_gpu,
-                "headroom_bytes_per_gpu": r.headroom_bytes,
-                "fits": r.fits,
-                "kv_bytes_per_sequence_by_kind": planner.sequence_by_kind(r.context),
-            }
-            for r in rows
-        ],
-        "max_concurrency": {str(c): n for c, n in max_conc.items()},
-        "max_context": {str(n): c for n, (c, _) in max_ctx.items()},
-        "max_context_limited_by": {str(n): why for n, (_, why) in max_ctx.items()},
-        "notes": notes,
+        "gpu_mem": ("gpu_mem_bytes", lambda t: units.parse_bytes(t, "--gpu-mem")),
+        "reserve": ("reserve_bytes", lambda t: units.parse_bytes(t, "--reserve", allow_zero=True)),
+        "kv_cache_memory": ("kv_cache_memory_bytes", lambda t: units.parse_bytes(t, "--kv-cache-memory")),
+        "context": ("contexts", lambda v: tuple(units.parse_counts(v, "--context"))),
+        "concurrency": ("concurrencies", lambda v: tuple(units.parse_counts(v, "--concurrency"))),
+        "spec": ("spec", parse_spec),
+        "solve_gpu": ("solve_gpus", tuple),
+        "max_tpot": ("max_tpot_s", lambda ms: _ms(ms, "--max-tpot")),
+        "max_ttft": ("max_ttft_s", lambda ms: _ms(ms, "--max-ttft")),
     }
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.2f} {unit}"
-    return f"{n:,} B"
+def _ms(value: float, flag: str) -> float:
+    from infer_tool.common.errors import BadInput
+
+    if not 0 < value < 1e9:
+        raise BadInput(f"{flag} {value} must be a positive number of milliseconds")
+    return value / 1e3
+
+
+def build_request(opts: dict[str, Any]) -> tuple[Any, list[str]]:
+    """PlanRequest from the given CLI options (absent ones keep the library defaults)."""
+    from infer_tool.common.errors import BadInput
+    from infer_tool.sizing.budget import PlanRequest
+    from infer_tool.sizing.spec_report import from_report
+
+    opts, notes = dict(opts), []
+    report = opts.pop("spec_profile", None)
+    if report is not None and "spec" in opts:
+        raise BadInput("give --spec or --spec-profile, not both")
+    kwargs: dict[str, Any] = {"efficiency": _efficiency(opts)}
+    parsers = _parsers()
+    for name, value in opts.items():
+        field_name, parse = parsers.get(name, (name, None))
+        kwargs[field_name] = parse(value) if parse else value
+    if report is not None:
+        kwargs["spec"], draft = from_report(report)
+        s = kwargs["spec"]
+        notes.append(f"speculative decoding from --spec-profile: draft {draft} (alpha {s.alpha:.3f}, k {s.k}, c {s.cost_ratio:.3g})")
+    unknown = set(kwargs) - {f.name for f in fields(PlanRequest)}
+    assert not unknown, unknown  # every CLI option maps onto a PlanRequest field
+    return PlanRequest(**kwargs), notes
+
+
+def _run(opts: dict[str, Any]) -> None:
+    from infer_tool.common.errors import BadInput, QualityGateFailed
+
+    json_out, require_fit = opts.pop("json_out"), opts.pop("require_fit")
+    list_models, list_gpus = opts.pop("list_models"), opts.pop("list_gpus")
+    if list_models or list_gpus:
+        from infer_tool.sizing.presets import gpu_presets, model_presets
+
+        _print_lists(list_models, list_gpus, json_out, model_presets(), gpu_presets())
+        return
+    if "model" not in opts:
+        raise BadInput("MODEL is required (a model directory, config.json, .gguf file or a preset from --list-models)")
+    request, notes = build_request(opts)
+    from infer_tool.cli.commands import kv_budget_render as render
+    from infer_tool.sizing.budget import plan
+
+    report = plan(request)
+    report.notes[:0] = notes
+    if json_out:
+        from infer_tool.cli.output import emit_json
+
+        emit_json(render.document(report))
+    else:
+        render.human(report)
+    if require_fit and not report.all_fit:
+        bad = [f"{r.context}x{r.concurrency} ({r.fit.binding})" for r in report.rows if not r.fit.fits]
+        raise QualityGateFailed(f"--require-fit: {len(bad)} of {len(report.rows)} rows do not fit: {', '.join(bad[:6])}")
 
 
 def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, gpu_presets: dict) -> None:
@@ -256,7 +175,10 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
             doc["models"] = {k: {"hf_id": p.hf_id, "source": p.source} for k, p in model_presets.items()}
         if gpus:
             doc["gpus"] = {
-                k: {"name": p.name, "memory_bytes": p.memory_bytes, "source": p.source} for k, p in gpu_presets.items()
+                k: {"name": p.name, "memory_bytes": p.memory_bytes, "source": p.source,
+                    "hbm_bytes_per_s": p.hbm_bytes_per_s, "bf16_flops": p.bf16_flops, "fp8_flops": p.fp8_flops,
+                    "link_bytes_per_s": p.link_bytes_per_s, "spec_source": p.spec_source}
+                for k, p in gpu_presets.items()
             }
         emit_json(doc)
         return
@@ -268,118 +190,14 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
             t.add_row(k, p.hf_id, p.source)
         out().print(t)
     if gpus:
-        t = Table(title="GPU presets (driver-reported memory)")
-        for col in ("preset", "name", "memory", "source"):
-            t.add_column(col, justify="right" if col == "memory" else "left")
+        t = Table(title="GPU presets (driver-reported memory; datasheet bandwidth and dense FLOP/s)")
+        for col in ("preset", "memory", "HBM TB/s", "BF16 TF/s", "FP8 TF/s", "link GB/s"):
+            t.add_column(col, justify="left" if col == "preset" else "right")
+
+        def num(v: float | None, scale: float) -> str:
+            return "-" if v is None else f"{v / scale:,.4g}"
+
         for k, p in gpu_presets.items():
-            t.add_row(k, p.name, _size(p.memory_bytes), p.source)
+            t.add_row(k, f"{p.memory_bytes / 2**30:,.2f} GiB", num(p.hbm_bytes_per_s, 1e12), num(p.bf16_flops, 1e12),
+                      num(p.fp8_flops, 1e12), num(p.link_bytes_per_s, 1e9))
         out().print(t)
-
-
-def _print_human(
-    planner: Planner,
-    doc: dict[str, Any],
-    rows: list[Row],
-    contexts: list[int],
-    concurrencies: list[int],
-    max_conc: dict[int, int],
-    max_ctx: dict[int, tuple[int, str]],
-) -> None:
-    from rich.table import Table
-
-    from infer_tool.cli.output import err, out
-    from infer_tool.sizing.capacity import KIND_LABELS
-
-    console = out()
-    dep, shape = planner.dep, planner.shape
-    layers = ", ".join(f"{n} {KIND_LABELS[k]}" for k, n in doc["layers"].items() if n)
-    params = f"{doc['params'] / 1e9:,.2f}B params" if doc["params"] else "params unknown"
-    console.print(f"[bold]{shape.name}[/]: {shape.num_layers} layers ({layers}), {params}")
-    console.print(
-        f"GPU {doc['gpu']['name']} x {dep.num_gpus} (tp {dep.tp}, pp {dep.pp}, replicas {dep.dp}); usable "
-        f"{_size(dep.usable_bytes)}/GPU = {dep.mem_util:g} x {_size(dep.gpu_memory_bytes)}; "
-        f"reserve {_size(dep.reserve_bytes)}/GPU (activations/workspace, --reserve)"
-    )
-    console.print(
-        f"weights {_size(doc['weights']['bytes_total'])} ({doc['weights']['how']}) = "
-        f"{_size(planner.weight_bytes_per_gpu)}/GPU; KV {dep.kv.name} (scales: {dep.kv.scales}), "
-        f"block {dep.block_size}, shared prefix {dep.shared_prefix} tokens"
-    )
-
-    t = Table(title="KV cache per token and per sequence (all GPUs of a replica)")
-    t.add_column("layer kind")
-    t.add_column("layers", justify="right")
-    t.add_column("per token", justify="right")
-    for c in contexts:
-        t.add_column(f"per seq @ {c:,}", justify="right")
-    per_seq = {c: planner.sequence_by_kind(c) for c in contexts}
-    for kind, label in KIND_LABELS.items():
-        if not doc["layers"][kind]:
-            continue
-        tok = doc["kv_bytes_per_token_by_kind"].get(kind)
-        t.add_row(
-            label,
-            str(doc["layers"][kind]),
-            f"{tok:,} B" if tok is not None else "constant",
-            *(_size(per_seq[c].get(kind, 0)) for c in contexts),
-        )
-    t.add_row(
-        "[bold]total[/]",
-        str(shape.num_layers),
-        f"[bold]{doc['kv_bytes_per_token']:,} B[/]",
-        *(f"[bold]{_size(sum(per_seq[c].values()))}[/]" for c in contexts),
-    )
-    console.print(t)
-
-    t = Table(title=f"Memory per GPU (busiest GPU; usable {_size(dep.usable_bytes)})")
-    for col in ("context", "seqs", "KV / seq", "KV total", "KV / GPU", "weights / GPU", "used", "fits", "headroom"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(
-            f"{r.context:,}",
-            str(r.concurrency),
-            _size(r.kv_bytes_per_sequence),
-            _size(r.kv_bytes_total),
-            _size(r.kv_bytes_per_gpu),
-            _size(r.weight_bytes_per_gpu),
-            _size(r.used_bytes_per_gpu),
-            "[green]yes[/]" if r.fits else "[red]no[/]",
-            f"[green]{_size(r.headroom_bytes)}[/]" if r.fits else f"[red]{_size(r.headroom_bytes)}[/]",
-        )
-    console.print(t)
-
-    t = Table(title="Limits")
-    t.add_column("context", justify="right")
-    t.add_column("max concurrency", justify="right")
-    t.add_column("concurrency", justify="right")
-    t.add_column("max context", justify="right")
-    for i in range(max(len(contexts), len(concurrencies))):
-        left = (f"{contexts[i]:,}", f"{max_conc[contexts[i]]:,}") if i < len(contexts) else ("", "")
-        if i < len(concurrencies):
-            n = concurrencies[i]
-            ctx, why = max_ctx[n]
-            right = (str(n), f"{ctx:,} ({why})")
-        else:
-            right = ("", "")
-        t.add_row(*left, *right)
-    console.print(t)
-
-    by_key = {(r.context, r.concurrency): r for r in rows}
-    t = Table(
-        title="Sweep: used / usable memory per GPU",
-        caption="[green]fits[/]  [yellow]fits, over 90% full[/]  [red]does not fit[/]",
-    )
-    t.add_column("context \\ concurrency", justify="right")
-    for n in concurrencies:
-        t.add_column(str(n), justify="right")
-    for c in contexts:
-        cells = []
-        for n in concurrencies:
-            r = by_key[(c, n)]
-            share = r.used_bytes_per_gpu / r.usable_bytes_per_gpu
-            colour = "red" if not r.fits else ("yellow" if share > 0.9 else "green")
-            cells.append(f"[{colour}]{share:.0%}[/]")
-        t.add_row(f"{c:,}", *cells)
-    console.print(t)
-    for note in doc["notes"]:
-        err().print(f"[yellow]note:[/] {note}", highlight=False)

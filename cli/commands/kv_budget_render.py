@@ -1,0 +1,259 @@
+"""Output of `kv-budget`: the --json document and the rich tables, from a
+`sizing.budget.Report`. Imported only when the command runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from infer_tool.cli.output import err, out
+from infer_tool.sizing.budget import Report
+from infer_tool.sizing.capacity import KIND_LABELS
+from infer_tool.sizing.defaults import VLLM_VERSION
+from infer_tool.sizing.roofline import StepTimes
+from infer_tool.sizing.shape import KINDS
+from infer_tool.sizing.solve import Candidate, Target
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _speed(t: StepTimes | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {"ttft_s": t.ttft_s, "tpot_s": t.tpot_s, "output_tokens_per_s": t.output_tokens_per_s,
+            "decode_step_s": t.decode_step_s, "decode_bound": t.bound, "memory_s": t.memory_s,
+            "compute_s": t.compute_s, "comm_s": t.comm_s, "tokens_per_pass": t.tokens_per_pass, **t.terms}
+
+
+def _candidate(c: Candidate | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"gpu": c.gpu, "num_gpus": c.num_gpus, "tp": c.tp, "pp": c.pp, "dp": c.dp, "weights": c.weights,
+            "kv_dtype": c.kv_dtype, "kv_headroom": c.headroom, "max_concurrency": c.max_concurrency,
+            "flags": c.flags(), "speed": _speed(c.speed)}
+
+
+def _target(t: Target) -> dict[str, Any]:
+    return {"context": t.context, "concurrency": t.concurrency, "max_tpot_s": t.max_tpot_s, "max_ttft_s": t.max_ttft_s}
+
+
+def document(r: Report) -> dict[str, Any]:
+    """The --json document (one per run, printed whether or not anything fits)."""
+    shape, fit, dep, req = r.shape, r.fit, r.fit.dep, r.request
+    planner = fit.planner
+    per_token = planner.bytes_per_token_by_kind()
+    vllm: dict[str, Any] | None = None
+    if fit.layout is not None:
+        vllm = {}
+        for c in sorted({row.context for row in r.rows}):
+            cap = fit.vllm(c)
+            vllm[str(c)] = {
+                "num_blocks": cap.num_blocks, "blocks_per_request": cap.blocks_per_request,
+                "kv_cache_tokens": cap.kv_cache_tokens, "max_concurrency_log": cap.max_concurrency_log,
+                "max_concurrency": cap.max_concurrency * dep.dp, "shared_blocks": cap.shared_blocks,
+                "max_num_batched_tokens": fit.max_num_batched_tokens(c),
+                "log_line": f"GPU KV cache size: {cap.kv_cache_tokens:,} tokens, Maximum concurrency for {c:,} "
+                            f"tokens per request: {cap.max_concurrency_log:.2f}x",
+            }
+    rows = []
+    for row in r.rows:
+        p, f = row.fit.plain, row.fit
+        rows.append({
+            "context": row.context, "concurrency": row.concurrency, "fits": f.fits, "binding": f.binding,
+            "kv_bytes_per_sequence": p.kv_bytes_per_sequence, "kv_bytes_total": p.kv_bytes_total,
+            "kv_bytes_per_gpu": f.kv_bytes_per_gpu, "weight_bytes_per_gpu": p.weight_bytes_per_gpu,
+            "reserve_bytes_per_gpu": p.reserve_bytes_per_gpu, "used_bytes_per_gpu": f.used_bytes_per_gpu,
+            "usable_bytes_per_gpu": p.usable_bytes_per_gpu, "headroom_bytes_per_gpu": f.headroom_bytes,
+            "kv_bytes_per_sequence_by_kind": planner.sequence_by_kind(row.context),
+            "plain": {"fits": p.fits, "kv_bytes_per_gpu": p.kv_bytes_per_gpu,
+                      "max_concurrency": planner.max_concurrency(row.context)},
+            "speed": _speed(row.speed),
+        })
+    return {
+        "model": shape.name, "source": shape.source,
+        "layers": {k: shape.count(k) for k in KINDS},
+        "params": shape.params.total if shape.params else None,
+        "active_params": shape.params.active if shape.params else None,
+        "gpu": {"name": r.gpu.name, "preset": r.gpu.key, "memory_bytes": dep.gpu_memory_bytes,
+                "hbm_bytes_per_s": r.gpu.hbm_bytes_per_s, "bf16_flops": r.gpu.bf16_flops,
+                "fp8_flops": r.gpu.fp8_flops, "link_bytes_per_s": r.gpu.link_bytes_per_s},
+        "deployment": {"num_gpus": dep.num_gpus, "tp": dep.tp, "pp": dep.pp, "dp": dep.dp, "mem_util": dep.mem_util,
+                       "usable_bytes_per_gpu": dep.usable_bytes, "reserve_bytes_per_gpu": dep.reserve_bytes,
+                       "kv_cache_memory_bytes": dep.kv_cache_memory_bytes, "kv_budget_bytes_per_gpu": planner.kv_budget_per_gpu,
+                       "kv_dtype": dep.kv.name, "kv_scales": dep.kv.scales, "block_size": dep.block_size,
+                       "shared_prefix": dep.shared_prefix},
+        "accounting": req.accounting, "vllm_version": VLLM_VERSION,
+        "engine": {"block_size": fit.layout.block_size if fit.layout else dep.block_size,
+                   "kv_cache_groups": len(fit.layout.groups) if fit.layout else None,
+                   "async_scheduling": req.async_scheduling, "enable_prefix_caching": req.prefix_caching},
+        "weights": {"bytes_total": r.weights_total, "bytes_per_gpu": planner.weight_bytes_per_gpu,
+                    "how": r.weights_how, "from_files": r.weights_from_files},
+        "kv_bytes_per_token": sum(per_token.values()), "kv_bytes_per_token_by_kind": per_token,
+        "state_bytes_per_sequence": planner.state_bytes_per_sequence(),
+        "vllm": vllm,
+        "rows": rows,
+        "all_fit": r.all_fit,
+        "max_concurrency": {str(c): n for c, n in r.max_concurrency.items()},
+        "max_context": {str(n): c for n, (c, _) in r.max_context.items()},
+        "max_context_limited_by": {str(n): why for n, (_, why) in r.max_context.items()},
+        "fixes": [{"target": _target(t), "deployment": _candidate(c)} for t, c in r.fixes],
+        "solve": None if r.solve_target is None else {"target": _target(r.solve_target),
+                                                      "solutions": [_candidate(c) for c in r.solutions]},
+        "speculation": None if req.spec is None else {"alpha": req.spec.alpha, "k": req.spec.k,
+                                                      "cost_ratio": req.spec.cost_ratio,
+                                                      "tokens_per_pass": req.spec.tokens_per_pass},
+        "notes": r.notes,
+    }
+
+
+def _ms(t: float) -> str:
+    return f"{t * 1e3:,.1f} ms" if t < 10 else f"{t:,.1f} s"
+
+
+def human(r: Report) -> None:
+    console = out()
+    doc = document(r)
+    shape, fit, dep, planner = r.shape, r.fit, r.fit.dep, r.fit.planner
+    layers = ", ".join(f"{n} {KIND_LABELS[k]}" for k, n in doc["layers"].items() if n)
+    p = shape.params
+    params = f"{p.total / 1e9:,.2f}B params ({p.active / 1e9:,.2f}B active)" if p else "params unknown"
+    console.print(f"[bold]{shape.name}[/]: {shape.num_layers} layers ({layers}), {params}")
+    fixed = f"KV cache fixed at {_size(dep.kv_cache_memory_bytes)}/GPU" if dep.kv_cache_memory_bytes else \
+        f"usable {_size(dep.usable_bytes)}/GPU = {dep.mem_util:g} x {_size(dep.gpu_memory_bytes)}"
+    console.print(f"GPU {r.gpu.name} x {dep.num_gpus} (tp {dep.tp}, pp {dep.pp}, replicas {dep.dp}); {fixed}; "
+                  f"reserve {_size(dep.reserve_bytes)}/GPU (activations/workspace, --reserve)")
+    console.print(f"weights {_size(r.weights_total)} ({r.weights_how}) = {_size(planner.weight_bytes_per_gpu)}/GPU; "
+                  f"KV {dep.kv.name} (scales: {dep.kv.scales}), block {dep.block_size}, shared prefix {dep.shared_prefix} tokens")
+    if fit.layout is not None:
+        console.print(f"accounting: vLLM {VLLM_VERSION} blocks ({len(fit.layout.groups)} KV-cache group(s) of "
+                      f"{fit.layout.block_size}-token blocks; async scheduling {'on' if r.request.async_scheduling else 'off'}, "
+                      f"prefix caching {'on' if r.request.prefix_caching else 'off'})")
+    contexts = sorted({row.context for row in r.rows})
+    _kv_table(console, doc, r, contexts)
+    if doc["vllm"]:
+        t = Table(title=f"vLLM {VLLM_VERSION} KV cache at --max-model-len = context (what its start-up log says)")
+        for col in ("context", "batched tokens", "blocks / request", "GPU blocks", "KV cache tokens",
+                    "max concurrency (log)", "plain max concurrency"):
+            t.add_column(col, justify="right")
+        for c in contexts:
+            v = doc["vllm"][str(c)]
+            t.add_row(f"{c:,}", f"{v['max_num_batched_tokens']:,}", f"{v['blocks_per_request']:,}", f"{v['num_blocks']:,}",
+                      f"{v['kv_cache_tokens']:,}", f"{v['max_concurrency_log']:,.2f}x", f"{planner.max_concurrency(c):,}")
+        console.print(t)
+    _rows_table(console, r, planner)
+    _limits(console, r, contexts)
+    _sweep(console, r, contexts)
+    for target, cand in r.fixes:
+        what = f"{target.context:,} tokens x {target.concurrency}"
+        if cand is None:
+            console.print(f"[red]{what}: no deployment of up to 16 {r.gpu.key} GPUs serves it[/]")
+        else:
+            console.print(f"[yellow]{what} does not fit; smallest fix on {r.gpu.key}:[/] {cand.flags()} "
+                          f"(serves {cand.max_concurrency:,} at {target.context:,}, {cand.headroom:.0%} KV headroom)")
+    if r.solve_target is not None:
+        _solutions(console, r)
+    for note in r.notes:
+        err().print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def _kv_table(console: Any, doc: dict[str, Any], r: Report, contexts: list[int]) -> None:
+    t = Table(title="KV cache per token and per sequence (plain bytes, all GPUs of a replica)")
+    for col in ("layer kind", "layers", "per token", *(f"per seq @ {c:,}" for c in contexts)):
+        t.add_column(col, justify="left" if col == "layer kind" else "right")
+    per_seq = {c: r.fit.planner.sequence_by_kind(c) for c in contexts}
+    for kind, label in KIND_LABELS.items():
+        if doc["layers"][kind]:
+            tok = doc["kv_bytes_per_token_by_kind"].get(kind)
+            t.add_row(label, str(doc["layers"][kind]), f"{tok:,} B" if tok is not None else "constant",
+                      *(_size(per_seq[c].get(kind, 0)) for c in contexts))
+    t.add_row("[bold]total[/]", str(r.shape.num_layers), f"[bold]{doc['kv_bytes_per_token']:,} B[/]",
+              *(f"[bold]{_size(sum(per_seq[c].values()))}[/]" for c in contexts))
+    console.print(t)
+
+
+def _rows_table(console: Any, r: Report, planner: Any) -> None:
+    speed = any(row.speed for row in r.rows)
+    t = Table(title=f"Memory per GPU (busiest GPU, {r.request.accounting} accounting; weights "
+                    f"{_size(planner.weight_bytes_per_gpu)}/GPU) and speed per replica",
+              caption="fits: yes, or what binds: weights (alone) or KV (cache at this context x seqs)")
+    cols = ["context", "seqs", "KV / GPU", "used", "fits", "headroom"]
+    if speed:
+        cols += ["TTFT", "TPOT", "out tok/s"]
+    for col in cols:
+        t.add_column(col, justify="right")
+    for row in r.rows:
+        f = row.fit
+        verdict = "[green]yes[/]" if f.fits else f"[red]{'weights' if f.binding == 'weights' else 'KV'}[/]"
+        cells = [f"{row.context:,}", str(row.concurrency), _size(f.kv_bytes_per_gpu),
+                 _size(f.used_bytes_per_gpu), verdict,
+                 f"[{'green' if f.fits else 'red'}]{_size(f.headroom_bytes)}[/]"]
+        if speed:
+            s = row.speed
+            cells += ["-", "-", "-"] if s is None else [_ms(s.ttft_s), _ms(s.tpot_s), f"{s.output_tokens_per_s:,.0f}"]
+        t.add_row(*cells)
+    console.print(t)
+    if speed:
+        req = r.request
+        prompt = f"{req.prompt_len:,}" if req.prompt_len else "context - output"
+        console.print(f"speed: roofline on datasheet peaks ({req.efficiency.hbm:g} of HBM, {req.efficiency.mfu:g} of dense "
+                      f"FLOP/s); prompt {prompt}, output {req.output_len:,} tokens; TPOT includes the prefills arriving "
+                      "under continuous batching" + (f"; speculative {row.speed.tokens_per_pass:.2f} tokens/pass"
+                                                     if req.spec and row.speed else ""), highlight=False)
+
+
+def _limits(console: Any, r: Report, contexts: list[int]) -> None:
+    concurrencies = sorted({row.concurrency for row in r.rows})
+    t = Table(title="Limits")
+    for col in ("context", "max concurrency", "concurrency", "max context"):
+        t.add_column(col, justify="right")
+    for i in range(max(len(contexts), len(concurrencies))):
+        left = (f"{contexts[i]:,}", f"{r.max_concurrency[contexts[i]]:,}") if i < len(contexts) else ("", "")
+        right = ("", "")
+        if i < len(concurrencies):
+            ctx, why = r.max_context[concurrencies[i]]
+            right = (str(concurrencies[i]), f"{ctx:,} ({why})")
+        t.add_row(*left, *right)
+    console.print(t)
+
+
+def _sweep(console: Any, r: Report, contexts: list[int]) -> None:
+    concurrencies = sorted({row.concurrency for row in r.rows})
+    by_key = {(row.context, row.concurrency): row.fit for row in r.rows}
+    t = Table(title="Sweep: used / usable memory per GPU",
+              caption="[green]fits[/]  [yellow]fits, over 90% full[/]  [red]does not fit[/]")
+    t.add_column("context \\ concurrency", justify="right")
+    for n in concurrencies:
+        t.add_column(str(n), justify="right")
+    for c in contexts:
+        cells = []
+        for n in concurrencies:
+            f = by_key[(c, n)]
+            share = f.used_bytes_per_gpu / f.plain.usable_bytes_per_gpu
+            colour = "red" if not f.fits else ("yellow" if share > 0.9 else "green")
+            cells.append(f"[{colour}]{share:.0%}[/]")
+        t.add_row(f"{c:,}", *cells)
+    console.print(t)
+
+
+def _solutions(console: Any, r: Report) -> None:
+    tg = r.solve_target
+    assert tg is not None
+    lat = "".join(f", {k} <= {_ms(v)}" for k, v in (("TPOT", tg.max_tpot_s), ("TTFT", tg.max_ttft_s)) if v)
+    t = Table(title=f"Smallest deployments for {tg.context:,} tokens x {tg.concurrency} sequences{lat}")
+    for col in ("GPU", "GPUs", "tp", "pp", "weights", "KV", "KV headroom", f"max seqs @ {tg.context:,}",
+                "TTFT", "TPOT", "out tok/s"):
+        t.add_column(col, justify="left" if col == "GPU" else "right")
+    for c in r.solutions:
+        s = c.speed
+        speed = ["-", "-", "-"] if s is None else [_ms(s.ttft_s), _ms(s.tpot_s), f"{s.output_tokens_per_s * c.dp:,.0f}"]
+        t.add_row(c.gpu, str(c.num_gpus), str(c.tp), str(c.pp), c.weights, c.kv_dtype, f"{c.headroom:.0%}",
+                  f"{c.max_concurrency:,}", *speed)
+    console.print(t)
+    if not r.solutions:
+        console.print("[red]no deployment of up to 16 GPUs of the presets serves this target[/]")

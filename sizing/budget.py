@@ -1,0 +1,229 @@
+"""The kv-budget job as a library call: `plan(PlanRequest) -> Report`.
+
+`PlanRequest` declares every option once, with its default; the CLI only parses text
+into it. Not fitting is an answer: every requested row comes back with `fits` and, when
+false, what binds (the weights alone, or the KV cache at that context x concurrency) and
+the smallest deployment on the same GPU that would serve the largest failing row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from infer_tool.common.errors import BadInput
+from infer_tool.sizing import capacity, kv, roofline, solve, vllm_kv
+from infer_tool.sizing.defaults import (
+    DEFAULT_ACCOUNTING,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_GPU,
+    DEFAULT_MEM_UTIL,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_RESERVE_BYTES,
+)
+from infer_tool.sizing.fit import Fit, FitRow
+from infer_tool.sizing.presets import GpuPreset, gpu_preset, gpu_presets
+from infer_tool.sizing.resolve import ResolvedModel, resolve_model
+from infer_tool.sizing.shape import ModelShape
+from infer_tool.sizing.weights import weight_bytes
+
+DEFAULT_CONTEXT_START = 4096
+DEFAULT_CONTEXT_END = 131072  # when the model states no max_position_embeddings
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything `kv-budget` can be asked (sizes in bytes, lengths in tokens)."""
+
+    model: str
+    gpu: str = DEFAULT_GPU
+    gpu_mem_bytes: int | None = None  # instead of a preset
+    num_gpus: int | None = None  # default tp x pp; extra GPUs are data-parallel replicas
+    tp: int | None = None  # default num_gpus / pp
+    pp: int = 1
+    mem_util: float = DEFAULT_MEM_UTIL
+    weights: str | None = None  # None: the files' real bytes if any, else bf16
+    group_size: int = 128
+    kv_dtype: str = "bf16"
+    block_size: int = DEFAULT_BLOCK_SIZE
+    contexts: tuple[int, ...] | None = None  # None: 4K doubling to max_position_embeddings
+    concurrencies: tuple[int, ...] = DEFAULT_CONCURRENCY
+    shared_prefix: int = 0
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    kv_cache_memory_bytes: int | None = None  # like vLLM --kv-cache-memory-bytes
+    accounting: str = DEFAULT_ACCOUNTING
+    max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU
+    async_scheduling: bool = True
+    prefix_caching: bool = True
+    prompt_len: int | None = None  # None: the row's context less the output
+    output_len: int = DEFAULT_OUTPUT_LEN
+    spec: roofline.Speculation | None = None
+    efficiency: roofline.Efficiency = roofline.Efficiency()
+    solve: bool = False
+    solve_gpus: tuple[str, ...] | None = None  # None: every preset
+    max_tpot_s: float | None = None
+    max_ttft_s: float | None = None
+
+
+@dataclass
+class ReportRow:
+    context: int
+    concurrency: int
+    fit: FitRow
+    speed: roofline.StepTimes | None
+
+
+@dataclass
+class Report:
+    request: PlanRequest
+    resolved: ResolvedModel
+    gpu: GpuPreset
+    fit: Fit
+    weights_total: int
+    weights_how: str
+    weights_from_files: bool
+    rows: list[ReportRow]
+    max_concurrency: dict[int, int]
+    max_context: dict[int, tuple[int, str]]
+    notes: list[str] = field(default_factory=list)
+    # smallest deployment on the same GPU for the smallest and the largest failing row
+    fixes: list[tuple[solve.Target, solve.Candidate | None]] = field(default_factory=list)
+    solutions: list[solve.Candidate] = field(default_factory=list)
+    solve_target: solve.Target | None = None
+
+    @property
+    def shape(self) -> ModelShape:
+        return self.resolved.shape
+
+    @property
+    def all_fit(self) -> bool:
+        return all(r.fit.fits for r in self.rows)
+
+
+def resolve_gpu(req: PlanRequest) -> GpuPreset:
+    if req.gpu_mem_bytes is not None:
+        return GpuPreset("custom", f"custom {req.gpu_mem_bytes / 2**30:g} GiB", req.gpu_mem_bytes, "--gpu-mem")
+    return gpu_preset(req.gpu)
+
+
+def default_contexts(limit: int | None) -> tuple[int, ...]:
+    end = limit or DEFAULT_CONTEXT_END
+    out, v = [], min(DEFAULT_CONTEXT_START, end)
+    while v < end:
+        out.append(v)
+        v *= 2
+    return (*out, end)
+
+
+def _deployment(req: PlanRequest, gpu: GpuPreset) -> capacity.Deployment:
+    if req.pp < 1:
+        raise BadInput(f"--pp {req.pp} must be at least 1")
+    tp = req.tp if req.tp is not None else max(1, (req.num_gpus or req.pp) // req.pp)
+    return capacity.Deployment(
+        gpu_memory_bytes=gpu.memory_bytes,
+        num_gpus=req.num_gpus if req.num_gpus is not None else tp * req.pp,
+        tp=tp,
+        pp=req.pp,
+        kv=kv.kv_dtype(req.kv_dtype),
+        mem_util=req.mem_util,
+        reserve_bytes=req.reserve_bytes,
+        block_size=req.block_size,
+        shared_prefix=req.shared_prefix,
+        kv_cache_memory_bytes=req.kv_cache_memory_bytes,
+    )
+
+
+def _weights(req: PlanRequest, resolved: ResolvedModel) -> tuple[int, str, bool]:
+    if req.weights is None and resolved.file_weight_bytes is not None:
+        return resolved.file_weight_bytes, resolved.file_weight_note, True
+    shape = resolved.shape
+    if shape.params is None:
+        raise BadInput(
+            f"cannot count {shape.name}'s parameters for --weights {req.weights or 'bf16'} "
+            f"({'; '.join(shape.notes)}); pass a directory with *.safetensors"
+        )
+    wb = weight_bytes(shape.params, req.weights or "bf16", req.group_size)
+    return wb.total, wb.how, False
+
+
+def _validate(req: PlanRequest, contexts: tuple[int, ...]) -> None:
+    if req.shared_prefix and req.shared_prefix >= min(contexts):
+        raise BadInput(
+            f"--shared-prefix {req.shared_prefix} must be below every --context (smallest {min(contexts)}): "
+            "each sequence needs at least one token of its own beyond the shared prefix"
+        )
+    if req.output_len < 1 or (req.prompt_len is not None and req.prompt_len < 1):
+        raise BadInput(f"--prompt-len / --output-len must be at least 1 (got {req.prompt_len}, {req.output_len})")
+    if req.max_num_batched_tokens is not None and req.max_num_batched_tokens < 1:
+        raise BadInput(f"--max-num-batched-tokens {req.max_num_batched_tokens} must be at least 1")
+
+
+def _speed(req: PlanRequest, gpu: GpuPreset, shape: ModelShape, dep: capacity.Deployment, weights: str,
+           weight_total: int, context: int, concurrency: int) -> roofline.StepTimes | None:
+    if not gpu.has_speed or shape.params is None:
+        return None
+    target = solve.Target(context, concurrency, prompt_len=req.prompt_len, output_len=req.output_len)
+    return solve.speed_of(shape, gpu, target, weights=weights, kv=dep.kv, tp=dep.tp, pp=dep.pp, dp=dep.dp,
+                          weight_total=weight_total, spec=req.spec, eff=req.efficiency)
+
+
+def plan(req: PlanRequest) -> Report:
+    """Size `req.model` on the requested deployment; with `req.solve`, also list the
+    smallest deployments serving the largest requested context x concurrency."""
+    gpu = resolve_gpu(req)
+    dep = _deployment(req, gpu)
+    resolved = resolve_model(req.model)
+    shape = resolved.shape
+    notes = list(shape.notes)
+    contexts = req.contexts or default_contexts(shape.max_position_embeddings)
+    _validate(req, contexts)
+    limit = shape.max_position_embeddings
+    if limit and max(contexts) > limit:
+        notes.append(f"context {max(contexts)} exceeds the model's max_position_embeddings {limit}")
+    total, how, from_files = _weights(req, resolved)
+    engine = vllm_kv.EngineArgs(req.block_size, req.max_num_batched_tokens, req.async_scheduling, req.prefix_caching)
+    fit = Fit(shape, dep, total, accounting=req.accounting, engine=engine, gpu_name=gpu.name)
+    if fit.layout is not None:
+        notes += fit.layout.notes
+    speed_dtype = req.weights or "bf16"
+    rows = []
+    for c in contexts:
+        for n in req.concurrencies:
+            row = fit.row(c, n)  # speed only where it would run
+            rows.append(ReportRow(c, n, row, _speed(req, gpu, shape, dep, speed_dtype, total, c, n) if row.fits else None))
+    report = Report(
+        request=req,
+        resolved=resolved,
+        gpu=gpu,
+        fit=fit,
+        weights_total=total,
+        weights_how=how,
+        weights_from_files=from_files,
+        rows=rows,
+        max_concurrency={c: fit.max_concurrency(c) for c in contexts},
+        max_context={n: fit.max_context(n) for n in req.concurrencies},
+        notes=notes,
+    )
+    if not gpu.has_speed:
+        notes.append(f"no speed model for {gpu.name}: its datasheet figures are not in the presets")
+    failing = [r for r in rows if not r.fit.fits]
+    if failing and shape.params is not None:
+        ends = {(r.context, r.concurrency) for r in (failing[0], failing[-1])}
+        for c, n in sorted(ends):
+            target = solve.Target(c, n, prompt_len=req.prompt_len, output_len=req.output_len)
+            found = _solve(req, shape, [gpu], target, dep, engine, limit=1)
+            report.fixes.append((target, found[0] if found else None))
+    if req.solve:
+        report.solve_target = solve.Target(max(contexts), max(req.concurrencies), req.max_tpot_s, req.max_ttft_s,
+                                           req.prompt_len, req.output_len)
+        gpus = [gpu_preset(g) for g in req.solve_gpus] if req.solve_gpus else list(gpu_presets().values())
+        report.solutions = _solve(req, shape, gpus, report.solve_target, dep, engine, limit=10)
+    return report
+
+
+def _solve(req: PlanRequest, shape: ModelShape, gpus: list[GpuPreset], target: solve.Target,
+           dep: capacity.Deployment, engine: vllm_kv.EngineArgs, limit: int) -> list[solve.Candidate]:
+    kv_dtypes = solve.SOLVE_KV if req.accounting == "vllm" else (*solve.SOLVE_KV, "int8", "int4")
+    return solve.solve(shape, gpus, target, replace(dep, kv_cache_memory_bytes=None), accounting=req.accounting,
+                       engine=engine, kv_dtypes=kv_dtypes, group_size=req.group_size, spec=req.spec,
+                       eff=req.efficiency, limit=limit)

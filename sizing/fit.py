@@ -1,0 +1,141 @@
+"""Does a context x concurrency fit one deployment, by vLLM's block accounting (the
+default) or the plain per-token arithmetic, and what binds when it does not.
+
+`Fit` wraps `capacity.Planner` (plain bytes, always computed) and, with vLLM
+accounting, `vllm_kv` (blocks); each row carries both so the two can be compared.
+Knows nothing of speed (`roofline`) or of searching deployments (`solve`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from infer_tool.common.errors import BadInput
+from infer_tool.sizing import vllm_kv
+from infer_tool.sizing.capacity import MAX_CONTEXT_SEARCH, Deployment, Planner, Row, pp_stages
+from infer_tool.sizing.kv import ceil_div
+from infer_tool.sizing.shape import ModelShape
+
+ACCOUNTINGS = ("vllm", "plain")
+
+
+@dataclass(frozen=True)
+class FitRow:
+    plain: Row
+    vllm: vllm_kv.Capacity | None  # None with plain accounting
+    fits: bool
+    binding: str | None  # None if it fits, else "weights" or "kv cache"
+    kv_bytes_per_gpu: int  # by the chosen accounting, busiest GPU
+    used_bytes_per_gpu: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.plain.usable_bytes_per_gpu - self.used_bytes_per_gpu
+
+
+class Fit:
+    """One model on one deployment with one accounting."""
+
+    def __init__(
+        self,
+        shape: ModelShape,
+        dep: Deployment,
+        weight_total: int,
+        *,
+        accounting: str = "vllm",
+        engine: vllm_kv.EngineArgs = vllm_kv.EngineArgs(),
+        gpu_name: str = "",
+    ) -> None:
+        if accounting not in ACCOUNTINGS:
+            raise BadInput(f"--accounting {accounting!r} not known; accepted: {', '.join(ACCOUNTINGS)}")
+        self.shape, self.dep, self.accounting, self.engine = shape, dep, accounting, engine
+        self.planner = Planner(shape, dep, weight_total)
+        self.stages = [range(a, b) for a, b in pp_stages(shape.num_layers, dep.pp)]
+        self.gpu_name = gpu_name
+        self.layout = (
+            vllm_kv.layout(shape, dep.kv, tp=dep.tp, block_size=dep.block_size) if accounting == "vllm" else None
+        )
+        self.vllm = lru_cache(maxsize=4096)(self._vllm)
+
+    # --- vLLM ---------------------------------------------------------------------
+    def max_num_batched_tokens(self, max_model_len: int) -> int:
+        if self.engine.max_num_batched_tokens is not None:
+            return self.engine.max_num_batched_tokens
+        return vllm_kv.default_max_num_batched_tokens(self.dep.gpu_memory_bytes, self.gpu_name, max_model_len)
+
+    def num_blocks(self) -> int:
+        assert self.layout is not None
+        d = self.dep
+        return vllm_kv.num_blocks(self.layout, self.stages, self.planner.kv_budget_per_gpu, self.shape, d.kv, d.tp)
+
+    def bytes_per_block(self) -> int:
+        """Pool bytes of one block on the stage that limits num_blocks."""
+        assert self.layout is not None
+        d = self.dep
+        return max(vllm_kv.bytes_per_block(self.layout, s, self.shape, d.kv, d.tp) for s in self.stages)
+
+    def _vllm(self, max_model_len: int) -> vllm_kv.Capacity:
+        assert self.layout is not None
+        in_flight = vllm_kv.in_flight_tokens(self.engine, self.max_num_batched_tokens(max_model_len), self.dep.pp)
+        return vllm_kv.capacity(
+            self.layout,
+            self.num_blocks(),
+            max_model_len,
+            in_flight=in_flight,
+            prefix_caching=self.engine.enable_prefix_caching,
+            prefix=self.dep.shared_prefix,
+        )
+
+    # --- rows and limits -------------------------------------------------------------
+    def row(self, context: int, concurrency: int) -> FitRow:
+        plain = self.planner.row(context, concurrency)
+        weights_fit = self.planner.weights_fit
+        if self.layout is None:
+            fits, kv_gpu, cap = plain.fits, plain.kv_bytes_per_gpu, None
+        else:
+            cap = self.vllm(context)
+            n = ceil_div(concurrency, self.dep.dp)
+            fits = weights_fit and cap.fits(n)
+            blocks = cap.shared_blocks + n * (cap.blocks_per_request - cap.shared_blocks) + 1  # + null block
+            kv_gpu = blocks * self.bytes_per_block()
+        binding = None if fits else ("weights" if not weights_fit else "kv cache")
+        used = plain.weight_bytes_per_gpu + plain.reserve_bytes_per_gpu + kv_gpu
+        return FitRow(plain, cap, fits, binding, kv_gpu, used)
+
+    def fits(self, context: int, concurrency: int) -> bool:
+        if self.layout is None:
+            return self.planner.fits(context, concurrency)
+        return self.planner.weights_fit and self.vllm(context).fits(ceil_div(concurrency, self.dep.dp))
+
+    def max_concurrency(self, context: int) -> int:
+        if self.layout is None:
+            return self.planner.max_concurrency(context)
+        if not self.planner.weights_fit:
+            return 0
+        return self.vllm(context).max_concurrency * self.dep.dp
+
+    def max_context(self, concurrency: int) -> tuple[int, str]:
+        """Longest context at which `concurrency` sequences fit, and what limits it."""
+        if self.layout is None:
+            return self.planner.max_context(concurrency)
+        if not self.planner.weights_fit:
+            return 0, "weights"
+        limit = self.shape.max_position_embeddings
+        if not self.fits(1, concurrency):
+            return 0, "memory"
+        hi = limit or MAX_CONTEXT_SEARCH
+        if self.fits(hi, concurrency):
+            return hi, "model" if limit else "unbounded"
+        lo = 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fits(mid, concurrency) else (lo, mid)
+        return lo, "memory"
+
+    def headroom(self, context: int, concurrency: int) -> float:
+        """Share of the KV budget left at this row (negative when it does not fit)."""
+        budget = self.planner.kv_budget_per_gpu
+        if budget <= 0:
+            return -1.0
+        return 1 - self.row(context, concurrency).kv_bytes_per_gpu / budget
