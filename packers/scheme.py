@@ -96,7 +96,8 @@ class GPTQScheme(QuantScheme):
 
     damp: fraction of mean(diag H) added to the diagonal (§3 "Cholesky Reformulation").
     block_size: columns quantized together before the lazy batch update (§3 step 2).
-    act_order: process columns by decreasing diag(H) (the "act-order"/desc_act heuristic).
+    act_order: process columns by decreasing diag(H) (the "act-order"/desc_act heuristic);
+        on by default, as llm-compressor's GPTQ (with static groups it keeps vLLM's fast path).
     static_groups: with act_order, compute each group's scale/zero on the ORIGINAL column
         groups before permuting, so g_idx stays k // g (vLLM's fast path; llm-compressor's
         actorder="weight"). False gives act-order groups (actorder="group", non-trivial g_idx).
@@ -107,7 +108,7 @@ class GPTQScheme(QuantScheme):
     method: ClassVar[str] = "gptq"
     damp: float = 0.01
     block_size: int = 128
-    act_order: bool = False
+    act_order: bool = True
     static_groups: bool = True
     damp_retries: int = 3
     damp_growth: float = 10.0

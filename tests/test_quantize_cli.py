@@ -320,3 +320,18 @@ def test_pickle_weights_need_allow_pickle(tiny: dict[str, Path], tmp_path: Path)
     code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "ok", *FAST, *args, "--allow-pickle")
     assert code == 0, stderr
     assert (tmp_path / "ok" / "model.safetensors").is_file()
+
+
+def test_gptq_default_is_static_act_order(tiny: dict[str, Path], tmp_path: Path) -> None:
+    """GPTQ's default is act-order with static groups (llm-compressor's default; g_idx stays
+    trivial, vLLM's fast path): byte-identical to --act-order, unlike --no-act-order."""
+    written = {}
+    for name, extra in (("default", ()), ("on", ("--act-order",)), ("off", ("--no-act-order",))):
+        code, stdout, stderr = quantize(tiny, tmp_path / name, "--method", "gptq", "--group-size", "32", *extra, "--json")
+        assert code == 0, stderr
+        assert json.loads(stdout)["scheme"]["act_order"] is (name != "off")
+        written[name] = (tmp_path / name / "model.safetensors").read_bytes()
+    assert written["default"] == written["on"]
+    assert written["default"] != written["off"]
+    _, layers, _ = __import__("infer_tool.packers.checkpoint", fromlist=["read_checkpoint"]).read_checkpoint(tmp_path / "default")
+    assert all(qw.has_trivial_g_idx() for qw in layers.values())
