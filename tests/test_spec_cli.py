@@ -108,8 +108,8 @@ def test_cost_ratio_override_and_table(files) -> None:
     [
         ("target", "truncated:1", "prompts", ["--k", "0"], "--k"),
         ("target", "truncated:1", "prompts", ["--k", "a-b"], "--k"),
-        ("./no-such-model", "ngram", "prompts", [], "unknown model"),
-        ("target", "./no-such-draft", "prompts", [], "unknown model"),
+        ("./no-such-model", "ngram", "prompts", [], "does not exist"),
+        ("target", "./no-such-draft", "prompts", [], "does not exist"),
         ("target", "truncated:1", "empty", [], "empty"),
         ("target", "alien", "prompts", [], "does not share the target's vocabulary"),
         ("target", "truncated:3", "prompts", [], "truncated:N"),
