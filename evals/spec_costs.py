@@ -128,9 +128,9 @@ def _seconds(fn: Callable[[], object], clock: Clock) -> float:
 class CostTimer:
     """Times, at `context` (L,) (its last token not yet in the caches, as at a round's
     start), the steps `spec_decode`'s loops are made of: the plain decode step; the verify
-    step for every m in `ms` (0 included); for each draft, `propose` of 1 and 2 tokens and
-    of 1 token with its cache two tokens behind (catch-up), each right after a verify step
-    as in the loop.
+    step for every m in `ms` (0 included); for each draft, `propose` of 1 token, of
+    min(max(ms), 4) >= 2 tokens, and of 1 token with its cache two tokens behind
+    (catch-up), each right after a verify step as in the loop.
 
     One `round()` times everything once, in turn, with the garbage collector paused as in
     the loops (`spec_decode.gc_paused`); rounds can be spread over a long run so that the
@@ -148,7 +148,8 @@ class CostTimer:
         self.filler = context.new_zeros(max(self.ms))  # token values do not change a pass's cost
         self.steps: list[float] = []
         self.passes: dict[int, list[float]] = {m: [] for m in self.ms}
-        self.proposals = [{"one": [], "two": [], "catch_up": []} for _ in drafts]
+        self.long = max(2, min(4, self.ms[-1]))  # the longer proposal timed, for the per-token slope
+        self.proposals = [{"one": [], "long": [], "catch_up": []} for _ in drafts]
 
     def _plain_step(self) -> None:
         ctx, T = self.context, self.temperature
@@ -181,7 +182,7 @@ class CostTimer:
                 s = _seconds(lambda: self._verify_step(m), clock)
                 self.passes[m] += [s] if keep else []
             for d, samples in zip(self.drafts, self.proposals):
-                for key, n, behind in (("one", 1, 1), ("two", 2, 1), ("catch_up", 1, 2)):
+                for key, n, behind in (("one", 1, 1), ("long", self.long, 1), ("catch_up", 1, 2)):
                     self._verify_step(1)  # leaves the machine as the loop's verify step does
                     s = _seconds(lambda: self._propose(d, n, behind), clock)
                     samples[key] += [s] if keep else []
@@ -192,7 +193,7 @@ class CostTimer:
         target_times = TargetTimes(med(self.steps), {m: med(v) for m, v in self.passes.items()})
         draft_times = []
         for samples in self.proposals:
-            one, two, catch_up = med(samples["one"]), med(samples["two"]), med(samples["catch_up"])
-            token = max(two - one, 0.0)
+            one, long, catch_up = med(samples["one"]), med(samples["long"]), med(samples["catch_up"])
+            token = max((long - one) / (self.long - 1), 0.0)
             draft_times.append(DraftTimes(call=max(one - token, 0.0), token=token, catch_up=max(catch_up - one, 0.0)))
         return target_times, draft_times

@@ -72,7 +72,9 @@ class ModelDraft:
         """q rows (L - start, V) predicting seq[start:], from one forward pass over seq."""
         return warp(self.lm.score(seq)[start - 1 : -1], temperature, top_p)
 
-    def round_acceptance(self, seq: torch.Tensor, start: int, k: int, p: torch.Tensor, beta: torch.Tensor) -> list[list[float]]:
+    def round_acceptance(
+        self, seq: torch.Tensor, start: int, k: int, p: torch.Tensor, beta: torch.Tensor
+    ) -> list[list[float]]:
         """Per continuation position t (seq[start + t] the next token): the acceptance
         probabilities of the k tokens a round starting there drafts, along the target's
         continuation: β[t : t + k] (exact at temperature 0, where an accepted draft token
@@ -132,7 +134,9 @@ class NgramDraft:
                 q[t - start, prop[0]] = 1.0
         return q
 
-    def round_acceptance(self, seq: torch.Tensor, start: int, k: int, p: torch.Tensor, beta: torch.Tensor) -> list[list[float]]:
+    def round_acceptance(
+        self, seq: torch.Tensor, start: int, k: int, p: torch.Tensor, beta: torch.Tensor
+    ) -> list[list[float]]:
         """Per continuation position t: the target's probability p[t + i](x_i) of each
         token x_i of the up-to-k-token proposal a round starting there makes (one match's
         continuation, possibly shorter than k, empty when nothing matches). p: (T, V)

@@ -104,7 +104,9 @@ def load_prompt_texts(spec: str, num_prompts: int, text_field: str = "text") -> 
     return picked
 
 
-def tokenize_prompts(texts: list[PromptText], tokenizer: Any, prompt_len: int) -> tuple[list[torch.Tensor], list[str | None]]:
+def tokenize_prompts(
+    texts: list[PromptText], tokenizer: Any, prompt_len: int
+) -> tuple[list[torch.Tensor], list[str | None]]:
     """Prompts (each (P_i,) int64, 1 <= P_i <= prompt_len) and their categories; texts that
     tokenize to nothing are dropped."""
     from infer_tool.calib.corpora import tokenize

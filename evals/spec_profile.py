@@ -48,7 +48,7 @@ from infer_tool.evals.spec_predict import (
 from infer_tool.evals.spec_ranking import CategoryResult, best, rank, speedup_on
 from infer_tool.evals.spec_sampling import warp
 
-TIMING_ROUNDS = 7  # rounds of side-by-side cost timing (after one warm-up round)
+TIMING_ROUNDS = 9  # rounds of side-by-side cost timing (after one warm-up round)
 
 
 @dataclass
@@ -86,6 +86,9 @@ class DraftProfile:
     best_k: int  # on the profile's basis
     slower_everywhere: bool  # slower than plain decoding at every k, on the basis
     per_category: list[CategoryResult] = field(default_factory=list)
+    # k -> per prompt, per position: acceptance of the drafts of a round starting there
+    # (what `spec_predict.sequence_prediction` needs to predict under other RoundCosts)
+    round_acceptance: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -262,6 +265,7 @@ def profile(
             best_k=best(per_k, basis).k,
             slower_everywhere=all(speedup_on(r, basis) < 1.0 for r in per_k),
             per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
+            round_acceptance=acc[j],
         ))
     return SpecProfile(
         target=target_name,
