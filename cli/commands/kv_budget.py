@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
+from infer_tool.cli.options import Json
 from infer_tool.sizing.defaults import (
     DEFAULT_ACCOUNTING,
     DEFAULT_BLOCK_SIZE,
@@ -65,7 +66,7 @@ def kv_budget(
     max_tpot: Annotated[Optional[float], Opt(help="--solve latency target: time per output token, ms.")] = None,
     max_ttft: Annotated[Optional[float], Opt(help="--solve latency target: time to first token, ms.")] = None,
     require_fit: Annotated[bool, Opt("--require-fit", help="Exit 3 when a requested row does not fit (capacity check in CI).")] = False,
-    json_out: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.")] = False,
+    json_out: Json = False,
     list_models: Annotated[bool, Opt("--list-models", help="List model presets and exit.")] = False,
     list_gpus: Annotated[bool, Opt("--list-gpus", help="List GPU presets and exit.")] = False,
 ) -> None:
