@@ -1,13 +1,12 @@
 """Every checkpoint format we write, loaded by the real serving engine (vLLM's CPU build):
 the rows, the run and the expectations shared by tests/test_vllm.py and the README table.
 
-One run: `infer-tool quantize` writes one small checkpoint per row (the demo model, RTN
-INT4 or dynamic FP8, 2 x 512 calibration tokens); one vLLM process (tests/vllm_worker.py,
-in `.venv-vllm`) loads each in `vllm.LLM` and scores the first 2048-token window of
-sotu:eval by prompt logprobs; `infer-tool eval ppl --dtype bfloat16` scores the same
-window. A row either loads in vLLM with perplexity within tolerance of ours, or is
-refused with the exact message the row names: a refusal by vLLM's CPU build, so that the
-test notices when vLLM starts accepting the format.
+One run: `infer-tool quantize` writes one checkpoint per row (the demo model, RTN INT4 or
+FP8, seconds each); one vLLM process (tests/vllm_worker.py, in `.venv-vllm`) loads each in
+`vllm.LLM` and scores the first 2048-token window of sotu:eval by prompt logprobs;
+`infer-tool eval ppl --dtype bfloat16` scores the same window. A row either runs in vLLM
+with perplexity within 1% of ours, or is refused with the exact message the row names: a
+refusal by vLLM's CPU build, so that the test notices when vLLM starts accepting it.
 
     .venv/bin/python tests/vllm_formats.py [--work DIR] [--only ROW ...]
 
@@ -255,14 +254,29 @@ def ours_ppl(path: Path, kv: bool) -> float:
     return float(json.loads(out)["ppl"])
 
 
+def _clock() -> tuple[float, float]:
+    """(wall, CPU seconds of this process and its children)."""
+    import resource
+
+    usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return time.perf_counter(), sum(u.ru_utime + u.ru_stime for u in usage)
+
+
 def run(work: Path, rows: tuple[Row, ...] = ROWS) -> Run:
     """Write, load and score every row (see the module docstring)."""
     python = vllm_python()
-    clock = Stopwatch()
+    seconds, t = {}, _clock()
+
+    def lap(stage: str) -> None:
+        nonlocal t
+        now = _clock()
+        seconds[stage], seconds[f"{stage} cpu"] = now[0] - t[0], now[1] - t[1]
+        t = now
+
     ckpts = write_checkpoints(work, rows)
-    clock.lap("quantize")
+    lap("quantize")
     host, by_name = run_vllm(python, work, ckpts, rows, window_ids(next(iter(ckpts.values()))))
-    clock.lap("vllm")
+    lap("vllm")
     results = []
     for row in rows:
         rec = by_name[row.id]
@@ -272,30 +286,8 @@ def run(work: Path, rows: tuple[Row, ...] = ROWS) -> Run:
         if row.kv:
             res.expected_scales = checkpoint_kv_scales(ckpts[row.id])
         results.append(res)
-    clock.lap("ours")
-    return Run(host, results, clock.seconds)
-
-
-class Stopwatch:
-    """Wall and CPU seconds (this process and its children) per stage."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._t = self._now()
-
-    @staticmethod
-    def _now() -> tuple[float, float]:
-        import resource
-
-        cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                  for f in ("ru_utime", "ru_stime"))
-        return time.perf_counter(), cpu
-
-    def lap(self, name: str) -> None:
-        now = self._now()
-        self.seconds[name] = now[0] - self._t[0]
-        self.seconds[f"{name} cpu"] = now[1] - self._t[1]
-        self._t = now
+    lap("ours")
+    return Run(host, results, seconds)
 
 
 def expected_refusal(row: Row, host: dict[str, Any]) -> str | None:
