@@ -160,7 +160,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.stdout.flush()
     rc = main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
