@@ -7,44 +7,47 @@ B x (k + 1) tokens: nearly the cost of a plain step while the pass is memory-bou
 weights are read once for all of them), k + 1 steps once it is compute-bound. So the
 best k falls as the concurrency grows, and a draft that pays at batch 1 can lose at 128.
 
-Per concurrency B and draft, `spec_costs.RooflineCosts` from `sizing.spec_roofline`'s
-pass times go to `spec_predict`: `sequence_prediction` over each prompt's acceptance
-windows (the projected speedup, and the best k by it) and `alpha_prediction` (α alone).
+Per concurrency and draft, the pass times of `sizing.spec_roofline.batch_times` become a
+`spec_costs.RooflineCosts` for `spec_predict`: `sequence_prediction` over each prompt's
+acceptance windows (the projected speedup, and the best k by it) and `alpha_prediction`
+(α alone).
 
-Nothing here is measured. `Projection.inputs` states what the figures rest on: the GPU's
-datasheet peaks, the efficiencies, the dtypes, the models' shapes and the context.
+Nothing here is measured. `ProjectionRequest.inputs` states what the figures rest on:
+the GPU's datasheet peaks, the efficiencies, the dtypes, the models' shapes, the context.
 
-What this module does not know: models, timing, or where acceptance comes from.
+What this module does not know: models, the roofline, or where acceptance comes from.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from infer_tool.evals.spec_costs import RooflineCosts
 from infer_tool.evals.spec_predict import alpha_prediction, sequence_prediction
 from infer_tool.evals.spec_ranking import best
-from infer_tool.sizing.defaults import DEFAULT_MEM_UTIL, DEFAULT_RESERVE_BYTES
-from infer_tool.sizing.spec_roofline import ServedModel, Serving, memory_needed, pass_times
 
-ASSUMPTIONS = (
-    "one GPU per model pair (no tensor or pipeline parallelism), draft and target on it",
-    "every sequence of the batch drafts the same number of tokens (a homogeneous batch)",
-    "a model draft runs its k steps at the same batch; prompt lookup costs nothing on the GPU",
-    "decode phase only (no prefill, no prefill interference), no per-step launch or scheduling overhead",
-)
+
+class PassTimes(Protocol):
+    """Seconds of a round's passes at one concurrency B (`sizing.spec_roofline.BatchTimes`)."""
+
+    concurrency: int
+    step_s: float  # target pass over B x 1 tokens
+    bound: str
+    pass_s: dict[int, float]  # m -> target pass over B x (m + 1) tokens, m = 0..max k
+    pass_bound: dict[int, str]
+    draft_s: tuple[tuple[float, float], ...]  # per draft: passes over B x 1 and B x 2 tokens
+    memory_bytes: tuple[int, ...]  # per draft: target + draft weights and KV caches
+    usable_bytes: int
 
 
 @dataclass(frozen=True)
 class ProjectionRequest:
-    """What to project onto: where the passes run, the concurrencies, the target and, per
-    draft of the profile, its served model (None: a free draft, prompt lookup)."""
+    """Pass times per concurrency (one entry per draft of the profile, in order) and what
+    they rest on (`inputs`, reported as is; `inputs["gpu"]` names the GPU)."""
 
-    serving: Serving
-    concurrencies: tuple[int, ...]
-    target: ServedModel
-    drafts: tuple[ServedModel | None, ...]
+    batches: tuple[Any, ...]  # PassTimes
+    inputs: dict[str, Any]
 
 
 @dataclass
@@ -69,7 +72,7 @@ class ProjectedRow:
     speedup: float  # projected, at best_k
     slower_than_plain: bool  # at every k
     memory_bytes: int  # target + draft weights and KV caches at this concurrency
-    fits: bool  # within the GPU's memory x DEFAULT_MEM_UTIL less DEFAULT_RESERVE_BYTES
+    fits: bool  # within the GPU's usable memory
 
 
 @dataclass
@@ -79,8 +82,8 @@ class TargetRow:
     concurrency: int
     step_ms: float  # plain decode step of the batch
     bound: str  # what bounds that step: "memory" or "compute"
-    verify_costs: dict[int, float]  # v(m) at the profile's ks
-    verify_bound: dict[int, str]  # what bounds the pass over B x (m + 1) tokens
+    verify_costs: dict[int, float]  # v(k) at the profile's ks
+    verify_bound: dict[int, str]  # what bounds the pass over B x (k + 1) tokens
 
 
 @dataclass
@@ -98,31 +101,9 @@ class Projection:
     notes: list[str] = field(default_factory=list)
 
 
-def _model_inputs(m: ServedModel) -> dict[str, Any]:
-    s = m.shape
-    assert s.params is not None
-    return {
-        "weights": m.weights, "group_size": m.group_size if m.weights == "int4" else None,
-        "weight_bytes": m.weight_bytes, "shares_target_weights": m.shares_weights,
-        "layers": s.num_layers, "hidden_size": s.hidden_size, "attention_heads": s.num_attention_heads,
-        "kv_heads": s.layers[0].kv_heads if s.layers else 0, "params": s.params.total,
-        "active_params": s.params.active, "source": s.source,
-    }
-
-
-def inputs_of(req: ProjectionRequest, names: list[str]) -> dict[str, Any]:
-    """What the projection rests on, for the report."""
-    sv, gpu = req.serving, req.serving.gpu
-    models = [{"name": req.target.shape.name, "role": "target", **_model_inputs(req.target)}]
-    for name, d in zip(names, req.drafts):
-        models.append({"name": name, "role": "draft", **({"free": True} if d is None else _model_inputs(d))})
-    return {
-        "gpu": gpu.key, "gpu_name": gpu.name, "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
-        "bf16_flops": gpu.bf16_flops, "fp8_flops": gpu.fp8_flops, "gpu_memory_bytes": gpu.memory_bytes,
-        "gpu_source": gpu.spec_source, "efficiency": asdict(sv.eff), "kv_dtype": sv.kv,
-        "prompt_len": sv.prompt_len, "output_len": sv.output_len, "mean_context": sv.context,
-        "concurrencies": list(req.concurrencies), "models": models, "assumptions": list(ASSUMPTIONS),
-    }
+def _speedup(windows: list[list[list[float]]], k: int, costs: RooflineCosts) -> float:
+    preds = [sequence_prediction(w, k, costs) for w in windows]
+    return sum(e.tokens for e in preds) / sum(e.cost for e in preds)
 
 
 def project(
@@ -131,40 +112,31 @@ def project(
 ) -> Projection:
     """Per draft j (name, α, acceptance windows per k per prompt, as in
     `DraftProfile.round_acceptance`) and per concurrency: each k's projected speedup."""
-    sv = req.serving
-    usable = sv.gpu.memory_bytes * DEFAULT_MEM_UTIL - DEFAULT_RESERVE_BYTES
-    ms = range(max(ks) + 1)  # a round may draft fewer than k (prompt lookup, the last rounds)
+    assert len(names) == len(alphas) == len(round_acceptance)
     targets: list[TargetRow] = []
     drafts = [DraftProjection(n, a, []) for n, a in zip(names, alphas)]
     notes: list[str] = []
-    for B in req.concurrencies:
-        step, bound = pass_times(req.target, sv, B, 1)
-        passes = {m: pass_times(req.target, sv, B, m + 1) for m in ms}
-        pass_s = {m: s for m, (s, _) in passes.items()}
-        targets.append(TargetRow(B, 1e3 * step, bound, {k: pass_s[k] / step for k in ks},
-                                 {k: passes[k][1] for k in ks}))
-        for j, d in enumerate(req.drafts):
-            one = two = 0.0
-            if d is not None:
-                one, two = pass_times(d, sv, B, 1)[0], pass_times(d, sv, B, 2)[0]
-            costs = RooflineCosts(step, pass_s, one, two)
+    for t in req.batches:
+        B, step = t.concurrency, t.step_s
+        assert len(t.draft_s) == len(names) and max(ks) <= max(t.pass_s)
+        targets.append(TargetRow(B, 1e3 * step, t.bound, {k: t.pass_s[k] / step for k in ks},
+                                 {k: t.pass_bound[k] for k in ks}))
+        for j, ((one, two), need) in enumerate(zip(t.draft_s, t.memory_bytes)):
+            costs = RooflineCosts(step, t.pass_s, one, two)
             per_k = []
             for k in ks:
-                preds = [sequence_prediction(w, k, costs) for w in round_acceptance[j][k]]
                 a = alpha_prediction(alphas[j], k, costs)
-                per_k.append(ProjectedK(
-                    k, a.verify_cost, a.draft_cost, a.draft_cost / k,
-                    sum(e.tokens for e in preds) / sum(e.cost for e in preds), a.speedup,
-                ))
+                per_k.append(ProjectedK(k, a.verify_cost, a.draft_cost, a.draft_cost / k,
+                                        _speedup(round_acceptance[j][k], k, costs), a.speedup))
             top = best(per_k, "predicted")
-            need = memory_needed([req.target] + ([d] if d is not None else []), sv, B)
             drafts[j].rows.append(ProjectedRow(
                 B, 1e3 * one, per_k, top.k, top.predicted_speedup,
-                all(r.predicted_speedup < 1.0 for r in per_k), need, need <= usable,
+                all(r.predicted_speedup < 1.0 for r in per_k), need, need <= t.usable_bytes,
             ))
-            if need > usable:
+            if need > t.usable_bytes:
                 notes.append(
                     f"{names[j]} at concurrency {B}: target + draft need {need / 2**30:.1f} GiB of weights and KV "
-                    f"cache, more than the {usable / 2**30:.1f} GiB usable on {sv.gpu.key}; projected as if it fit"
+                    f"cache, more than the {t.usable_bytes / 2**30:.1f} GiB usable on {req.inputs['gpu']}; "
+                    "projected as if it fit"
                 )
-    return Projection(inputs_of(req, names), targets, drafts, notes)
+    return Projection(req.inputs, targets, drafts, notes)

@@ -12,16 +12,20 @@ Models come from their config.json (`served_model`): the weight dtype the roofli
 is the checkpoint's own quantization (`quantization_config`: INT4 / INT8 / FP8) or bf16.
 A `truncated:N` draft is the target's shape with its first N layers (`truncated`).
 
+`batch_times` gathers what a projection needs at one concurrency; `describe` states
+what it rests on.
+
 What this module does not know: acceptance, or what a round's costs are used for.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.config_view import ConfigView
+from infer_tool.sizing.defaults import DEFAULT_MEM_UTIL, DEFAULT_RESERVE_BYTES
 from infer_tool.sizing.hf_config import shape_from_config
 from infer_tool.sizing.kv import kv_dtype, sequence_bytes
 from infer_tool.sizing.params import estimate_params
@@ -137,3 +141,70 @@ def memory_needed(models: list[ServedModel], serving: Serving, batch: int) -> in
     context = serving.prompt_len + serving.output_len
     cache = sum(sequence_bytes(m.shape.layers, context, kv, tp=1, block=BLOCK_SIZE).alone for m in models)
     return sum(m.weight_bytes for m in models if not m.shares_weights) + batch * cache
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """Roofline seconds of the passes of a speculative round at one concurrency B, for a
+    target and its drafts (what `evals.spec_projection` turns into round costs)."""
+
+    concurrency: int
+    step_s: float  # target pass over B x 1 tokens
+    bound: str  # of that step
+    pass_s: dict[int, float]  # m -> target pass over B x (m + 1) tokens, m = 0..max_m
+    pass_bound: dict[int, str]
+    draft_s: tuple[tuple[float, float], ...]  # per draft: passes over B x 1 and B x 2 tokens; (0, 0): free
+    memory_bytes: tuple[int, ...]  # per draft: target + that draft, weights and KV caches
+    usable_bytes: int  # GPU memory x DEFAULT_MEM_UTIL less DEFAULT_RESERVE_BYTES
+
+
+def batch_times(
+    serving: Serving, target: ServedModel, drafts: tuple[ServedModel | None, ...], concurrency: int, max_m: int
+) -> BatchTimes:
+    """The passes at `concurrency` sequences; a draft of None is free (prompt lookup)."""
+    B = concurrency
+    step, bound = pass_times(target, serving, B, 1)
+    passes = {m: pass_times(target, serving, B, m + 1) for m in range(max_m + 1)}
+    draft_s = tuple((0.0, 0.0) if d is None else (pass_times(d, serving, B, 1)[0], pass_times(d, serving, B, 2)[0])
+                    for d in drafts)
+    memory = tuple(memory_needed([target] + ([d] if d is not None else []), serving, B) for d in drafts)
+    usable = int(serving.gpu.memory_bytes * DEFAULT_MEM_UTIL - DEFAULT_RESERVE_BYTES)
+    return BatchTimes(B, step, bound, {m: t for m, (t, _) in passes.items()}, {m: b for m, (_, b) in passes.items()},
+                      draft_s, memory, usable)
+
+
+ASSUMPTIONS = (
+    "one GPU per model pair (no tensor or pipeline parallelism), draft and target on it",
+    "every sequence of the batch drafts the same number of tokens (a homogeneous batch)",
+    "a model draft runs its k steps at the same batch; prompt lookup costs nothing on the GPU",
+    "decode phase only (no prefill, no prefill interference), no per-step launch or scheduling overhead",
+)
+
+
+def _model_inputs(m: ServedModel) -> dict[str, Any]:
+    s = m.shape
+    assert s.params is not None
+    return {
+        "weights": m.weights, "group_size": m.group_size if m.weights == "int4" else None,
+        "weight_bytes": m.weight_bytes, "shares_target_weights": m.shares_weights,
+        "layers": s.num_layers, "hidden_size": s.hidden_size, "attention_heads": s.num_attention_heads,
+        "kv_heads": s.layers[0].kv_heads if s.layers else 0, "params": s.params.total,
+        "active_params": s.params.active, "source": s.source,
+    }
+
+
+def describe(serving: Serving, target: ServedModel, drafts: tuple[ServedModel | None, ...], names: list[str],
+             concurrencies: tuple[int, ...]) -> dict[str, Any]:
+    """What a projection rests on, for its report: GPU figures, efficiencies, dtypes,
+    model shapes, context, concurrencies and assumptions."""
+    gpu = serving.gpu
+    models = [{"name": target.shape.name, "role": "target", **_model_inputs(target)}]
+    for name, d in zip(names, drafts):
+        models.append({"name": name, "role": "draft", **({"free": True} if d is None else _model_inputs(d))})
+    return {
+        "gpu": gpu.key, "gpu_name": gpu.name, "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
+        "bf16_flops": gpu.bf16_flops, "fp8_flops": gpu.fp8_flops, "gpu_memory_bytes": gpu.memory_bytes,
+        "gpu_source": gpu.spec_source, "efficiency": asdict(serving.eff), "kv_dtype": serving.kv,
+        "prompt_len": serving.prompt_len, "output_len": serving.output_len, "mean_context": serving.context,
+        "concurrencies": list(concurrencies), "models": models, "assumptions": list(ASSUMPTIONS),
+    }

@@ -14,7 +14,16 @@ from infer_tool.sizing.hf_config import shape_from_config
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, model_presets
 from infer_tool.sizing.roofline import Efficiency
 from infer_tool.sizing.shape import FULL, LayerSpec, LinearShape, ModelShape, ParamCount
-from infer_tool.sizing.spec_roofline import ServedModel, Serving, pass_times, served_model, truncated, weights_of
+from infer_tool.sizing.spec_roofline import (
+    ServedModel,
+    Serving,
+    batch_times,
+    describe,
+    pass_times,
+    served_model,
+    truncated,
+    weights_of,
+)
 
 # A GPU with round numbers, used at its peaks: 1e12 B/s, 1e14 FLOP/s.
 ROUND_GPU = GpuPreset("round", "round-number GPU", 80 * 2**30, "test", hbm_bytes_per_s=1e12, bf16_flops=1e14)
@@ -64,6 +73,13 @@ def test_roofline_costs_by_hand() -> None:
     assert costs.draft(2, True) == pytest.approx((6e-7 + 5.2e-7) / 2.32e-6)
 
 
+def request(serving: Serving, conc: tuple[int, ...], target: ServedModel, drafts: tuple, names: list[str],
+            max_k: int) -> ProjectionRequest:
+    """What the CLI hands `profile`: sizing's pass times per concurrency and its inputs."""
+    return ProjectionRequest(tuple(batch_times(serving, target, drafts, B, max_k) for B in conc),
+                             describe(serving, target, drafts, names, conc))
+
+
 def windows(alpha: float, k: int, n: int = 40) -> list[list[float]]:
     """One prompt's acceptance windows at constant acceptance α (n tokens generated)."""
     return [[alpha] * min(k, n - t - 1) for t in range(n)]
@@ -71,7 +87,7 @@ def windows(alpha: float, k: int, n: int = 40) -> list[list[float]]:
 
 def test_projection_by_hand() -> None:
     alpha, ks = 0.8, [1, 2, 3]
-    req = ProjectionRequest(SERVING, (1, 100), TARGET, (DRAFT, None))
+    req = request(SERVING, (1, 100), TARGET, (DRAFT, None), ["draft", "lookup"], max(ks))
     acc = [{k: [windows(alpha, k)] for k in ks} for _ in range(2)]
     p = project(req, ["draft", "lookup"], [alpha, alpha], acc, ks)
     t1, t100 = p.target
@@ -115,7 +131,7 @@ def test_best_k_falls_with_concurrency_when_verify_turns_compute_bound(flops, mo
         gpu = GpuPreset(gpu.key, gpu.name, gpu.memory_bytes, gpu.source, gpu.hbm_bytes_per_s, flops, None, None)
     target = preset("llama-3.1-8b")
     alpha, ks, conc = 0.8, list(range(1, 9)), (1, 8, 32, 128, 512)
-    req = ProjectionRequest(Serving(gpu, Efficiency(), 512, 128), conc, target, (None, truncated(target, 4, "t4")))
+    req = request(Serving(gpu, Efficiency(), 512, 128), conc, target, (None, truncated(target, 4, "t4")), ["ngram", "t4"], 8)
     acc = [{k: [windows(alpha, k, 64)] for k in ks} for _ in range(2)]
     p = project(req, ["ngram", "t4"], [alpha, alpha], acc, ks)
     assert p.target[0].verify_costs[8] == pytest.approx(1.0, abs=0.01)  # batch 1: memory-bound
@@ -133,7 +149,7 @@ def test_best_k_falls_with_concurrency_when_verify_turns_compute_bound(flops, mo
 
 def test_too_many_sequences_are_flagged() -> None:
     target = preset("llama-3.1-8b")  # 16 GB of weights, 128 KiB of KV per token
-    req = ProjectionRequest(Serving(gpu_preset("H100-80GB"), Efficiency(), 4096, 4096), (1, 256), target, (None,))
+    req = request(Serving(gpu_preset("H100-80GB"), Efficiency(), 4096, 4096), (1, 256), target, (None,), ["ngram"], 1)
     p = project(req, ["ngram"], [0.5], [{1: [windows(0.5, 1)]}], [1])
     assert [r.fits for r in p.drafts[0].rows] == [True, False]
     assert len(p.notes) == 1 and "concurrency 256" in p.notes[0] and "projected as if it fit" in p.notes[0]

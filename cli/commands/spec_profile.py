@@ -205,13 +205,13 @@ def spec_profile(
     projection = None
     if projecting is not None:  # sized now, so a config the roofline cannot read fails before the profile
         from infer_tool.evals.spec_projection import ProjectionRequest
-        from infer_tool.sizing.spec_roofline import Serving
+        from infer_tool.sizing.spec_roofline import Serving, batch_times, describe
 
         preset, counts, eff = projecting
-        served_target, served_drafts = served_models(target, loaded.path, specs, draft_dirs)
-        mean_prompt = round(sum(p.numel() for p in ids) / len(ids))
-        projection = ProjectionRequest(Serving(preset, eff, mean_prompt, max_new_tokens), counts,
-                                       served_target, served_drafts)
+        t, ds = served_models(target, loaded.path, specs, draft_dirs)
+        serving = Serving(preset, eff, round(sum(p.numel() for p in ids) / len(ids)), max_new_tokens)
+        projection = ProjectionRequest(tuple(batch_times(serving, t, ds, B, max(ks)) for B in counts),
+                                       describe(serving, t, ds, [d.name for d in drafts], counts))
     notes = list(loaded.notes) + [ALPHA_NOTE, PREDICTION_NOTE]
     for d in drafts:
         if isinstance(d, ModelDraft) and same_weights(d.lm.model, loaded.model):
