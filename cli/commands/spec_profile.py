@@ -116,7 +116,7 @@ def check_projection(gpu: str | None, concurrency: list[str] | None, eff: dict[s
     return preset, counts, efficiency(dict(eff))
 
 
-def served_models(target: str, target_dir: Path, specs: list[Any], draft_dirs: dict[str, Path]) -> tuple[Any, tuple]:
+def served_models(target: str, target_dir: Path, specs: list[Any], model_dirs: dict[str, Path]) -> tuple[Any, tuple]:
     """The target and each draft as the projection serves them, from their config.json
     (a truncated draft: the target's first N layers; prompt lookup: None, free)."""
     from infer_tool.sizing.hf_config import load_config
@@ -127,7 +127,7 @@ def served_models(target: str, target_dir: Path, specs: list[Any], draft_dirs: d
 
     t = read(target, target_dir)
     by_kind = {"ngram": lambda s: None, "truncated": lambda s: truncated(t, s.n, s.spec),
-               "model": lambda s: read(s.spec, draft_dirs[s.spec])}
+               "model": lambda s: read(s.spec, model_dirs[s.spec])}
     return t, tuple(by_kind[s.kind](s) for s in specs)
 
 
@@ -187,11 +187,11 @@ def spec_profile(
         torch.set_num_threads(threads)
     quiet_libraries()
 
-    draft_dirs: dict[str, Path] = {}
+    model_dirs: dict[str, Path] = {}
 
     def load(spec: str) -> Any:
         m = load_for_eval(spec, dtype=dt, device=dev, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-        draft_dirs[spec] = m.path
+        model_dirs[spec] = m.path
         return m
 
     loaded = load(target)
@@ -208,7 +208,7 @@ def spec_profile(
         from infer_tool.sizing.spec_roofline import Serving, batch_times, describe
 
         preset, counts, eff = projecting
-        t, ds = served_models(target, loaded.path, specs, draft_dirs)
+        t, ds = served_models(target, loaded.path, specs, model_dirs)
         serving = Serving(preset, eff, round(sum(p.numel() for p in ids) / len(ids)), max_new_tokens)
         projection = ProjectionRequest(tuple(batch_times(serving, t, ds, B, max(ks)) for B in counts),
                                        describe(serving, t, ds, [d.name for d in drafts], counts))
