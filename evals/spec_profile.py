@@ -191,7 +191,7 @@ def profile(
     """Profile every draft against `target` on `prompts` (each (P_i,) int64) for each k;
     `max_new_tokens` >= 2 (the first token comes from the prefill). `clock` times every
     pass (wall time by default). `projection`: also project the speedups onto its GPU
-    and concurrencies (one served model per draft, in order)."""
+    and concurrencies (its pass times list the drafts in the order of `drafts`)."""
     progress = progress or no_progress
     lm = CachedLM(target, vocab)
     n, N = len(prompts), max_new_tokens

@@ -46,7 +46,7 @@ class ProjectionRequest:
     """Pass times per concurrency (one entry per draft of the profile, in order) and what
     they rest on (`inputs`, reported as is; `inputs["gpu"]` names the GPU)."""
 
-    batches: tuple[Any, ...]  # PassTimes
+    batches: tuple[PassTimes, ...]  # per concurrency
     inputs: dict[str, Any]
 
 

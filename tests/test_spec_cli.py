@@ -329,10 +329,11 @@ def test_projection_and_kv_budget_reads_the_report(files, tmp_path) -> None:
         same = kv("--spec", f"{top['alpha']!r},{top['best_k']},{c!r}")
         assert got["rows"][0]["speed"] == same["rows"][0]["speed"]
 
-    res = run(*common, "--k", "1", "--gpu", "H100-80GB", "--concurrency", "1,8")
+    res = run(*common, "--k", "1", "--gpu", "H100-80GB", "--concurrency", "1,100m")  # 100m: more than fits
     assert res.exit_code == 0, res.output
     text = " ".join(res.stdout.split())
-    for needle in ("PROJECTION to H100-80GB", "PROJECTED speedup", "conc 8", "inputs: NVIDIA H100 80GB HBM3",
+    for needle in ("PROJECTION to H100-80GB", "PROJECTED speedup", "conc 104857600", "inputs: NVIDIA H100 80GB HBM3",
                    "HBM efficiency 0.8 and MFU 0.5", "truncated:1 bf16 (1 layer,", "the target's weights",
-                   "ngram:3 free", "assumes: one GPU"):
+                   "ngram:3 free", "assumes: one GPU", "* !", "!: does not fit",
+                   "ngram:3 at concurrency 104857600: target + draft need"):
         assert needle in text, needle

@@ -150,7 +150,7 @@ def _projection(p: dict[str, Any]) -> None:
     speedup per k and concurrency, then its inputs."""
     console = out()
     i = p["inputs"]
-    ks = [r["k"] for r in p["drafts"][0]["rows"][0]["per_k"]] if p["drafts"] else []
+    ks = list(p["target"][0]["verify_costs"])
     target = Table(title=f"PROJECTION to {i['gpu']} serving (roofline from datasheet peaks; not measured): target side")
     for col in ("concurrency", "target step", "bound", *(f"v({k})" for k in ks)):
         target.add_column(col, justify="right")
