@@ -241,7 +241,7 @@ def no_model_loads(monkeypatch):
         (["--gpu", "H100-80GB", "--concurrency", "1..100000000:1"], "--concurrency"),
         (["--gpu", "H100-80GB", "--mfu", "1.5"], "--mfu 1.5"),
         (["--gpu", "H100-80GB", "--hbm-efficiency", "nan"], "--hbm-efficiency nan"),
-        (["--concurrency", "8"], "--concurrency only apply to the projection: give --gpu"),
+        (["--concurrency", "8"], "--concurrency: used only by the projection; give --gpu"),
         (["--mfu", "0.4"], "give --gpu"),
     ],
 )

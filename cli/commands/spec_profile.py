@@ -100,7 +100,8 @@ def check_projection(gpu: str | None, concurrency: list[str] | None, eff: dict[s
     if gpu is None:
         given = [f"--{n.replace('_', '-')}" for n, v in (("concurrency", concurrency), *eff.items()) if v is not None]
         if given:
-            raise BadInput(f"{', '.join(given)} only apply to the projection: give --gpu PRESET too (see kv-budget --list-gpus)")
+            raise BadInput(f"{', '.join(given)}: used only by the projection; give --gpu PRESET too "
+                           "(see infer-tool kv-budget --list-gpus)")
         return None
     from infer_tool.sizing.presets import gpu_preset, gpu_presets, suggest
     from infer_tool.sizing.roofline import Hardware
