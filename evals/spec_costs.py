@@ -14,13 +14,13 @@ token without speculation) the round costs
   accepted all its drafts, so the draft's first pass also feeds the last drafted token,
   which it proposed but never consumed.
 
-`RoundCosts` is all that predictions (`spec_predict`) know about hardware. Today two
-implementations exist: `MeasuredCosts`, timed here on the machine the profile runs on,
-and `GivenCostRatio`, which keeps the measured v(m) but takes the draft's cost per
-proposed token from the user (`--cost-ratio`). A projection to another GPU and batch
-size (sizing's roofline: a target pass over batch x (m + 1) tokens against a batch-wide
-decode step, the draft's steps on the same GPU) is a third `RoundCosts`, handed to
-`spec_predict` in their place; acceptance does not change with the hardware.
+`RoundCosts` is all that predictions (`spec_predict`) know about hardware. Three
+implementations: `MeasuredCosts`, timed here on the machine the profile runs on;
+`GivenCostRatio`, which keeps the measured v(m) but takes the draft's cost per proposed
+token from the user (`--cost-ratio`); and `RooflineCosts`, a projection to a GPU type at
+a batch size (sizing's roofline: a target pass over batch x (m + 1) tokens against a
+batch-wide decode step, the draft's steps at the same batch on the same GPU). Acceptance
+does not change with the hardware, so the same acceptance goes with any of them.
 
 What this module does not know: acceptance, or how drafts propose tokens (it only calls
 `propose`, `prefill` and `rollback`).
@@ -117,6 +117,32 @@ class GivenCostRatio:
 
     def draft(self, m: int, catch_up: bool) -> float:
         return self.c * m
+
+
+@dataclass
+class RooflineCosts:
+    """`RoundCosts` projected by the roofline (`sizing.spec_roofline`) onto one GPU type at
+    one batch size B, from seconds of whole-batch passes:
+
+    - verify(m) = target pass over B x (m + 1) tokens / target pass over B x 1 tokens;
+    - draft(m, catch_up) = the draft's m passes at batch B (the first over 2 tokens per
+      sequence after a fully accepted round, the rest over 1) / the target's step; no
+      passes when m = 0. A free draft (prompt lookup, on the CPU beside the GPU) has
+      `draft_step_s = draft_catch_up_s = 0`."""
+
+    step_s: float  # target pass over B x 1 tokens
+    pass_s: dict[int, float]  # m -> target pass over B x (m + 1) tokens, m = 0 included
+    draft_step_s: float  # draft pass over B x 1 tokens
+    draft_catch_up_s: float  # draft pass over B x 2 tokens
+
+    def verify(self, m: int) -> float:
+        return self.pass_s[m] / self.step_s
+
+    def draft(self, m: int, catch_up: bool) -> float:
+        if m == 0:
+            return 0.0
+        first = self.draft_catch_up_s if catch_up else self.draft_step_s
+        return (first + (m - 1) * self.draft_step_s) / self.step_s
 
 
 def _seconds(fn: Callable[[], object], clock: Clock) -> float:

@@ -18,7 +18,9 @@ Passes, in order (each reported through the `progress` callback):
 
 Predictions (`spec_predict`) use passes 2 and 3 only, so screening has them too; where the
 loop ran, each k also has its measurement and the prediction's relative error, and k and
-drafts are chosen by the measurement (`spec_ranking`).
+drafts are chosen by the measurement (`spec_ranking`). Given a `ProjectionRequest`, the
+acceptance of pass 2 also goes, with roofline costs instead of the timed ones, to a
+projection onto a GPU type at several concurrencies (`spec_projection`).
 
 What this module does not know: where models and prompts come from, or how results are
 printed.
@@ -45,6 +47,7 @@ from infer_tool.evals.spec_predict import (
     vllm_measured,
     vllm_predicted,
 )
+from infer_tool.evals.spec_projection import Projection, ProjectionRequest, project
 from infer_tool.evals.spec_ranking import CategoryResult, best, rank, speedup_on
 from infer_tool.evals.spec_sampling import warp
 
@@ -101,6 +104,7 @@ class SpecProfile:
     tokens: int  # decoded tokens per run over all prompts (prefill tokens excluded)
     drafts: list[DraftProfile]
     ranking: list[dict[str, object]] = field(default_factory=list)
+    projection: Projection | None = None  # onto a GPU type at several concurrencies
 
 
 def _generator(seed: int, temperature: float) -> torch.Generator | None:
@@ -181,11 +185,13 @@ def profile(
     timing_rounds: int = TIMING_ROUNDS,
     clock: Clock = time.perf_counter,
     n_boot: int = 1000,
+    projection: ProjectionRequest | None = None,
     progress: Progress | None = None,
 ) -> SpecProfile:
     """Profile every draft against `target` on `prompts` (each (P_i,) int64) for each k;
     `max_new_tokens` >= 2 (the first token comes from the prefill). `clock` times every
-    pass (wall time by default)."""
+    pass (wall time by default). `projection`: also project the speedups onto its GPU
+    and concurrencies (its pass times list the drafts in the order of `drafts`)."""
     progress = progress or no_progress
     lm = CachedLM(target, vocab)
     n, N = len(prompts), max_new_tokens
@@ -245,11 +251,15 @@ def profile(
         for t in draft_times
     ]
     preds = [{k: [sequence_prediction(a, k, costs[j]) for a in acc[j][k]] for k in ks} for j in range(len(drafts))]
+    summaries = [summarize(b, n_boot, seed) for b in betas]
+    projected = None
+    if projection is not None:  # the same acceptance, the roofline's costs
+        projected = project(projection, [d.name for d in drafts], [a.alpha for a in summaries], acc, ks)
 
     basis = "measured" if loop else "predicted"
     profiles = []
     for j, draft in enumerate(drafts):
-        acceptance = summarize(betas[j], n_boot, seed)
+        acceptance = summaries[j]
         per_k = [
             _k_result(k, acceptance.alpha, costs[j], preds[j][k], runs[j][k] if runs else None,
                       sum(plain), conts, temperature)
@@ -276,4 +286,5 @@ def profile(
         tokens=n * (N - 1),
         drafts=profiles,
         ranking=rank(profiles, basis),
+        projection=projected,
     )

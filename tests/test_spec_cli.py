@@ -234,6 +234,15 @@ def no_model_loads(monkeypatch):
         (["--prompts", "EMPTY"], "is empty"),
         (["--prompts", "BROKEN"], "is not a JSON record"),
         (["--prompts", "CATEGORIES", "--text-field", "body"], "no text field 'body'"),
+        (["--gpu", "H10"], "--gpu 'H10' is not a GPU preset; did you mean: H200, A10G, H100-80GB"),
+        (["--gpu", "T4"], "no speed model"),
+        (["--gpu", "H100-80GB", "--concurrency", "0"], "--concurrency '0'"),
+        (["--gpu", "H100-80GB", "--concurrency", "eight"], "--concurrency 'eight'"),
+        (["--gpu", "H100-80GB", "--concurrency", "1..100000000:1"], "--concurrency"),
+        (["--gpu", "H100-80GB", "--mfu", "1.5"], "--mfu 1.5"),
+        (["--gpu", "H100-80GB", "--hbm-efficiency", "nan"], "--hbm-efficiency nan"),
+        (["--concurrency", "8"], "--concurrency: used only by the projection; give --gpu"),
+        (["--mfu", "0.4"], "give --gpu"),
     ],
 )
 def test_bad_input_refused_before_loading(files, no_model_loads, args, needle) -> None:
@@ -265,3 +274,66 @@ def test_bad_draft_for_this_target_exits_2(files, draft, needle) -> None:
     assert res.exit_code == 2, res.output
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.output
+
+
+def test_projection_and_kv_budget_reads_the_report(files, tmp_path) -> None:
+    """--gpu adds a projection per concurrency (the roofline's costs with the measured
+    acceptance); kv-budget --spec-profile reads the real report, with and without one."""
+    common = ["--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram",
+              "--draft", str(files["draft"]), "--prompts", str(files["prompts"]), "--num-prompts", "2",
+              "--max-new-tokens", "6", "--no-loop"]
+    res = run(*common, "--k", "1,2", "--gpu", "h100-80gb", "--concurrency", "1,64", "--mfu", "0.4", "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    proj = report["projection"]
+    inputs = proj["inputs"]
+    assert inputs["gpu"] == "H100-80GB" and inputs["concurrencies"] == [1, 64]
+    assert inputs["efficiency"]["mfu"] == 0.4 and inputs["efficiency"]["hbm"] == 0.8  # Efficiency's default
+    assert inputs["output_len"] == 6 and inputs["kv_dtype"] == "bf16"
+    models = {m["name"]: m for m in inputs["models"]}
+    assert models[str(files["target"])]["role"] == "target" and models[str(files["target"])]["layers"] == 3
+    assert models["truncated:1"]["layers"] == 1 and models["truncated:1"]["shares_target_weights"]
+    assert models["ngram:3"]["free"] and models[str(files["draft"])]["weights"] == "bf16"
+    assert [t["concurrency"] for t in proj["target"]] == [1, 64]
+    for d, profiled in zip(proj["drafts"], report["drafts"]):
+        assert d["name"] == profiled["name"] and d["alpha"] == profiled["alpha"]
+        for row in d["rows"]:
+            for r in row["per_k"]:
+                tokens = sum(d["alpha"] ** i for i in range(r["k"] + 1))
+                assert r["alpha_speedup"] == pytest.approx(tokens / (r["draft_cost"] + r["verify_cost"]))
+                assert (r["draft_cost"] == 0) == (d["name"] == "ngram:3")
+            assert row["best_k"] == max(row["per_k"], key=lambda r: (r["predicted_speedup"], -r["k"]))["k"]
+    with_gpu = tmp_path / "with_gpu.json"
+    with_gpu.write_text(res.stdout)
+    res = run(*common, "--k", "1,2", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["projection"] is None
+    without = tmp_path / "without.json"
+    without.write_text(res.stdout)
+
+    def kv(*extra: str) -> dict:
+        r = runner.invoke(app, ["kv-budget", "llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    for path, source in ((with_gpu, "roofline projection on H100-80GB at concurrency 1"), (without, "measured on cpu")):
+        doc = json.loads(path.read_text())
+        top = next(d for d in doc["drafts"] if d["name"] == doc["ranking"][0]["name"])
+        if doc["projection"]:
+            proj_draft = next(d for d in doc["projection"]["drafts"] if d["name"] == top["name"])
+            c = next(r for r in proj_draft["rows"][0]["per_k"] if r["k"] == top["best_k"])["cost_ratio"]
+        else:
+            c = top["cost_ratio"]
+        got = kv("--spec-profile", str(path))
+        note = next(n for n in got["notes"] if "--spec-profile" in n)
+        assert f"draft {top['name']}" in note and source in note and f"k {top['best_k']}" in note
+        same = kv("--spec", f"{top['alpha']!r},{top['best_k']},{c!r}")
+        assert got["rows"][0]["speed"] == same["rows"][0]["speed"]
+
+    res = run(*common, "--k", "1", "--gpu", "H100-80GB", "--concurrency", "1,100m")  # 100m: more than fits
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    for needle in ("PROJECTION to H100-80GB", "PROJECTED speedup", "conc 104857600", "inputs: NVIDIA H100 80GB HBM3",
+                   "HBM efficiency 0.8 and MFU 0.5", "truncated:1 bf16 (1 layer,", "the target's weights",
+                   "ngram:3 free", "assumes: one GPU", "* !", "!: does not fit",
+                   "ngram:3 at concurrency 104857600: target + draft need"):
+        assert needle in text, needle

@@ -5,14 +5,15 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from infer_tool.cli.options import AllowPickle, Device, Json, NoProgress, TrustRemoteCode
-from infer_tool.cli.output import cli_command, emit_json, out, progress_bar, quiet_libraries
+from infer_tool.cli.options import AllowPickle, Device, HbmEfficiency, Json, Mfu, NoProgress, TrustRemoteCode, efficiency
+from infer_tool.cli.output import cli_command, emit_json, progress_bar, quiet_libraries
 from infer_tool.common.errors import BadInput
+from infer_tool.sizing.defaults import DEFAULT_CONCURRENCY
 
 K_MAX = 64
 MAX_NEW_TOKENS = 65536
@@ -93,127 +94,42 @@ def pick_clock(name: str, device: str, threads: int | None) -> str:
     return name
 
 
-def report_dict(profile: Any, settings: dict[str, Any], notes: list[str]) -> dict[str, Any]:
-    """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...],
-    ranking, settings and notes."""
-    drafts = []
-    for d in profile.drafts:
-        acc = d.acceptance
-        drafts.append({
-            "name": d.name,
-            "alpha": acc.alpha,
-            "alpha_ci": list(acc.alpha_ci),
-            "cost_ratio": d.cost_ratio,
-            "cost_source": d.cost_source,
-            "draft_seconds": asdict(d.times),
-            "per_k": [asdict(r) for r in d.per_k],
-            "best_k": d.best_k,
-            "best_k_basis": profile.basis,
-            "slower_than_plain": d.slower_everywhere,
-            "per_category": [asdict(c) for c in d.per_category],
-            "positions_scored": acc.positions,
-            "per_position": acc.per_position,
-            "per_prompt": acc.per_prompt,
-        })
-    return {
-        "target": profile.target,
-        "target_step_ms": profile.target_step_ms,
-        "verify_costs": profile.verify_costs,
-        "basis": profile.basis,
-        "baseline_seconds": profile.baseline_seconds,
-        "tokens_decoded": profile.tokens,
-        "drafts": drafts,
-        "ranking": profile.ranking,
-        "settings": settings,
-        "notes": notes,
-    }
+def check_projection(gpu: str | None, concurrency: list[str] | None, eff: dict[str, float | None]) -> Any:
+    """(GPU preset, concurrencies, Efficiency) of the projection, or None without --gpu;
+    refused before anything is loaded."""
+    if gpu is None:
+        given = [f"--{n.replace('_', '-')}" for n, v in (("concurrency", concurrency), *eff.items()) if v is not None]
+        if given:
+            raise BadInput(f"{', '.join(given)}: used only by the projection; give --gpu PRESET too "
+                           "(see infer-tool kv-budget --list-gpus)")
+        return None
+    from infer_tool.sizing.presets import gpu_preset, gpu_presets, suggest
+    from infer_tool.sizing.roofline import Hardware
+    from infer_tool.sizing.units import parse_counts
+
+    try:
+        preset = gpu_preset(gpu)
+    except BadInput:
+        raise BadInput(f"--gpu {gpu!r} is not a GPU preset; {suggest(gpu, list(gpu_presets()))} "
+                       "(see infer-tool kv-budget --list-gpus)") from None
+    Hardware.from_preset(preset)  # refuses a GPU without the datasheet figures
+    counts = tuple(parse_counts(concurrency, "--concurrency")) if concurrency else DEFAULT_CONCURRENCY
+    return preset, counts, efficiency(dict(eff))
 
 
-def _pm(pred: float, meas: float | None, fmt: str = ".2f") -> str:
-    return f"{pred:{fmt}} / " + ("-" if meas is None else f"{meas:{fmt}}")
+def served_models(target: str, target_dir: Path, specs: list[Any], model_dirs: dict[str, Path]) -> tuple[Any, tuple]:
+    """The target and each draft as the projection serves them, from their config.json
+    (a truncated draft: the target's first N layers; prompt lookup: None, free)."""
+    from infer_tool.sizing.hf_config import load_config
+    from infer_tool.sizing.spec_roofline import served_model, truncated
 
+    def read(name: str, directory: Path) -> Any:
+        return served_model(load_config(directory), name, str(directory / "config.json"))
 
-def _print(report: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    console = out()
-    s = report["settings"]
-    measured = report["basis"] == "measured"
-    table = Table(
-        title=f"spec-profile: target {report['target']}  (T={s['temperature']}, top-p={s['top_p']}, "
-        f"{s['num_prompts']} prompts x {s['max_new_tokens']} tokens, target step "
-        f"{report['target_step_ms']:.2f} ms)",
-    )
-    for col in ("draft", "k", "alpha (95% CI)", "c", "v(k)", "tok/pass", "speedup", "error"):
-        table.add_column(col, justify="left" if col == "draft" else "right")
-    for d in report["drafts"]:
-        lo, hi = d["alpha_ci"]
-        for i, r in enumerate(d["per_k"]):
-            table.add_row(
-                d["name"] if i == 0 else "",
-                f"{r['k']}{' *' if r['k'] == d['best_k'] else ''}",
-                f"{d['alpha']:.3f} ({lo:.2f}-{hi:.2f})" if i == 0 else "",
-                f"{r['cost_ratio']:.3g}" + ("" if d["cost_source"] == "measured" else " given"),
-                f"{r['verify_cost']:.2f}",
-                _pm(r["predicted_tokens"], r["measured_tokens"]),
-                _pm(r["predicted_speedup"], r["measured_speedup"]),
-                "-" if r["error"] is None else f"{r['error']:+.1%}",
-            )
-        table.add_section()
-    console.print(table)
-    console.print(
-        "a / b reads predicted / measured (speedups exclude the prefill); c: draft cost per drafted token, "
-        "v(k): target pass over k+1 tokens, both in target decode steps; error: predicted / measured - 1; "
-        f"* best k by {report['basis']} speedup" + ("" if measured else " (--no-loop: nothing measured)"),
-        highlight=False,
-    )
-
-    vllm = Table(title="vLLM's metrics (vllm/v1/spec_decode/metrics.py): predicted from alpha / measured in the loop")
-    for col in ("draft", "k", "mean acceptance length", "acceptance rate", "per-position acceptance"):
-        vllm.add_column(col, justify="left" if col in ("draft", "per-position acceptance") else "right")
-    for d in report["drafts"]:
-        for i, r in enumerate(d["per_k"]):
-            p, m = r["vllm_predicted"], r["vllm_measured"]
-            per_pos = " ".join(f"{x:.2f}" for x in p["per_position"])
-            if m is not None:
-                per_pos += " / " + " ".join(f"{x:.2f}" for x in m["per_position"])
-            vllm.add_row(
-                d["name"] if i == 0 else "", str(r["k"]),
-                _pm(p["mean_acceptance_length"], m and m["mean_acceptance_length"]),
-                _pm(p["acceptance_rate"], m and m["acceptance_rate"]),
-                per_pos,
-            )
-        vllm.add_section()
-    console.print()
-    console.print(vllm)
-
-    if measured:
-        for d in report["drafts"]:
-            r = next(r for r in d["per_k"] if r["k"] == d["best_k"])
-            total = sum(r["accepted_hist"]) or 1
-            console.print(f"\naccepted drafted tokens per target pass: {d['name']} at k={r['k']} ({total} passes)")
-            peak = max(r["accepted_hist"]) or 1
-            for n, count in enumerate(r["accepted_hist"]):
-                bar = "█" * round(40 * count / peak)
-                console.print(f"  {n:>2} | [cyan]{bar}[/] {count} ({100 * count / total:.1f}%)", highlight=False)
-
-    if any(d["per_category"] for d in report["drafts"]):
-        cats = Table(title=f"per category (best k by {report['basis']} speedup)")
-        for col in ("draft", "category", "prompts", "alpha", "best k", "speedup"):
-            cats.add_column(col, justify="left" if col in ("draft", "category") else "right")
-        for d in report["drafts"]:
-            for i, c in enumerate(d["per_category"]):
-                cats.add_row(d["name"] if i == 0 else "", c["category"], str(c["prompts"]),
-                             f"{c['alpha']:.3f}", str(c["best_k"]), f"{c['speedup']:.2f}")
-            cats.add_section()
-        console.print()
-        console.print(cats)
-
-    console.print(f"\nranking (by {report['basis']} speedup at each draft's best k):")
-    for r in report["ranking"]:
-        console.print(f"  {r['rank']}. {r['name']} (k={r['best_k']}): {r['reason']}", highlight=False, markup=False)
-    for note in report["notes"]:
-        console.print(f"note: {note}", style="dim", highlight=False, markup=False)
+    t = read(target, target_dir)
+    by_kind = {"ngram": lambda s: None, "truncated": lambda s: truncated(t, s.n, s.spec),
+               "model": lambda s: read(s.spec, model_dirs[s.spec])}
+    return t, tuple(by_kind[s.kind](s) for s in specs)
 
 
 @cli_command
@@ -235,6 +151,10 @@ def spec_profile(
     dtype: Annotated[str, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")] = "float32",
     device: Device = "auto",
     threads: Annotated[Optional[int], typer.Option(help="CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared machine.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="Also project the speedups onto this GPU preset (kv-budget --list-gpus) with sizing's roofline: a projection, not a measurement.")] = None,
+    concurrency: Annotated[Optional[list[str]], typer.Option(help=f"Concurrencies to project at with --gpu: 1,8,32 or 1..128 (default {','.join(map(str, DEFAULT_CONCURRENCY))}).")] = None,
+    hbm_efficiency: HbmEfficiency = None,
+    mfu: Mfu = None,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
     json_: Json = False,
@@ -246,6 +166,7 @@ def spec_profile(
     ks = parse_ks(k)
     if not draft:
         raise BadInput("give at least one --draft")
+    projecting = check_projection(gpu, concurrency, {"hbm_efficiency": hbm_efficiency, "mfu": mfu})
     from infer_tool.common.device import pick_device, torch_dtype
     from infer_tool.evals.spec_inputs import check_model_spec, load_prompt_texts, parse_draft
 
@@ -267,8 +188,12 @@ def spec_profile(
         torch.set_num_threads(threads)
     quiet_libraries()
 
+    model_dirs: dict[str, Path] = {}
+
     def load(spec: str) -> Any:
-        return load_for_eval(spec, dtype=dt, device=dev, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        m = load_for_eval(spec, dtype=dt, device=dev, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        model_dirs[spec] = m.path
+        return m
 
     loaded = load(target)
     made = [make_draft(spec, loaded.model, loaded.tokenizer, load) for spec in specs]
@@ -278,6 +203,16 @@ def spec_profile(
         d.restrict_vocab(vocab)
     ids, categories = tokenize_prompts(texts, loaded.tokenizer, prompt_len)
     ids = [p.to(dev) for p in ids]
+    projection = None
+    if projecting is not None:  # sized now, so a config the roofline cannot read fails before the profile
+        from infer_tool.evals.spec_projection import ProjectionRequest
+        from infer_tool.sizing.spec_roofline import Serving, batch_times, describe
+
+        preset, counts, eff = projecting
+        t, ds = served_models(target, loaded.path, specs, model_dirs)
+        serving = Serving(preset, eff, round(sum(p.numel() for p in ids) / len(ids)), max_new_tokens)
+        projection = ProjectionRequest(tuple(batch_times(serving, t, ds, B, max(ks)) for B in counts),
+                                       describe(serving, t, ds, [d.name for d in drafts], counts))
     notes = list(loaded.notes) + [ALPHA_NOTE, PREDICTION_NOTE]
     for d in drafts:
         if isinstance(d, ModelDraft) and same_weights(d.lm.model, loaded.model):
@@ -293,7 +228,7 @@ def spec_profile(
         result = profile(
             target, loaded.model, vocab, drafts, ids, ks, max_new_tokens, temperature, top_p,
             cost_ratio=cost_ratio, seed=seed, categories=categories, loop=not no_loop,
-            clock=CLOCKS[clock_name], progress=bar,
+            clock=CLOCKS[clock_name], projection=projection, progress=bar,
         )
     settings = {
         "prompts": prompts, "num_prompts": len(ids), "prompt_len": prompt_len,
@@ -301,8 +236,10 @@ def spec_profile(
         "seed": seed, "dtype": dtype, "device": dev, "batch_size": 1, "threads": threads,
         "loop": not no_loop, "clock": clock_name,
     }
-    report = report_dict(result, settings, notes)
+    from infer_tool.cli.commands import spec_profile_render as render
+
+    report = render.document(result, settings, notes)
     if json_:
         emit_json(report)
     else:
-        _print(report)
+        render.human(report)
