@@ -214,7 +214,7 @@ def quantize(
     if not names:
         raise BadInput(f"--ignore {' '.join(opts.ignore)} matches every quantizable linear: nothing would be quantized")
     quantizer = quantizer_for(scheme)
-    eval_ids = tokenize(load_text(opts.eval), loaded.tokenizer)[: opts.eval_tokens] if opts.eval is not None else None
+    eval_ids = tokenize(load_text(opts.eval), loaded.tokenizer, opts.eval_tokens) if opts.eval is not None else None
     calib_ids = None
     if opts.stats is None:
         calib_ids = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
