@@ -42,6 +42,11 @@ def checkpoint_bytes(directory: str | Path) -> CheckpointBytes | None:
     return CheckpointBytes(total, tensors, len(files), by_dtype)
 
 
+def tensor_headers(path: str | Path) -> dict[str, dict]:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} of one safetensors file (header only)."""
+    return _header(Path(path))
+
+
 def _header(path: Path) -> dict[str, dict]:
     try:
         with path.open("rb") as f:

@@ -1,0 +1,220 @@
+"""A causal LM built without its weights, whose tensors are brought in from the source
+safetensors one module at a time and released after.
+
+- `WeightFiles`: the tensors of a model directory: one `model.safetensors`, or the shards
+  `model.safetensors.index.json` lists (any other `*.safetensors` set is read by header).
+  Reads are memory-mapped (safetensors' `safe_open`), one file handle per call, so nothing
+  stays mapped between calls.
+- `skeleton`: the model built from its config with every parameter on the meta device (no
+  memory) and its non-persistent buffers (rotary tables, embedding scales) computed as
+  usual; tied weights are tied (one Parameter).
+- `stream_plan`: whether the files hold every tensor the skeleton needs under its own
+  names and shapes (else the caller loads the whole model the usual way, and says why).
+- `materialize(model, prefixes, ...)`: the parameters and persistent buffers under those
+  module prefixes, read, cast to the compute dtype, rounded through the storage dtype, on
+  a device; `release` puts them back on the meta device.
+
+What this module does not know: decoder layers, quantization, checkpoint formats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from infer_tool.common.errors import BadInput, untrusted
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+class WeightFiles:
+    """{tensor name: file} over a model directory's safetensors files; tensors read on demand."""
+
+    def __init__(self, directory: Path) -> None:
+        from safetensors import safe_open
+
+        self.directory = Path(directory)
+        index = self.directory / SAFETENSORS_INDEX
+        self.where: dict[str, Path] = {}
+        if index.is_file():
+            with untrusted(f"{index}"):
+                weight_map = json.loads(index.read_text())["weight_map"]
+            self.where = {name: self.directory / f for name, f in weight_map.items()}
+        else:
+            for path in sorted(self.directory.glob("*.safetensors")):
+                with untrusted(f"{path}"), safe_open(str(path), "pt") as f:
+                    self.where.update({name: path for name in f.keys()})
+        if not self.where:
+            raise BadInput(f"{self.directory} holds no safetensors weights")
+        self._shapes: dict[str, tuple[tuple[int, ...], str]] | None = None
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{name: (shape, safetensors dtype)} from the files' headers (no tensor data read)."""
+        if self._shapes is None:
+            from infer_tool.sizing.safetensors_header import tensor_headers
+
+            self._shapes = {}
+            for path in sorted(set(self.where.values())):
+                for name, info in tensor_headers(path).items():
+                    self._shapes[name] = (tuple(info["shape"]), info["dtype"])
+        return self._shapes
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """The named tensors as stored (their dtype), grouped by file."""
+        from safetensors import safe_open
+
+        by_file: dict[Path, list[str]] = defaultdict(list)
+        for name in names:
+            by_file[self.where[name]].append(name)
+        out = {}
+        for path, group in sorted(by_file.items()):
+            with untrusted(f"{path}"), safe_open(str(path), "pt") as f:
+                for name in group:
+                    out[name] = f.get_tensor(name)
+        return out
+
+
+def skeleton(directory: Path, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The model of `directory`'s config, parameters on the meta device, tied weights tied."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=trust_remote_code)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    model.tie_weights()
+    return model.eval()
+
+
+@dataclass
+class Slot:
+    """Where one tensor of the model lives: every (module, attribute) holding it."""
+
+    name: str  # the name it is read under
+    holders: list[tuple[nn.Module, str, bool]]  # (module, attribute, is_parameter)
+    aliases: list[str]  # other state-dict names of the same tensor (tied)
+
+
+def slots(model: nn.Module) -> dict[str, Slot]:
+    """{name: Slot} for every parameter and persistent buffer, tied tensors once (under
+    their first name in module order)."""
+    seen: dict[int, Slot] = {}
+    out: dict[str, Slot] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        entries = [(n, p, True) for n, p in module._parameters.items() if p is not None]
+        entries += [(n, b, False) for n, b in module._buffers.items()
+                    if b is not None and n not in module._non_persistent_buffers_set]
+        for leaf, t, is_param in entries:
+            slot = seen.get(id(t))
+            if slot is None:
+                slot = seen[id(t)] = out[f"{prefix}{leaf}"] = Slot(f"{prefix}{leaf}", [], [])
+            elif f"{prefix}{leaf}" != slot.name and f"{prefix}{leaf}" not in slot.aliases:
+                slot.aliases.append(f"{prefix}{leaf}")
+            if (module, leaf, is_param) not in [(m, a, p) for m, a, p in slot.holders]:
+                slot.holders.append((module, leaf, is_param))
+    return out
+
+
+def stream_plan(model: nn.Module, files: WeightFiles) -> tuple[dict[str, str], str | None]:
+    """({slot name: file tensor name}, None) when the files hold every tensor the model
+    needs with its shape, else ({}, why not)."""
+    shapes = files.shapes()
+    plan: dict[str, str] = {}
+    for name, slot in slots(model).items():
+        found = next((n for n in (name, *slot.aliases) if n in shapes), None)
+        if found is None:
+            return {}, f"the weight files have no tensor {name!r}"
+        want = tuple(_current(slot).shape)
+        if shapes[found][0] != want:
+            return {}, f"{found} is {list(shapes[found][0])} in the files but {list(want)} in the model"
+        plan[name] = found
+    return plan, None
+
+
+def _current(slot: Slot) -> torch.Tensor:
+    module, attr, is_param = slot.holders[0]
+    return module._parameters[attr] if is_param else module._buffers[attr]
+
+
+def materialize(
+    model: nn.Module, names: Iterable[str], plan: dict[str, str], files: WeightFiles,
+    device: torch.device, round_dtype: torch.dtype | None,
+) -> None:
+    """Read the slots `names`, cast them to their skeleton dtype (a copy: the files are
+    never written through), round floating tensors through `round_dtype`, and put them on
+    `device` in every module holding them."""
+    table = slots(model)
+    wanted = [table[n] for n in names]
+    tensors = files.read(plan[s.name] for s in wanted)
+    for slot in wanted:
+        like = _current(slot)
+        t = tensors.pop(plan[slot.name]).to(dtype=like.dtype, copy=True)
+        if round_dtype is not None and t.is_floating_point() and round_dtype != t.dtype:
+            t = t.to(round_dtype).to(like.dtype)
+        _assign(slot, t.to(device))
+
+
+def release(model: nn.Module, names: Iterable[str]) -> None:
+    """Put the slots `names` back on the meta device (their memory is freed)."""
+    table = slots(model)
+    for n in names:
+        like = _current(table[n])
+        _assign(table[n], torch.empty_like(like, device="meta"))
+
+
+def _assign(slot: Slot, t: torch.Tensor) -> None:
+    """One object for every holder, so tied tensors stay one tensor."""
+    param = nn.Parameter(t, requires_grad=False) if any(p for _, _, p in slot.holders) else None
+    for module, attr, is_param in slot.holders:
+        if is_param:
+            module._parameters[attr] = param
+        else:
+            module._buffers[attr] = t
+
+
+def under(names: Iterable[str], prefix: str) -> list[str]:
+    """The names inside module `prefix`."""
+    return [n for n in names if n.startswith(f"{prefix}.")]
+
+
+def put_buffers(module: nn.Module, device: torch.device) -> None:
+    """Move the module's non-meta buffers (e.g. a per-layer rotary table) to `device`."""
+    for sub in module.modules():
+        for k, b in sub._buffers.items():
+            if b is not None and b.device.type != "meta" and b.device != device:
+                sub._buffers[k] = b.to(device)
+
+
+def open_model(spec: str, *, stream: bool, allow_pickle: bool = False, trust_remote_code: bool = False) -> Any:
+    """A plain causal LM for the layer-by-layer pipeline, in float32. With `stream`, the model
+    is built without its weights (meta device), which stay in the safetensors files until a
+    layer needs them (`calib/streaming.py`); when the files do not hold every tensor under
+    the model's own names and shapes (pickle weights, renamed keys), it is loaded whole and
+    a note says why."""
+    from infer_tool.calib.models import check_config, load_from_dir, load_tokenizer, refuse_quantized, resolve_model_dir
+
+    directory, notes = resolve_model_dir(spec, allow_pickle)
+    if stream:
+        refuse_quantized(spec, directory)
+        check_config(directory, trust_remote_code)
+        why = "its weights are not in safetensors files"
+        if any(directory.glob("*.safetensors")):
+            with untrusted(f"model {spec} could not be built from its config"):
+                model = skeleton(directory, trust_remote_code)
+            files = WeightFiles(directory)
+            plan, why = stream_plan(model, files)
+            if why is None:
+                tokenizer = load_tokenizer(directory, trust_remote_code)
+                from infer_tool.calib.models import LoadedModel
+
+                return LoadedModel(model, tokenizer, spec, directory, notes, files=files, stream_plan=plan)
+        notes = [*notes, f"the whole model was loaded, not streamed layer by layer: {why}"]
+    return load_from_dir(spec, directory, notes, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
