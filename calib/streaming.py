@@ -2,9 +2,9 @@
 safetensors one module at a time and released after.
 
 - `WeightFiles`: the tensors of a model directory: one `model.safetensors`, or the shards
-  `model.safetensors.index.json` lists (any other `*.safetensors` set is read by header).
-  Reads are memory-mapped (safetensors' `safe_open`), one file handle per call, so nothing
-  stays mapped between calls.
+  `model.safetensors.index.json` lists, known from their headers. Each read copies the
+  tensors it asks for out of the file with positioned reads (not a memory map of the
+  whole shard, see `packers/safetensors_stream.py`), so nothing else of the file is held.
 - `skeleton`: the model built from its config with every parameter on the meta device (no
   memory) and its non-persistent buffers (rotary tables, embedding scales) computed as
   usual; tied weights are tied (one Parameter).
@@ -19,9 +19,10 @@ What this module does not know: decoder layers, quantization, checkpoint formats
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,59 +36,75 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
 class WeightFiles:
-    """{tensor name: file} over a model directory's safetensors files; tensors read on demand."""
+    """{tensor name: file} over a model directory's safetensors files, from their headers
+    (the index's weight map is checked against them); tensors read on demand."""
 
     def __init__(self, directory: Path) -> None:
-        from safetensors import safe_open
+        from infer_tool.sizing.safetensors_header import tensor_headers
 
         self.directory = Path(directory)
         index = self.directory / SAFETENSORS_INDEX
-        self.where: dict[str, Path] = {}
         if index.is_file():
             with untrusted(f"{index}"):
-                weight_map = json.loads(index.read_text())["weight_map"]
-            self.where = {name: self.directory / f for name, f in weight_map.items()}
+                files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            paths = [self.directory / f for f in files]
         else:
-            for path in sorted(self.directory.glob("*.safetensors")):
-                with untrusted(f"{path}"), safe_open(str(path), "pt") as f:
-                    self.where.update({name: path for name in f.keys()})
+            paths = sorted(self.directory.glob("*.safetensors"))
+        self.where: dict[str, Path] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for path in paths:
+            if not path.is_file():
+                raise BadInput(f"{index} lists {path.name}, which is missing")
+            for name, info in tensor_headers(path)[0].items():
+                self.where[name] = path
+                self.shapes[name] = tuple(int(d) for d in info["shape"])
         if not self.where:
             raise BadInput(f"{self.directory} holds no safetensors weights")
-        self._shapes: dict[str, tuple[tuple[int, ...], str]] | None = None
-
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """{name: (shape, safetensors dtype)} from the files' headers (no tensor data read)."""
-        if self._shapes is None:
-            from infer_tool.sizing.safetensors_header import tensor_headers
-
-            self._shapes = {}
-            for path in sorted(set(self.where.values())):
-                for name, info in tensor_headers(path).items():
-                    self._shapes[name] = (tuple(info["shape"]), info["dtype"])
-        return self._shapes
 
     def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        """The named tensors as stored (their dtype), grouped by file."""
-        from safetensors import safe_open
+        """The named tensors as stored (their dtype), read file by file."""
+        from infer_tool.packers.safetensors_stream import read_tensors
 
         by_file: dict[Path, list[str]] = defaultdict(list)
         for name in names:
             by_file[self.where[name]].append(name)
         out = {}
         for path, group in sorted(by_file.items()):
-            with untrusted(f"{path}"), safe_open(str(path), "pt") as f:
-                for name in group:
-                    out[name] = f.get_tensor(name)
+            with untrusted(f"{path}"):
+                out.update(read_tensors(path, group))
         return out
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Parameters made on the meta device while their modules' own code computes the
+    buffers (rotary tables, embedding scales) on the CPU: accelerate's init_empty_weights
+    moves each parameter to meta as it is registered, and `torch.empty` without a device
+    (how nn.Linear / nn.Embedding allocate their weights) makes meta tensors here, so
+    not even a transient copy of a weight is allocated."""
+    from accelerate import init_empty_weights
+
+    empty = torch.empty
+
+    def meta_empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        return empty(*args, **kwargs)
+
+    torch.empty = meta_empty
+    try:
+        with init_empty_weights(include_buffers=False):
+            yield
+    finally:
+        torch.empty = empty
 
 
 def skeleton(directory: Path, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The model of `directory`'s config, parameters on the meta device, tied weights tied."""
-    from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=trust_remote_code)
-    with init_empty_weights(include_buffers=False):
+    with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     model.tie_weights()
     return model.eval()
@@ -126,15 +143,15 @@ def slots(model: nn.Module) -> dict[str, Slot]:
 def stream_plan(model: nn.Module, files: WeightFiles) -> tuple[dict[str, str], str | None]:
     """({slot name: file tensor name}, None) when the files hold every tensor the model
     needs with its shape, else ({}, why not)."""
-    shapes = files.shapes()
+    shapes = files.shapes
     plan: dict[str, str] = {}
     for name, slot in slots(model).items():
         found = next((n for n in (name, *slot.aliases) if n in shapes), None)
         if found is None:
             return {}, f"the weight files have no tensor {name!r}"
         want = tuple(_current(slot).shape)
-        if shapes[found][0] != want:
-            return {}, f"{found} is {list(shapes[found][0])} in the files but {list(want)} in the model"
+        if shapes[found] != want:
+            return {}, f"{found} is {list(shapes[found])} in the files but {list(want)} in the model"
         plan[name] = found
     return plan, None
 
@@ -148,17 +165,23 @@ def materialize(
     model: nn.Module, names: Iterable[str], plan: dict[str, str], files: WeightFiles,
     device: torch.device, round_dtype: torch.dtype | None,
 ) -> None:
-    """Read the slots `names`, cast them to their skeleton dtype (a copy: the files are
-    never written through), round floating tensors through `round_dtype`, and put them on
-    `device` in every module holding them."""
+    """Read the slots `names`, cast them to their skeleton dtype, round floating tensors
+    through `round_dtype` (as `from_pretrained` then rounding would), and put them on
+    `device` in every module holding them. On the CPU each tensor has its own memory map
+    (`mapped_empty`), given back when it is released."""
+    from infer_tool.packers.safetensors_stream import mapped_empty
+
     table = slots(model)
     wanted = [table[n] for n in names]
     tensors = files.read(plan[s.name] for s in wanted)
     for slot in wanted:
         like = _current(slot)
-        t = tensors.pop(plan[slot.name]).to(dtype=like.dtype, copy=True)
+        t = tensors.pop(plan[slot.name])
+        if t.dtype != like.dtype:
+            cast = mapped_empty(t.numel() * like.element_size()).view(like.dtype).reshape(t.shape)
+            t = cast.copy_(t)
         if round_dtype is not None and t.is_floating_point() and round_dtype != t.dtype:
-            t = t.to(round_dtype).to(like.dtype)
+            t.copy_(t.to(round_dtype))
         _assign(slot, t.to(device))
 
 
@@ -180,9 +203,27 @@ def _assign(slot: Slot, t: torch.Tensor) -> None:
             module._buffers[attr] = t
 
 
-def under(names: Iterable[str], prefix: str) -> list[str]:
-    """The names inside module `prefix`."""
-    return [n for n in names if n.startswith(f"{prefix}.")]
+def trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc's malloc_trim; a no-op elsewhere). glibc
+    serves allocations below its adaptive mmap threshold (up to 32 MB: most weights) from its
+    heap and keeps them there once freed, fragmented, where they count in RSS: without this,
+    a streamed run's RSS creeps up by about one layer's tensors per layer."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+            _LIBC and _LIBC.malloc_trim  # noqa: B018 - absent outside glibc
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC: Any = None
 
 
 def put_buffers(module: nn.Module, device: torch.device) -> None:

@@ -152,7 +152,10 @@ class LayerStream(LayerIO):
         if self.weights is None:
             super().done(index, layer, X_next, result)
         else:
+            from infer_tool.calib.streaming import trim_heap
+
             self.weights.release(self.weights.names(prefix, self.layers_path))
+            trim_heap()
 
 
 class _Replay(nn.Module):

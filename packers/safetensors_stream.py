@@ -1,5 +1,10 @@
 """Write a safetensors file one tensor at a time, byte for byte what
-`safetensors.torch.save_file` writes, without holding the file's tensors in memory.
+`safetensors.torch.save_file` writes, without holding the file's tensors in memory; read
+chosen tensors of one with positioned reads.
+
+Reads copy each tensor into fresh memory with plain file reads, not a memory map:
+`safetensors.safe_open` maps the whole file privately writable, which counts the whole
+file against a process's data limit (RLIMIT_DATA) and keeps touched pages in its RSS.
 
 Layout (the safetensors format): a little-endian u64 N, N bytes of JSON header padded
 with spaces to a multiple of 8, then the tensors' bytes back to back. save_file orders
@@ -87,6 +92,41 @@ def header_bytes(specs: Iterable[TensorSpec], metadata: Mapping[str, str] | None
     text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text, ordered
+
+
+def mapped_empty(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor of `nbytes` in its own anonymous memory map, unmapped
+    when the tensor is freed. Weights live a layer long among many smaller allocations;
+    from malloc's heap they would leave it fragmented (glibc keeps freed chunks of up to
+    32 MB there), and a streamed run's memory would creep up layer after layer."""
+    import mmap
+
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
+
+
+def read_tensors(path: str | os.PathLike[str], names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """The named tensors of a safetensors file, each read into its own memory (`mapped_empty`)."""
+    from infer_tool.sizing.safetensors_header import tensor_headers
+
+    header, start = tensor_headers(path)
+    out = {}
+    with open(path, "rb", buffering=0) as f:
+        for name in names:
+            info = header[name]
+            begin, end = info["data_offsets"]
+            buf = mapped_empty(end - begin)
+            view = memoryview(buf.numpy()) if end > begin else memoryview(b"")
+            f.seek(start + begin)
+            got = 0
+            while got < end - begin:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise ValueError(f"{path}: {name} is cut short ({got} of {end - begin} bytes)")
+                got += n
+            out[name] = buf.view(DTYPE_OF_NAME[info["dtype"]]).reshape(info["shape"])
+    return out
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

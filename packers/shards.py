@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.safetensors_stream import DTYPE_OF_NAME, TensorSpec, spec_of, write_streamed
+from infer_tool.packers.safetensors_stream import DTYPE_OF_NAME, TensorSpec, read_tensors, spec_of, write_streamed
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -101,29 +101,22 @@ def in_memory(tensors: Mapping[str, torch.Tensor]) -> tuple[list[TensorSpec], Ca
 class PartFiles:
     """Tensors spread over finished safetensors files (a run's parts), read one at a time.
 
-    `specs()` reads only the headers; `load(name)` maps the file, copies the tensor out
-    and unmaps it, so nothing stays resident between calls."""
+    `specs()` comes from the headers; `load(name)` reads one tensor into memory."""
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
-        from safetensors import safe_open
+        from infer_tool.sizing.safetensors_header import tensor_headers
 
         self.where: dict[str, Path] = {}
         self._specs: list[TensorSpec] = []
         for path in map(Path, paths):
-            with safe_open(str(path), "pt") as f:
-                for name in f.keys():
-                    if name in self.where:
-                        raise ValueError(f"{name} is in both {self.where[name]} and {path}")
-                    self.where[name] = path
-                    sl = f.get_slice(name)
-                    self._specs.append(TensorSpec(name, DTYPE_OF_NAME[sl.get_dtype()], tuple(sl.get_shape())))
+            for name, info in tensor_headers(path)[0].items():
+                if name in self.where:
+                    raise ValueError(f"{name} is in both {self.where[name]} and {path}")
+                self.where[name] = path
+                self._specs.append(TensorSpec(name, DTYPE_OF_NAME[info["dtype"]], tuple(info["shape"])))
 
     def specs(self) -> list[TensorSpec]:
         return list(self._specs)
 
     def load(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        with safe_open(str(self.where[name]), "pt") as f:
-            return f.get_tensor(name).clone()
-
+        return read_tensors(self.where[name], [name])[name]

@@ -34,7 +34,7 @@ def checkpoint_bytes(directory: str | Path) -> CheckpointBytes | None:
     total = tensors = 0
     by_dtype: dict[str, int] = {}
     for path in files:
-        for info in _header(path).values():
+        for info in tensor_headers(path)[0].values():
             begin, end = info["data_offsets"]
             total += end - begin
             tensors += 1
@@ -42,12 +42,10 @@ def checkpoint_bytes(directory: str | Path) -> CheckpointBytes | None:
     return CheckpointBytes(total, tensors, len(files), by_dtype)
 
 
-def tensor_headers(path: str | Path) -> dict[str, dict]:
-    """{tensor name: {"dtype", "shape", "data_offsets"}} of one safetensors file (header only)."""
-    return _header(Path(path))
-
-
-def _header(path: Path) -> dict[str, dict]:
+def tensor_headers(path: str | Path) -> tuple[dict[str, dict], int]:
+    """({tensor name: {"dtype", "shape", "data_offsets"}}, the file offset the offsets count
+    from) of one safetensors file; only the header is read."""
+    path = Path(path)
     try:
         with path.open("rb") as f:
             raw = f.read(8)
@@ -57,7 +55,10 @@ def _header(path: Path) -> dict[str, dict]:
             if n > _MAX_HEADER:
                 raise ValueError(f"header length {n} exceeds 100 MB")
             header = json.loads(f.read(n))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise BadInput(f"{path}: not a readable safetensors file ({e})") from None
     header.pop("__metadata__", None)
-    return header
+    return header, 8 + n
+
