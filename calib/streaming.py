@@ -55,9 +55,14 @@ class WeightFiles:
         for path in paths:
             if not path.is_file():
                 raise BadInput(f"{index} lists {path.name}, which is missing")
-            for name, info in tensor_headers(path)[0].items():
-                self.where[name] = path
-                self.shapes[name] = tuple(int(d) for d in info["shape"])
+            header, start = tensor_headers(path)
+            with untrusted(f"{path}: not a readable safetensors file"):
+                end = max((int(info["data_offsets"][1]) for info in header.values()), default=0)
+                for name, info in header.items():
+                    self.where[name] = path
+                    self.shapes[name] = tuple(int(d) for d in info["shape"])
+            if path.stat().st_size < start + end:
+                raise BadInput(f"{path} is truncated: {path.stat().st_size} bytes, its header needs {start + end}")
         if not self.where:
             raise BadInput(f"{self.directory} holds no safetensors weights")
 
@@ -248,9 +253,13 @@ def open_model(spec: str, *, stream: bool, allow_pickle: bool = False, trust_rem
         check_config(directory, trust_remote_code)
         why = "its weights are not in safetensors files"
         if any(directory.glob("*.safetensors")):
-            with untrusted(f"model {spec} could not be built from its config"):
+            where = spec if Path(spec).expanduser().resolve() == directory.resolve() else f"{spec} ({directory})"
+            with untrusted(f"model {where} could not be loaded"):
                 model = skeleton(directory, trust_remote_code)
-            files = WeightFiles(directory)
+            try:
+                files = WeightFiles(directory)
+            except BadInput as e:
+                raise BadInput(f"model {where} could not be loaded: {e}") from None
             plan, why = stream_plan(model, files)
             if why is None:
                 tokenizer = load_tokenizer(directory, trust_remote_code)
