@@ -8,11 +8,12 @@ width D, the MLP's width I):
 - weights: streamed, the larger of the tensors outside the layers (embeddings, norm,
   lm_head, in float32, plus their checkpoint copy) and one layer (float32 + its written
   copy); loaded whole, every parameter in float32;
-- calibration: the layer inputs X and outputs Ŷ (2·T·D), the rotary tables, and what the
-  method keeps: with a Hessian (GPTQ) the replayed attention and MLP outputs and the
-  down_proj input (2·T·D + T·I) and H (I² twice); with activation statistics (AWQ) the fp
-  block outputs Y (T·D) and the search inputs; a data-free method (RTN) runs only the
-  ERROR_SAMPLES sequences;
+- calibration: the layer inputs X and outputs Ŷ (2·T·D), the rotary tables, one chunk's
+  way through a layer (the attention's and MLP's intermediates), the solver's copies of
+  the largest weight, and what the method keeps: with a Hessian (GPTQ) the replayed
+  attention and MLP outputs and the down_proj input (2·T·D + T·I) and H with its factors;
+  with activation statistics (AWQ) the fp block outputs Y (T·D); a data-free method (RTN)
+  runs only the ERROR_SAMPLES sequences;
 - eval (--eval): the fp and quantized hidden states of every window (2·E·D), and the
   logits of one window while it is scored (3·S·V: logits, their float copy, the softmax).
 On CUDA, the layer, the activations and the eval streams are counted on the device; the
@@ -76,7 +77,7 @@ def weight_numels(model: Any, layers_path: str) -> tuple[int, int]:
 
 def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str) -> MemoryEstimate:
     """The run's peak memory (see the module docstring)."""
-    from infer_tool.calib.pipeline import ERROR_SAMPLES
+    from infer_tool.calib.pipeline import BATCH_SIZE, CPU_BATCH_TOKENS, ERROR_SAMPLES
 
     config = model.config
     D = int(getattr(config, "hidden_size", 0) or 0)
@@ -91,10 +92,16 @@ def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str
         samples = min(samples, ERROR_SAMPLES)
     T = samples * opts.seq_len
     act = F32 * T * D
-    calib = {"calibration.X+Y_hat": 2 * act, "calibration.rotary": 2 * F32 * T * head_dim}
+    chunk = min(T, max(1, CPU_BATCH_TOKENS // opts.seq_len) * opts.seq_len if not dev.startswith("cuda")
+                else BATCH_SIZE * opts.seq_len)
+    calib = {"calibration.X+Y_hat": 2 * act, "calibration.rotary": 2 * F32 * T * head_dim,
+             # one chunk through a layer: q/k/v/o and residuals (6·D), the MLP (4·I), scores and softmax
+             "calibration.forward": F32 * chunk * (6 * D + 4 * inter) + 2 * F32 * chunk * heads * opts.seq_len,
+             # the solver's copies of the largest weight (W, its rounding, the dequantized values)
+             "calibration.solve": 6 * F32 * D * inter}
     if needs.hessian:
         calib["calibration.replayed+down_input"] = 2 * act + F32 * T * inter
-        calib["calibration.hessian"] = 2 * F32 * inter * inter
+        calib["calibration.hessian"] = 4 * F32 * inter * inter  # H, its inverse and Cholesky factor, a copy
     if needs.activation_stats or needs.live_blocks:
         calib["calibration.block_outputs"] = act
     ev: dict[str, int] = {}
