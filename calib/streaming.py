@@ -40,7 +40,7 @@ class WeightFiles:
     (the index's weight map is checked against them); tensors read on demand."""
 
     def __init__(self, directory: Path) -> None:
-        from infer_tool.sizing.safetensors_header import tensor_headers
+        from infer_tool.common.safetensors_header import tensor_headers
 
         self.directory = Path(directory)
         index = self.directory / SAFETENSORS_INDEX

@@ -245,13 +245,21 @@ def quantize(
     run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), opts.resume)
     if note:
         report.notes.append(note)
-    from infer_tool.jobs.quantize_run import run_layers, write_output
+    from infer_tool.jobs.quantize_run import kv_scales_of, kv_tensors, run_layers, write_output
 
     try:
-        result, evaluated = run_layers(lm, arch, loaded, run, opts, scheme, fmt, store_dtype, calib_ids, eval_ids, dev,
-                                       progress, seconds, report)
+        result, evaluated, stats_meta = run_layers(lm, arch, loaded, run, opts, scheme, fmt, store_dtype, calib_ids,
+                                                   eval_ids, dev, progress, seconds)
         seconds["quantize"] -= seconds.get("stream.eval_layers", 0.0)
-        kv_scales = _kv_scales(result.kv_amax)
+        if stats_meta is None:
+            report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
+        else:
+            meta = stats_meta
+            if meta.get("model_path") not in (None, str(loaded.path)):
+                report.notes.append(f"statistics were calibrated on {meta.get('model')} ({meta.get('model_path')})")
+            report.calibration = Calibration(result.tokens, meta.get("calib"), meta.get("num_samples"), meta.get("seq_len"),
+                                             meta.get("seed"), from_stats=opts.stats, note=STATS_NOTE)
+        kv_scales = kv_scales_of(result.kv_amax)
         if evaluated is not None:
             before, after = evaluated
             report.eval = EvalSummary(opts.eval, after.tokens, after.seq_len, after.windows, before.ppl, after.ppl,
@@ -271,7 +279,7 @@ def quantize(
         report.seconds = seconds
         t = time.perf_counter()
         write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
-                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=_kv_tensors(result.kv_amax, fmt.name))
+                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name))
     except BadInput:
         run.remove()  # the input must change: nothing to resume
         raise
@@ -339,27 +347,6 @@ def round_to(model: Any, dtype: Any) -> None:
         for p in model.parameters():
             if p.is_floating_point():
                 p.copy_(p.to(dtype).to(p.dtype))
-
-
-def _kv_scales(kv_amax: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """{attention name: (k_scale, v_scale)} from the calibrated KV amax."""
-    import torch
-
-    from infer_tool.packers.fp8 import scale_from_amax
-
-    def s(amax: float) -> float:
-        return float(scale_from_amax(torch.tensor(amax)))
-
-    return {n: (s(a.k_amax), s(a.v_amax)) for n, a in kv_amax.items()}
-
-
-def _kv_tensors(kv_amax: dict[str, Any], fmt_name: str) -> dict[str, Any] | None:
-    """The k_scale / v_scale tensors to store, or None without a calibrated KV cache."""
-    if not kv_amax:
-        return None
-    from infer_tool.packers.fp8_formats import kv_scale_tensors
-
-    return kv_scale_tensors(kv_amax, fmt_name)
 
 
 def _to_json(report: QuantizeReport) -> str:

@@ -39,16 +39,36 @@ def as_deployed(module: nn.Module, quantized: dict[str, Any], scheme: Any,
     return nullcontext(module)
 
 
+def kv_scales_of(kv_amax: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """{attention name: (k_scale, v_scale)} from the calibrated KV amax."""
+    import torch
+
+    from infer_tool.packers.fp8 import scale_from_amax
+
+    def s(amax: float) -> float:
+        return float(scale_from_amax(torch.tensor(amax)))
+
+    return {n: (s(a.k_amax), s(a.v_amax)) for n, a in kv_amax.items()}
+
+
+def kv_tensors(kv_amax: dict[str, Any], fmt_name: str) -> dict[str, Any] | None:
+    """The k_scale / v_scale tensors to store, or None without a calibrated KV cache."""
+    if not kv_amax:
+        return None
+    from infer_tool.packers.fp8_formats import kv_scale_tensors
+
+    return kv_scale_tensors(kv_amax, fmt_name)
+
+
 def run_layers(
     lm: nn.Module, arch: Any, loaded: Any, run: Any, opts: Any, scheme: Any, fmt: Any, store_dtype: torch.dtype,
     calib_ids: torch.Tensor | None, eval_ids: torch.Tensor | None, dev: str, progress: Any, seconds: dict[str, float],
-    report: Any,
-) -> tuple[Any, tuple[Any, Any] | None]:
-    """Steps 1-3 (module docstring). Returns (the pipeline result, (ppl before, ppl after) or None)."""
+) -> tuple[Any, tuple[Any, Any] | None, dict[str, Any] | None]:
+    """Steps 1-3 (module docstring). Returns (the pipeline result, (ppl before, ppl after) or
+    None, the saved statistics' metadata with --stats or None)."""
     from infer_tool.calib.layers import capture_inputs, decoder_layers
     from infer_tool.calib.pipeline import quantize_from_stats, quantize_model
     from infer_tool.evals.ppl import make_windows
-    from infer_tool.jobs.quantize import Calibration, _kv_scales
     from infer_tool.packers.checkpoint import checkpoint_tensors
 
     device = torch.device(dev)
@@ -71,7 +91,7 @@ def run_layers(
     def deployed(layer: nn.Module, prefix: str, result: Any) -> AbstractContextManager:
         strip = len(prefix) + 1
         mine = {n[strip:]: w for n, w in result.quantized.items() if n.startswith(f"{prefix}.")}
-        kv = {n[strip:]: s for n, s in _kv_scales(result.kv_amax).items() if n.startswith(f"{prefix}.")}
+        kv = {n[strip:]: s for n, s in kv_scales_of(result.kv_amax).items() if n.startswith(f"{prefix}.")}
         return as_deployed(layer, mine, scheme, kv)
 
     evals = None
@@ -85,25 +105,20 @@ def run_layers(
     stream = LayerStream(lm, arch.layers, run, part_tensors, read_part, weights, evals, deployed)
     stream.write_rest()
     t = time.perf_counter()
+    meta = None
     if opts.stats is not None:
-        from infer_tool.calib.recipe import STATS_NOTE
         from infer_tool.calib.stats import load_stats
 
         saved, meta = load_stats(Path(opts.stats))
-        if meta.get("model_path") not in (None, str(loaded.path)):
-            report.notes.append(f"statistics were calibrated on {meta.get('model')} ({meta.get('model_path')})")
         stream.release_rest()  # no capture: the tensors outside the layers are not needed
         result = quantize_from_stats(lm, saved, scheme, ignore=opts.ignore, device=dev, progress=progress, layer_io=stream)
-        report.calibration = Calibration(result.tokens, meta.get("calib"), meta.get("num_samples"), meta.get("seq_len"),
-                                         meta.get("seed"), from_stats=opts.stats, note=STATS_NOTE)
     else:
         result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, progress=progress, layer_io=stream)
-        report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     seconds["quantize"] = time.perf_counter() - t
     seconds.update({f"quantize.{k}": v for k, v in result.seconds.items()})
     seconds.update({f"stream.{k}": v for k, v in stream.seconds_spent.items()})
     if evals is None:
-        return result, None
+        return result, None, meta
     t = time.perf_counter()
     if weights is not None:
         weights.load(weights.names(None, arch.layers), torch.device("cpu"))
@@ -114,7 +129,7 @@ def run_layers(
         if weights is not None:
             weights.release(weights.names(None, arch.layers))
     seconds["eval"] = time.perf_counter() - t + seconds.get("stream.eval_layers", 0.0)
-    return result, (before, after)
+    return result, (before, after), meta
 
 
 def write_output(run: Any, lm: nn.Module, quantized: dict[str, Any], fmt: Any, scheme: Any, opts: Any, src_dir: Any,
@@ -122,7 +137,7 @@ def write_output(run: Any, lm: nn.Module, quantized: dict[str, Any], fmt: Any, s
                  extra_tensors: dict[str, torch.Tensor] | None) -> None:
     """Step 4: the checkpoint from the run's parts, renamed to --out; the progress removed."""
     from infer_tool.jobs.run_dir import REST
-    from infer_tool.packers.checkpoint import write_from_parts
+    from infer_tool.packers.checkpoint_parts import write_from_parts
     from infer_tool.packers.shards import parse_size
 
     parts = [run.file(REST)] + [run.layer_file(i) for i in range(run.state["layers"])]

@@ -297,51 +297,6 @@ def write_checkpoint(
     return out
 
 
-def write_from_parts(
-    parts: Sequence[Path],
-    out_dir: str | os.PathLike[str],
-    model: nn.Module,
-    quantized: Mapping[str, Any],
-    fmt: str,
-    scheme: Any,
-    *,
-    dtype: torch.dtype,
-    tmp: Path,
-    src_dir: str | os.PathLike[str] | None = None,
-    overwrite: bool = False,
-    extra_files: Mapping[str, str | bytes] | None = None,
-    extra_tensors: Mapping[str, torch.Tensor] | None = None,
-    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-) -> Path:
-    """`write_checkpoint` for a model written in parts: safetensors files each holding some
-    of the checkpoint's tensors (`checkpoint_tensors(..., within=...)` of one decoder layer,
-    or of everything else). The shards are assembled one tensor at a time in `tmp`, which is
-    then renamed to `out_dir`; the bytes are those `write_checkpoint` writes for the whole
-    model. `model` gives the config (its weights may be on the meta device), `quantized`
-    the quantized linears' names (their weights are not read)."""
-    from infer_tool.packers.safetensors_stream import spec_of
-    from infer_tool.packers.shards import PartFiles
-
-    out = Path(out_dir)
-    fmt_obj = get_format(fmt, scheme.kind)
-    check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
-    ignore = ignored_linears(model, quantized)
-    source = PartFiles(parts)
-    extra = {k: t.detach().to("cpu").contiguous() for k, t in (extra_tensors or {}).items()}
-    shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt's
-    tmp.mkdir(parents=True)
-    try:
-        specs = source.specs() + [spec_of(n, t) for n, t in extra.items()]
-        write_shards(tmp, specs, lambda n: extra[n] if n in extra else source.load(n), max_shard_bytes,
-                     total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None)
-        fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)
-        publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
 # ---------------------------------------------------------------- reading
 
 

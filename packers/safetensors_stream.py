@@ -108,7 +108,7 @@ def mapped_empty(nbytes: int) -> torch.Tensor:
 
 def read_tensors(path: str | os.PathLike[str], names: Iterable[str]) -> dict[str, torch.Tensor]:
     """The named tensors of a safetensors file, each read into its own memory (`mapped_empty`)."""
-    from infer_tool.sizing.safetensors_header import tensor_headers
+    from infer_tool.common.safetensors_header import tensor_headers
 
     header, start = tensor_headers(path)
     out = {}

@@ -104,7 +104,7 @@ class PartFiles:
     `specs()` comes from the headers; `load(name)` reads one tensor into memory."""
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]]) -> None:
-        from infer_tool.sizing.safetensors_header import tensor_headers
+        from infer_tool.common.safetensors_header import tensor_headers
 
         self.where: dict[str, Path] = {}
         self._specs: list[TensorSpec] = []
