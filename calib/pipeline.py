@@ -15,8 +15,10 @@ for each decoder layer measure / solve / propagate, and the entry points.
    layer's statistics are then measured on fp inputs. `quantize_from_stats` quantizes
    from saved statistics with no forward pass at all.
 
-Peak memory: the model's weights (on the CPU), one layer on the device, and the
-calibration activations X, Y (B, T, D) on the device; GPTQ also keeps the current
+Where each layer's weights come from and go is the caller's `LayerIO` (`calib/layer_io.py`):
+by default the whole model stays on the CPU and each layer visits the device; the quantize
+job streams them from disk. Peak memory: the model's weights (or one layer, streamed), and
+the calibration activations X, Y (B, T, D) on the device; GPTQ also keeps the current
 layer's attention and MLP outputs (B, T, D) and, while down_proj is solved, its input (B, T, I).
 
 This module knows no quantization method by name, nothing about file formats or the CLI.

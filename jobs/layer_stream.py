@@ -63,6 +63,8 @@ class StreamedWeights:
 
 
 class LayerStream(LayerIO):
+    """The `LayerIO` of a quantize run (see the module docstring)."""
+
     def __init__(
         self, model: nn.Module, layers_path: str, run: RunDir, part_tensors: Callable[[str | None, dict[str, Any]], dict],
         read_part: Callable[[dict[str, torch.Tensor]], dict[str, Any]], weights: StreamedWeights | None,
@@ -99,11 +101,11 @@ class LayerStream(LayerIO):
         k = self.run.layers_done
         if k == 0:
             return 0, X
+        from infer_tool.packers.safetensors_stream import read_all
+
         restore(result, self.run.state["result"])
         for i in range(k):  # the finished layers' weights, as shapes (meta), as `done` leaves them
-            from safetensors.torch import load_file
-
-            for name, w in self.read_part(load_file(str(self.run.layer_file(i)))).items():
+            for name, w in self.read_part(read_all(self.run.layer_file(i))).items():
                 result.quantized[name] = w.to("meta")
         saved = self.run.load_inputs()
         dev = X[0].device if X else torch.device("cpu")

@@ -41,8 +41,6 @@ def as_deployed(module: nn.Module, quantized: dict[str, Any], scheme: Any,
 
 def kv_scales_of(kv_amax: dict[str, Any]) -> dict[str, tuple[float, float]]:
     """{attention name: (k_scale, v_scale)} from the calibrated KV amax."""
-    import torch
-
     from infer_tool.packers.fp8 import scale_from_amax
 
     def s(amax: float) -> float:

@@ -132,9 +132,9 @@ class RunDir:
             (self.path / old).unlink(missing_ok=True)
 
     def load_inputs(self) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
+        from infer_tool.packers.safetensors_stream import read_all
 
-        return load_file(str(self.path / self.state["inputs"]))
+        return read_all(self.path / self.state["inputs"])
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -129,6 +129,13 @@ def read_tensors(path: str | os.PathLike[str], names: Iterable[str]) -> dict[str
     return out
 
 
+def read_all(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (`read_tensors`)."""
+    from infer_tool.common.safetensors_header import tensor_headers
+
+    return read_tensors(path, list(tensor_headers(path)[0]))
+
+
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes in memory order (little-endian on every machine we run on)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
