@@ -74,16 +74,21 @@ def first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def to_device(obj: Any, device: torch.device) -> Any:
-    """`obj` with every tensor in it (tuples, lists, dicts) moved to `device`."""
+def to_device(obj: Any, device: torch.device, moved: dict[int, torch.Tensor] | None = None) -> Any:
+    """`obj` with every tensor in it (tuples, lists, dicts) moved to `device`; with `moved`,
+    a tensor met again (the rotary tables every layer is called with) is moved once."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        if moved is None:
+            return obj.to(device)
+        if id(obj) not in moved:
+            moved[id(obj)] = obj.to(device)
+        return moved[id(obj)]
     if isinstance(obj, tuple):
-        return tuple(to_device(o, device) for o in obj)
+        return tuple(to_device(o, device, moved) for o in obj)
     if isinstance(obj, list):
-        return [to_device(o, device) for o in obj]
+        return [to_device(o, device, moved) for o in obj]
     if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
+        return {k: to_device(v, device, moved) for k, v in obj.items()}
     return obj
 
 
@@ -165,7 +170,7 @@ def capture_inputs(
     originals = list(layers)
     calls: list[list[LayerCall]] = [[] for _ in range(L)]
     X: list[torch.Tensor] = []
-    model_device = next(model.parameters()).device
+    model_device = model.get_input_embeddings().weight.device  # other layers may be unloaded (meta)
     try:
         for i in range(L):
             layers[i] = _Recorder(i, calls[i], X, last=i == L - 1)
@@ -179,7 +184,9 @@ def capture_inputs(
         for i in range(L):
             layers[i] = originals[i]
     X = [x.to(device) for x in X]
-    calls = [[LayerCall(to_device(c.args, device), to_device(c.kwargs, device)) for c in per_layer] for per_layer in calls]
+    moved: dict[int, torch.Tensor] = {}  # kept alive with the originals in `calls` until the end
+    calls = [[LayerCall(to_device(c.args, device, moved), to_device(c.kwargs, device, moved)) for c in per_layer]
+             for per_layer in calls]
     return X, calls
 
 

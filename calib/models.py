@@ -66,6 +66,10 @@ class LoadedModel:
     name: str
     path: Path
     notes: list[str] = field(default_factory=list)
+    # Streamed (`open_model(stream=True)`): the model's parameters are on the meta device and
+    # read from `files` when needed, `stream_plan` mapping each to its tensor in the files.
+    files: Any = None
+    stream_plan: dict[str, str] | None = None
 
 
 def cache_dir() -> Path:
@@ -294,6 +298,15 @@ def load_model(
                          allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
 
 
+def refuse_quantized(spec: str, directory: Path) -> None:
+    method = quantization_method(directory)
+    if method is not None:
+        raise BadInput(
+            f"{spec} is a quantized checkpoint (quant_method={method!r}); "
+            "this step needs an unquantized model"
+        )
+
+
 def load_from_dir(
     spec: str,
     directory: Path,
@@ -308,12 +321,7 @@ def load_from_dir(
     import torch
     from transformers import AutoModelForCausalLM
 
-    method = quantization_method(directory)
-    if method is not None:
-        raise BadInput(
-            f"{spec} is a quantized checkpoint (quant_method={method!r}); "
-            "this step needs an unquantized model"
-        )
+    refuse_quantized(spec, directory)
     check_config(directory, trust_remote_code)
     where = spec if Path(spec).expanduser().resolve() == Path(directory).resolve() else f"{spec} ({directory})"
     with untrusted(f"model {where} could not be loaded"):

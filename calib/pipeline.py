@@ -15,8 +15,10 @@ for each decoder layer measure / solve / propagate, and the entry points.
    layer's statistics are then measured on fp inputs. `quantize_from_stats` quantizes
    from saved statistics with no forward pass at all.
 
-Peak memory: the model's weights (on the CPU), one layer on the device, and the
-calibration activations X, Y (B, T, D) on the device; GPTQ also keeps the current
+Where each layer's weights come from and go is the caller's `LayerIO` (`calib/layer_io.py`):
+by default the whole model stays on the CPU and each layer visits the device; the quantize
+job streams them from disk. Peak memory: the model's weights (or one layer, streamed), and
+the calibration activations X, Y (B, T, D) on the device; GPTQ also keeps the current
 layer's attention and MLP outputs (B, T, D) and, while down_proj is solved, its input (B, T, I).
 
 This module knows no quantization method by name, nothing about file formats or the CLI.
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, architecture_for, check_model, get_submodule
+from infer_tool.calib.layer_io import LayerIO
 from infer_tool.calib.layers import (
     LayerCall,
     capture_inputs,
@@ -91,21 +94,21 @@ def _chunks(samples: int, batch_size: int) -> int:
 def _run_layers(
     model: nn.Module, arch: Architecture, X: list[torch.Tensor], calls: list[list[LayerCall]], step: LayerStep,
     make_context: Callable[[nn.Module, str, list[torch.Tensor], list[LayerCall]], LayerContext],
-    result: PipelineResult, dev: torch.device, task: str, progress: Progress,
+    result: PipelineResult, dev: torch.device, task: str, progress: Progress, io: LayerIO,
 ) -> None:
-    """The layer loop: each layer on `dev`, `step` gives (Y, Ŷ), Ŷ feeds the next layer."""
+    """The layer loop: each layer brought in by `io`, `step` gives (Y, Ŷ), Ŷ feeds the next layer."""
     layers = decoder_layers(model, arch)
     t_layers = time.perf_counter()
-    home = next(layers[0].parameters()).device
-    for i, layer in enumerate(layers):
-        prefix = f"{arch.layers}.{i}"
-        layer.to(dev)
+    start, X = io.start(X, len(layers), result)
+    for i in range(start, len(layers)):
+        layer, prefix = layers[i], f"{arch.layers}.{i}"
+        io.load(i, layer, dev)
         Y, Y_hat = step(make_context(layer, prefix, X, calls[i]))
         err = relative_error(Y_hat[: len(Y)], Y)
         result.layer_errors.append(LayerError(prefix, err))
         del Y
         X = Y_hat
-        layer.to(home)
+        io.done(i, layer, X, result)
         progress(task, i + 1, len(layers), rel_err=err)
     result.seconds["layers"] = time.perf_counter() - t_layers
 
@@ -131,6 +134,7 @@ def quantize_model(
     batch_size: int | None = None,
     search_samples: int = AWQ_SEARCH_SAMPLES,
     progress: Progress | None = None,
+    layer_io: LayerIO | None = None,
 ) -> PipelineResult:
     """Quantize `model`'s decoder linears in place (their weights become the dequantized
     values, AWQ scales folded) layer by layer on `input_ids` (B, T) calibration tokens.
@@ -138,6 +142,7 @@ def quantize_model(
     Returns the per-linear weights (`QuantizedWeight` / `Fp8Weight`), statistics,
     per-layer relative output errors, fallbacks, the method's report entries and timings.
     batch_size: sequences per layer forward; None: BATCH_SIZE, or CPU_BATCH_TOKENS' worth on a CPU.
+    layer_io: where the layers come from and go (`calib/layer_io.py`); default: all in memory.
     """
     dev = _device(device)
     bs = _batch_size(batch_size, dev, input_ids.shape[1])
@@ -159,7 +164,7 @@ def quantize_model(
             return LayerContext(layer, prefix, X, calls, arch, targets, result, error_chunks, search_chunks)
 
         _run_layers(model, arch, X, calls, lambda ctx: quantizer.quantize_layer(ctx, scheme), context,
-                    result, dev, "quantize", progress or no_progress)
+                    result, dev, "quantize", progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 
@@ -187,6 +192,7 @@ def collect_stats(
     device: str | torch.device | None = None,
     batch_size: int | None = None,
     progress: Progress | None = None,
+    layer_io: LayerIO | None = None,
 ) -> PipelineResult:
     """Measure every decoder linear's statistics (Hessian, mean and max |x|) on the fp model,
     layer by layer on `input_ids` (B, T), quantizing nothing (`calibrate`)."""
@@ -204,7 +210,8 @@ def collect_stats(
         def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall]) -> LayerContext:
             return LayerContext(layer, prefix, X, calls, arch, set(), result, len(X), 0)
 
-        _run_layers(model, arch, X, calls, _measure_stats, context, result, dev, "calibrate", progress or no_progress)
+        _run_layers(model, arch, X, calls, _measure_stats, context, result, dev, "calibrate", progress or no_progress,
+                    layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 
@@ -220,6 +227,7 @@ def quantize_from_stats(
     ignore: tuple[str, ...] = (),
     device: str | torch.device | None = None,
     progress: Progress | None = None,
+    layer_io: LayerIO | None = None,
 ) -> PipelineResult:
     """Quantize with saved statistics (`quantize --stats`): no forward pass at all.
 
@@ -241,10 +249,11 @@ def quantize_from_stats(
     result.tokens = max((s.tokens for s in stats.values()), default=0)
     layers = decoder_layers(model, arch)
     targets = set(names)
-    for i, layer in enumerate(layers):
-        prefix = f"{arch.layers}.{i}"
-        home = next(layer.parameters()).device
-        layer.to(dev)
+    io = layer_io or LayerIO()
+    start, _ = io.start([], len(layers), result)
+    for i in range(start, len(layers)):
+        layer, prefix = layers[i], f"{arch.layers}.{i}"
+        io.load(i, layer, dev)
         for n in arch.linears:
             full = f"{prefix}.{n}"
             if full in targets:
@@ -253,7 +262,7 @@ def quantize_from_stats(
                     st = LayerStats(st.H.to(dev), st.act_abs_mean.to(dev), st.act_abs_max, st.tokens)
                 result.stats[full] = stats[full]
                 quantizer.quantize_linear(result, full, get_submodule(layer, n), arch, st, scheme)
-        layer.to(home)
+        io.done(i, layer, [], result)
         progress("quantize", i + 1, len(layers))
     result.seconds["layers"] = result.seconds["total"] = time.perf_counter() - t0
     return result

@@ -95,6 +95,16 @@ class QuantizeOptions:
     device: str | None = option(None, "auto, cpu, cuda or cuda:N (default: auto: CUDA when available).", str)
     dtype: str = option("auto", "Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), "
                                 "float32, bfloat16 or float16. Calibration sees the weights as stored.", str)
+    stream: bool = option(True, "Read each decoder layer from the model's safetensors when it is calibrated and free it "
+                                "after (memory independent of the layer count); --no-stream loads the whole model first.",
+                          bool, flag="--stream/--no-stream")
+    resume: bool = option(False, "Continue the run an interruption left beside --out (its finished layers are kept); "
+                                 "refused if the model, options or calibration text differ. Without earlier progress: "
+                                 "start from the first layer.", bool, flag="--resume")
+    max_shard_size: str = option("5GB", "Largest safetensors file of the checkpoint (5GB = 5e9 bytes, 5GiB = 5*2^30); "
+                                        "more are written as model-0000i-of-0000N with an index.", str)
+    max_memory: str | None = option(None, "Memory this run may use: HOST or HOST,DEVICE (e.g. 20GiB,70GiB); the estimate "
+                                          "before the run is checked against it instead of what the machine has free.", str)
     allow_pickle: bool = option(False, "Allow pickle-based weight files (.bin/.pt); they can run code.", bool, flag="--allow-pickle")
     trust_remote_code: bool = option(False, "Run the model repository's own Python code.", bool, flag="--trust-remote-code")
 

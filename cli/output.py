@@ -58,7 +58,12 @@ def internal_error(e: BaseException) -> typer.Exit:
     INFER_TOOL_DEBUG=1 the caller re-raises it with its traceback instead."""
     from infer_tool.common.errors import cause
 
-    return fail(f"internal error: {cause(e)}; set INFER_TOOL_DEBUG=1 for the traceback", 1)
+    return fail(f"internal error: {cause(e)}; set INFER_TOOL_DEBUG=1 for the traceback{_notes(e)}", 1)
+
+
+def _notes(e: BaseException) -> str:
+    """What the library added to an exception for the user (e.g. how to resume), as '; ...'."""
+    return "".join(f"; {n}" for n in getattr(e, "__notes__", ()))
 
 
 def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,8 +76,8 @@ def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (BadInput, QualityGateFailed) as e:
             raise fail(str(e).replace("\n", " "), e.exit_code) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
+        except KeyboardInterrupt as e:
+            raise fail(f"interrupted{_notes(e)}", 130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except (Exception, MemoryError, RecursionError) as e:  # noqa: BLE001 - the last-resort handler

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ from infer_tool.common.errors import BadInput
 from infer_tool.common.jsonout import to_json
 from infer_tool.common.progress import Progress, no_progress
 
+# Options that do not change the checkpoint: a resumed run may differ in them.
+UNKEYED_OPTIONS = ("out", "resume", "stream", "max_shard_size", "max_memory")
 # What `--eval`'s "ppl after" measures, per scheme kind.
 EVALUATED = {
     "int": "the quantized model in memory, whose linear weights are exactly the checkpoint's dequantized values",
@@ -136,7 +137,10 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.common.device import check_device
     from infer_tool.common.outdir import check_out_dir
+    from infer_tool.jobs.preflight import parse_limits
+    from infer_tool.jobs.run_dir import check_progress
     from infer_tool.packers.checkpoint import REPORT_NAME, get_format
+    from infer_tool.packers.shards import parse_size
     from infer_tool.packers.scheme import SCALE_DTYPES
 
     scheme = scheme_from_options(opts)
@@ -162,6 +166,9 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
         check_corpus(opts.eval, "--eval")
     kind, path = classify_model_spec(opts.model, opts.allow_pickle)
     check_out_dir(opts.out, overwrite=overwrite, marker=REPORT_NAME, protected=[path] if kind == "dir" else [])
+    parse_size(opts.max_shard_size, "--max-shard-size")
+    parse_limits(opts.max_memory)
+    check_progress(opts.out, opts.resume)
     if kind == "dir":  # the architecture table, before the weights are read
         model_type = read_config(path).get("model_type")
         if not isinstance(model_type, str):
@@ -173,10 +180,13 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
 def quantize(
     opts: QuantizeOptions, *, overwrite: bool = False, recipe: str | None = None, progress: Progress | None = None
 ) -> QuantizeReport:
-    """Load, (evaluate), calibrate + quantize, (evaluate), write; returns the report.
+    """Open the model, check the memory estimate, calibrate + quantize layer by layer (with
+    --eval, the evaluation windows go through each layer before and after), write the
+    checkpoint from the finished layers; returns the report.
 
     The report's quality gate says whether `opts.max_ppl_increase` held; the caller decides
-    what a failed gate means (the CLI exits 3)."""
+    what a failed gate means (the CLI exits 3). An interrupted run leaves its progress
+    beside --out (`jobs/run_dir.py`); `opts.resume` continues it."""
     t_start = time.perf_counter()
     scheme, fmt = check(opts, overwrite)
     progress = progress or no_progress
@@ -186,23 +196,23 @@ def quantize(
     import torch
 
     from infer_tool.calib.corpora import calibration_batch, load_text, tokenize
-    from infer_tool.calib.layers import peak_memory
-    from infer_tool.calib.models import load_model
-    from infer_tool.calib.pipeline import plan, quantize_from_stats, quantize_model
+    from infer_tool.calib.layers import decoder_layers, peak_memory
+    from infer_tool.calib.pipeline import plan
     from infer_tool.calib.quantizers import quantizer_for
-    from infer_tool.calib.stats import load_stats
-    from infer_tool.evals.ppl import evaluate_ppl
-    from infer_tool.packers.checkpoint import REPORT_NAME, write_checkpoint
+    from infer_tool.calib.streaming import open_model
+    from infer_tool.jobs import preflight
+    from infer_tool.jobs.run_dir import RunDir, model_fingerprint, run_key
+    from infer_tool.packers.checkpoint import REPORT_NAME
 
     seconds: dict[str, float] = {}
     t = time.perf_counter()
-    loaded = load_model(opts.model, device="cpu", allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
+    loaded = open_model(opts.model, stream=opts.stream, allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
     seconds["load"] = time.perf_counter() - t
     lm = loaded.model
     dtype_name = checkpoint_dtype(opts.dtype, loaded.path)
     store_dtype = getattr(torch, dtype_name)
-    if dtype_name != "float32":
-        round_to(lm, store_dtype)
+    if dtype_name != "float32" and loaded.stream_plan is None:
+        round_to(lm, store_dtype)  # a streamed model is rounded as each tensor is read
     scheme = scheme.for_storage(fmt.scale_dtype or dtype_name)  # scales rounded to what the checkpoint stores
     arch, names = plan(lm, scheme, opts.ignore)  # unknown architecture / bad group size: before any work
     if arch.conv1d:
@@ -214,7 +224,9 @@ def quantize(
     if not names:
         raise BadInput(f"--ignore {' '.join(opts.ignore)} matches every quantizable linear: nothing would be quantized")
     quantizer = quantizer_for(scheme)
-    eval_ids = tokenize(load_text(opts.eval), loaded.tokenizer)[: opts.eval_tokens] if opts.eval is not None else None
+    estimate = preflight.estimate(lm, arch, loaded, opts, quantizer.needs(scheme), dev)
+    preflight.check_fits(estimate, opts.max_memory, dev)
+    eval_ids = tokenize(load_text(opts.eval), loaded.tokenizer, opts.eval_tokens) if opts.eval is not None else None
     calib_ids = None
     if opts.stats is None:
         calib_ids = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
@@ -227,55 +239,64 @@ def quantize(
     )
     if unmatched:
         report.notes.append(f"--ignore patterns that match no linear: {', '.join(unmatched)}")
-    if eval_ids is not None:
-        t = time.perf_counter()
-        before = _ppl(evaluate_ppl, lm, eval_ids, opts.eval_seq_len, dev, progress, "ppl before")
-        seconds["eval_before"] = time.perf_counter() - t
-    t = time.perf_counter()
-    if opts.stats is not None:
-        saved, meta = load_stats(Path(opts.stats))
-        if meta.get("model_path") not in (None, str(loaded.path)):
-            report.notes.append(f"statistics were calibrated on {meta.get('model')} ({meta.get('model_path')})")
-        result = quantize_from_stats(lm, saved, scheme, ignore=opts.ignore, device=dev, progress=progress)
-        report.calibration = Calibration(result.tokens, meta.get("calib"), meta.get("num_samples"), meta.get("seq_len"),
-                                         meta.get("seed"), from_stats=opts.stats, note=STATS_NOTE)
-    else:
-        result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, progress=progress)
-        report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
-    lm.to("cpu")
-    seconds["quantize"] = time.perf_counter() - t
-    seconds.update({f"quantize.{k}": v for k, v in result.seconds.items()})
-    kv_scales = _kv_scales(result.kv_amax)
-    if eval_ids is not None:
-        t = time.perf_counter()
-        with as_deployed(lm, result, scheme, kv_scales):
-            after = _ppl(evaluate_ppl, lm, eval_ids, opts.eval_seq_len, dev, progress, "ppl after")
-        lm.to("cpu")
-        seconds["eval_after"] = time.perf_counter() - t
-        report.eval = EvalSummary(opts.eval, after.tokens, after.seq_len, after.windows, before.ppl, after.ppl,
-                                  after.ppl / before.ppl, EVALUATED[scheme.kind])
-        if opts.max_ppl_increase is not None:
-            increase = after.ppl / before.ppl - 1.0
-            report.quality_gate = QualityGate(opts.max_ppl_increase, increase, increase <= opts.max_ppl_increase)
+    key = run_key({"model": model_fingerprint(loaded.path), "device": torch.device(dev).type, "calib_ids": calib_ids,
+                   "eval_ids": eval_ids, "torch": torch.__version__,
+                   "options": {k: v for k, v in to_dict(opts).items() if k not in UNKEYED_OPTIONS}})
+    run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), opts.resume)
+    if note:
+        report.notes.append(note)
+    from infer_tool.jobs.quantize_run import kv_scales_of, kv_tensors, run_layers, write_output
 
-    report.quantized_layers = len(result.quantized)
-    report.ignored = result.ignored
-    report.layer_errors, report.linear_errors, report.fallbacks = result.layer_errors, result.linear_errors, result.fallbacks
-    report.method_report = result.method_report
-    if result.kv_amax:
-        report.kv_cache_scales = {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales.items()}
-    report.notes += quantizer.notes(result, scheme)
-    report.memory = peak_memory(torch.device(dev))
-    report.seconds = seconds
-    t = time.perf_counter()
-    write_checkpoint(
-        lm, result.quantized, fmt.name, scheme, opts.out, src_dir=loaded.path, overwrite=overwrite, dtype=store_dtype,
-        extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=_kv_tensors(result.kv_amax, fmt.name),
-    )
+    try:
+        result, evaluated, stats_meta = run_layers(lm, arch, loaded, run, opts, scheme, fmt, store_dtype, calib_ids,
+                                                   eval_ids, dev, progress, seconds)
+        seconds["quantize"] -= seconds.get("stream.eval_layers", 0.0)
+        if stats_meta is None:
+            report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
+        else:
+            meta = stats_meta
+            if meta.get("model_path") not in (None, str(loaded.path)):
+                report.notes.append(f"statistics were calibrated on {meta.get('model')} ({meta.get('model_path')})")
+            report.calibration = Calibration(result.tokens, meta.get("calib"), meta.get("num_samples"), meta.get("seq_len"),
+                                             meta.get("seed"), from_stats=opts.stats, note=STATS_NOTE)
+        kv_scales = kv_scales_of(result.kv_amax)
+        if evaluated is not None:
+            before, after = evaluated
+            report.eval = EvalSummary(opts.eval, after.tokens, after.seq_len, after.windows, before.ppl, after.ppl,
+                                      after.ppl / before.ppl, EVALUATED[scheme.kind])
+            if opts.max_ppl_increase is not None:
+                increase = after.ppl / before.ppl - 1.0
+                report.quality_gate = QualityGate(opts.max_ppl_increase, increase, increase <= opts.max_ppl_increase)
+
+        report.quantized_layers = len(result.quantized)
+        report.ignored = result.ignored
+        report.layer_errors, report.linear_errors, report.fallbacks = result.layer_errors, result.linear_errors, result.fallbacks
+        report.method_report = result.method_report
+        if result.kv_amax:
+            report.kv_cache_scales = {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales.items()}
+        report.notes += quantizer.notes(result, scheme)
+        report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
+        report.seconds = seconds
+        t = time.perf_counter()
+        write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
+                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name))
+    except BadInput:
+        run.remove()  # the input must change: nothing to resume
+        raise
+    except BaseException as e:
+        if run.path.exists():
+            e.__notes__ = [*getattr(e, "__notes__", []), resume_hint(run)]
+        raise
     seconds["write"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
+    report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
     (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
     return report
+
+
+def resume_hint(run: Any) -> str:
+    return (f"progress is kept in {run.path} ({run.layers_done} of {run.state['layers']} layers finished); "
+            "run the same command with --resume to continue")
 
 
 def check_patterns(patterns: tuple[str, ...]) -> None:
@@ -328,44 +349,5 @@ def round_to(model: Any, dtype: Any) -> None:
                 p.copy_(p.to(dtype).to(p.dtype))
 
 
-def as_deployed(model: Any, result: Any, scheme: Any, kv_scales: dict[str, tuple[float, float]]) -> AbstractContextManager:
-    """Where `--eval` measures ppl after quantizing: for FP8, the model as deployed
-    (kernels' Fp8Linear W8A8, FP8 KV cache rounded with the calibrated scales); for INT, the
-    in-memory model (its weights are exactly the checkpoint's dequantized values)."""
-    if scheme.kind == "fp8":
-        from infer_tool.evals.fp8_runtime import fp8_runtime
-
-        return fp8_runtime(model, result.quantized, kv_scales or None)
-    return nullcontext(model)
-
-
-def _kv_scales(kv_amax: dict[str, Any]) -> dict[str, tuple[float, float]]:
-    """{attention name: (k_scale, v_scale)} from the calibrated KV amax."""
-    import torch
-
-    from infer_tool.packers.fp8 import scale_from_amax
-
-    def s(amax: float) -> float:
-        return float(scale_from_amax(torch.tensor(amax)))
-
-    return {n: (s(a.k_amax), s(a.v_amax)) for n, a in kv_amax.items()}
-
-
-def _kv_tensors(kv_amax: dict[str, Any], fmt_name: str) -> dict[str, Any] | None:
-    """The k_scale / v_scale tensors to store, or None without a calibrated KV cache."""
-    if not kv_amax:
-        return None
-    from infer_tool.packers.fp8_formats import kv_scale_tensors
-
-    return kv_scale_tensors(kv_amax, fmt_name)
-
-
 def _to_json(report: QuantizeReport) -> str:
     return to_json(report) + "\n"
-
-
-def _ppl(evaluate_ppl: Any, lm: Any, ids: Any, seq_len: int, dev: str, progress: Progress, label: str) -> Any:
-    context = getattr(lm.config, "max_position_embeddings", None)
-    lm.to(dev)
-    return evaluate_ppl(lm, ids.to(dev), min(seq_len, context or seq_len),
-                        progress=lambda task, done, total, **info: progress(label, done, total, **info))

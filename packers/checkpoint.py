@@ -29,8 +29,9 @@ from torch import nn
 
 from infer_tool.common.errors import BadInput
 from infer_tool.common.outdir import check_out_dir, make_readable
+from infer_tool.packers.shards import SAFETENSORS_INDEX, in_memory, write_shards
 
-SAFETENSORS_INDEX = "model.safetensors.index.json"
+DEFAULT_SHARD_BYTES = 5 * 10**9  # Hugging Face's default max_shard_size, "5GB"
 REPORT_NAME = "quantize_report.json"  # our checkpoints hold it: --overwrite may replace only those
 # Files of the source model that travel with the weights.
 COPIED_FILES = (
@@ -163,18 +164,24 @@ def checkpoint_tensors(
     fmt: CheckpointFormat,
     extra_tensors: Mapping[str, torch.Tensor] | None = None,
     dtype: torch.dtype | None = None,
+    within: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """{tensor name: tensor} of the checkpoint, sorted by name, contiguous, on CPU.
 
-    Floating-point model tensors are cast to `dtype` (default: the model's dtype).
+    Floating-point model tensors are cast to `dtype` (default: the model's dtype). With
+    `within`, only the model tensors whose names it accepts (one decoder layer, or all but
+    the layers: a streamed run writes its checkpoint in such parts); tensors still on the
+    meta device are never written.
     """
     state = model.state_dict()
     drop = _tied_duplicates(model, state)
     dtype = dtype or model_dtype(model)
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
-        if name in drop:
+        if name in drop or (within is not None and not within(name)):
             continue
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is not loaded (meta device); it cannot be written")
         out[name] = t.to(dtype) if t.is_floating_point() else t
     for name, w in quantized.items():
         if f"{name}.weight" in drop:
@@ -187,42 +194,62 @@ def checkpoint_tensors(
     return {k: out[k].detach().to("cpu").contiguous() for k in sorted(out)}
 
 
-def _shards(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    return shards
-
-
-def _write_safetensors(tensors: Mapping[str, torch.Tensor], directory: Path, max_shard_bytes: int) -> list[str]:
-    from safetensors.torch import save_file
-
-    shards = _shards(tensors, max_shard_bytes)
-    if len(shards) == 1:
-        save_file(dict(shards[0]), str(directory / "model.safetensors"), metadata={"format": "pt"})
-        return ["model.safetensors"]
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    weight_map = {}
-    for fname, shard in zip(names, shards):
-        save_file(dict(shard), str(directory / fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in shard})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return names
-
-
-def _config_dict(model: nn.Module) -> dict[str, Any]:
-    config = getattr(model, "config", None)
-    if config is None:
+def checkpoint_config(model: nn.Module, fmt: CheckpointFormat, scheme: Any, ignore: Sequence[str], dtype: torch.dtype) -> dict[str, Any]:
+    """config.json of the checkpoint: the model's config, its dtype, `quantization_config`."""
+    config_obj = getattr(model, "config", None)
+    if config_obj is None:
         raise BadInput("the model has no HF config; write_checkpoint needs a transformers model")
-    return json.loads(config.to_json_string(use_diff=False))
+    config = json.loads(config_obj.to_json_string(use_diff=False))
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    if "torch_dtype" in config:
+        config["torch_dtype"] = config["dtype"]
+    config["quantization_config"] = fmt.config(scheme, ignore)
+    return config
+
+
+def ignored_linears(model: nn.Module, quantized: Mapping[str, Any]) -> list[str]:
+    """The model's nn.Linear modules left unquantized (`quantization_config.ignore`); BadInput
+    when a quantized name is not a linear of the model."""
+    linears = set(_linear_names(model))
+    missing = sorted(set(quantized) - linears)
+    if missing:
+        raise BadInput(f"quantized layers {missing[:5]} are not linear modules of the model")
+    return sorted(linears - set(quantized))
+
+
+def fill_directory(
+    tmp: Path, model: nn.Module, config: Mapping[str, Any], src_dir: str | os.PathLike[str] | None,
+    extra_files: Mapping[str, str | bytes] | None,
+) -> None:
+    """config.json, the source's tokenizer / chat template / generation config, and the extra files."""
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if src_dir is not None:
+        for name in COPIED_FILES:
+            src = Path(src_dir) / name
+            if src.is_file():
+                shutil.copyfile(src, tmp / name)
+    gen = getattr(model, "generation_config", None)
+    if not (tmp / "generation_config.json").exists() and gen is not None:
+        gen.to_json_file(str(tmp / "generation_config.json"))
+    for name, content in (extra_files or {}).items():
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Make `tmp` readable and rename it to `out` (an existing `out` is replaced)."""
+    make_readable(tmp)
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(out)
 
 
 def write_checkpoint(
@@ -235,7 +262,7 @@ def write_checkpoint(
     overwrite: bool = False,
     extra_files: Mapping[str, str | bytes] | None = None,
     extra_tensors: Mapping[str, torch.Tensor] | None = None,
-    max_shard_bytes: int = 5 * 1024**3,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write `model` with its linears `quantized` ({module name: weight}) as format `fmt`.
@@ -252,11 +279,7 @@ def write_checkpoint(
     fmt_obj = get_format(fmt, scheme.kind)
     check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
     fmt_obj.check(scheme, quantized)
-    linears = set(_linear_names(model))
-    missing = sorted(set(quantized) - linears)
-    if missing:
-        raise BadInput(f"quantized layers {missing[:5]} are not linear modules of the model")
-    ignore = sorted(linears - set(quantized))
+    ignore = ignored_linears(model, quantized)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -264,36 +287,10 @@ def write_checkpoint(
     try:
         dtype = dtype or model_dtype(model)
         tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
-        _write_safetensors(tensors, tmp, max_shard_bytes)
-        config = _config_dict(model)
-        config["dtype"] = str(dtype).removeprefix("torch.")
-        if "torch_dtype" in config:
-            config["torch_dtype"] = config["dtype"]
-        config["quantization_config"] = fmt_obj.config(scheme, ignore)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if src_dir is not None:
-            for name in COPIED_FILES:
-                src = Path(src_dir) / name
-                if src.is_file():
-                    shutil.copyfile(src, tmp / name)
-        gen = getattr(model, "generation_config", None)
-        if not (tmp / "generation_config.json").exists() and gen is not None:
-            gen.to_json_file(str(tmp / "generation_config.json"))
-        for name, content in (extra_files or {}).items():
-            path = tmp / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if isinstance(content, bytes):
-                path.write_bytes(content)
-            else:
-                path.write_text(content)
-        make_readable(tmp)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
+        write_shards(tmp, *in_memory(tensors), max_shard_bytes, total_parameters=model.num_parameters()
+                     if hasattr(model, "num_parameters") else None)
+        fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)
+        publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

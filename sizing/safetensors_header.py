@@ -1,21 +1,14 @@
 """Real weight bytes of a checkpoint directory from its `*.safetensors` headers
-(standard library only; tensor data is never read).
-
-A safetensors file starts with a little-endian u64 N, then N bytes of JSON mapping each
-tensor name to `{"dtype", "shape", "data_offsets": [begin, end]}` (plus an optional
-`__metadata__`); the tensor's bytes are `end - begin`.
+(standard library only; tensor data is never read; the header reader is
+`common/safetensors_header.py`): a tensor's bytes are `end - begin` of its data offsets.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from infer_tool.common.errors import BadInput
-
-_MAX_HEADER = 100 * 2**20  # the format caps headers at 100 MB
+from infer_tool.common.safetensors_header import tensor_headers
 
 
 @dataclass(frozen=True)
@@ -34,25 +27,9 @@ def checkpoint_bytes(directory: str | Path) -> CheckpointBytes | None:
     total = tensors = 0
     by_dtype: dict[str, int] = {}
     for path in files:
-        for info in _header(path).values():
+        for info in tensor_headers(path)[0].values():
             begin, end = info["data_offsets"]
             total += end - begin
             tensors += 1
             by_dtype[info["dtype"]] = by_dtype.get(info["dtype"], 0) + end - begin
     return CheckpointBytes(total, tensors, len(files), by_dtype)
-
-
-def _header(path: Path) -> dict[str, dict]:
-    try:
-        with path.open("rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise ValueError("file shorter than the 8-byte header length")
-            (n,) = struct.unpack("<Q", raw)
-            if n > _MAX_HEADER:
-                raise ValueError(f"header length {n} exceeds 100 MB")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise BadInput(f"{path}: not a readable safetensors file ({e})") from None
-    header.pop("__metadata__", None)
-    return header

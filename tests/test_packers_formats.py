@@ -282,19 +282,23 @@ def test_existing_dir_refused_then_overwritten(tmp_path):
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     """A failure after part of the weights hit the disk leaves neither out_dir nor a temp dir."""
-    import safetensors.torch
+    from infer_tool.packers import safetensors_stream
 
-    real = safetensors.torch.save_file
+    real = safetensors_stream.tensor_bytes
+    written = []
 
-    def half_then_fail(tensors, filename, metadata=None):
-        real(dict(list(tensors.items())[:2]), filename, metadata=metadata)
-        raise OSError("disk full (simulated)")
+    def two_then_fail(t):
+        if len(written) == 2:
+            raise OSError("disk full (simulated)")
+        written.append(t)
+        return real(t)
 
-    monkeypatch.setattr(safetensors.torch, "save_file", half_then_fail)
+    monkeypatch.setattr(safetensors_stream, "tensor_bytes", two_then_fail)
     model = _tiny_llama(tied=True)
     scheme = RTNScheme(group_size=32)
     with pytest.raises(OSError, match="simulated"):
         write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, tmp_path / "ck")
+    assert len(written) == 2
     assert os.listdir(tmp_path) == []
 
 

@@ -47,8 +47,9 @@ class GPTQQuantizer(LayerQuantizer):
                 ctx.result.stats[ctx.full(n)] = stats
             for n in todo:
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), arch, stats, scheme)
-            if keep is not None:  # the sub-block's output is now final
-                cached[g] = [points[g].linear(x) for x in keep.pop(group[0])]
+            if keep is not None:  # the sub-block's output is now final; each kept input is freed once used
+                inputs = keep.pop(group[0])
+                cached[g] = [points[g].linear(inputs.pop(0)) for _ in range(len(inputs))]
         with replaying(points, cached):
             Y_hat = run_layer(layer, X, calls)
         return Y, Y_hat

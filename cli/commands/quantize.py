@@ -117,7 +117,9 @@ def _print_report(report: Any) -> None:
         table.add_row("quality gate", f"{'passed' if g.passed else 'FAILED'}: +{g.increase * 100:.2f}% vs max {g.max_increase * 100:g}%")
     table.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items() if "." not in k))
     mem = report.memory
-    table.add_row("peak memory", f"RSS {mem['peak_rss_mib']:.0f} MiB" + (f", CUDA {mem['cuda_peak_mib']:.0f} MiB" if "cuda_peak_mib" in mem else ""))
+    host = f"RSS {mem['peak_rss_mib']:.0f} MiB (estimate {mem['estimate_host_mib']:.0f})"
+    device = f", CUDA {mem['cuda_peak_mib']:.0f} MiB (estimate {mem.get('estimate_device_mib', 0):.0f})" if "cuda_peak_mib" in mem else ""
+    table.add_row("peak memory", host + device)
     out().print(table)
     for note in report.notes:
         err().print(f"note: {note}", highlight=False)

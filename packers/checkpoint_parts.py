@@ -1,0 +1,69 @@
+"""A checkpoint assembled from parts: safetensors files each holding some of its tensors
+(`checkpoint_tensors(..., within=...)` of one decoder layer, or of everything outside the
+layers), as a streamed quantize run writes them. The shards are written one tensor at a
+time; the bytes are those `write_checkpoint` writes for the whole model in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from infer_tool.common.outdir import check_out_dir
+from infer_tool.packers.checkpoint import (
+    DEFAULT_SHARD_BYTES,
+    REPORT_NAME,
+    checkpoint_config,
+    fill_directory,
+    get_format,
+    ignored_linears,
+    publish,
+)
+from infer_tool.packers.safetensors_stream import spec_of
+from infer_tool.packers.shards import PartFiles, write_shards
+
+
+def write_from_parts(
+    parts: Sequence[Path],
+    out_dir: str | os.PathLike[str],
+    model: nn.Module,
+    quantized: Mapping[str, Any],
+    fmt: str,
+    scheme: Any,
+    *,
+    dtype: torch.dtype,
+    tmp: Path,
+    src_dir: str | os.PathLike[str] | None = None,
+    overwrite: bool = False,
+    extra_files: Mapping[str, str | bytes] | None = None,
+    extra_tensors: Mapping[str, torch.Tensor] | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> Path:
+    """`write_checkpoint` from `parts` (see the module docstring): the shards are assembled
+    in `tmp`, which is then renamed to `out_dir`. `model` gives the config (its weights may
+    be on the meta device), `quantized` the quantized linears' names (their weights are not
+    read)."""
+    out = Path(out_dir)
+    fmt_obj = get_format(fmt, scheme.kind)
+    check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
+    ignore = ignored_linears(model, quantized)
+    source = PartFiles(parts)
+    extra = {k: t.detach().to("cpu").contiguous() for k, t in (extra_tensors or {}).items()}
+    shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt's
+    tmp.mkdir(parents=True)
+    try:
+        specs = source.specs() + [spec_of(n, t) for n, t in extra.items()]
+        write_shards(tmp, specs, lambda n: extra[n] if n in extra else source.load(n), max_shard_bytes,
+                     total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None)
+        fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
