@@ -67,6 +67,20 @@ class QualityGate:
 
 
 @dataclass
+class MoeSummary:
+    """Mixture-of-experts models: how experts were calibrated and what they saw."""
+
+    calibration: str  # "all" or "routed"
+    min_tokens: int
+    moe_layers: int
+    experts: int  # routed experts over every MoE layer
+    expert_linears_quantized: int
+    experts_below_min_tokens: list[str]  # "layer expert j (n tokens)"
+    fallback_experts: list[str]  # experts quantized with a fallback (routed mode), by name
+    tokens: list[Any]  # per MoE layer: ExpertTokens (counts, min / median / max, experts below)
+
+
+@dataclass
 class QuantizeReport:
     """Everything a run measured; `to_dict()` is `quantize_report.json` and `--json`."""
 
@@ -94,6 +108,7 @@ class QuantizeReport:
     fallbacks: list[Any] = field(default_factory=list)
     method_report: dict[str, Any] = field(default_factory=dict)  # the method's own entries (AWQ: "awq")
     kv_cache_scales: dict[str, dict[str, float]] | None = None
+    moe: MoeSummary | None = None
     memory: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -113,7 +128,7 @@ class QuantizeReport:
             if f.name == "method_report":
                 d.update(value)
                 continue
-            if value is None and f.name in ("calibration", "eval", "quality_gate", "kv_cache_scales"):
+            if value is None and f.name in ("calibration", "eval", "quality_gate", "kv_cache_scales", "moe"):
                 continue
             if f.name == "calibration":
                 value = value.to_dict()
@@ -147,6 +162,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
         raise BadInput(f"unknown --dtype {opts.dtype!r}: expected auto, {', '.join(SCALE_DTYPES)}")
     check_device(opts.device or "auto")
     check_patterns(opts.ignore)
+    moe_calibration(opts)  # refuses a bad --moe-calibration / --moe-min-tokens
     if opts.max_ppl_increase is not None and opts.eval is None:
         raise BadInput("--max-ppl-increase needs --eval CORPUS (the ppl to compare)")
     if opts.stats is not None:
@@ -176,6 +192,7 @@ def quantize(
     from infer_tool.calib.corpora import calibration_batch, load_text, tokenize
     from infer_tool.calib.layers import peak_memory
     from infer_tool.calib.models import load_model
+    from infer_tool.calib.moe import routers
     from infer_tool.calib.pipeline import plan, quantize_from_stats, quantize_model
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.calib.stats import load_stats
@@ -228,7 +245,8 @@ def quantize(
         report.calibration = Calibration(result.tokens, meta.get("calib"), meta.get("num_samples"), meta.get("seq_len"),
                                          meta.get("seed"), from_stats=opts.stats, note=STATS_NOTE)
     else:
-        result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, progress=progress)
+        result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, moe=moe_calibration(opts),
+                                progress=progress)
         report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     lm.to("cpu")
     seconds["quantize"] = time.perf_counter() - t
@@ -253,17 +271,42 @@ def quantize(
     if result.kv_amax:
         report.kv_cache_scales = {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales.items()}
     report.notes += quantizer.notes(result, scheme)
+    report.moe = moe_summary(result, opts)
+    if report.moe is None and (opts.moe_calibration or opts.moe_min_tokens is not None):
+        report.notes.append(f"--moe-calibration / --moe-min-tokens have no effect: {lm.config.model_type} has no MoE layer")
     report.memory = peak_memory(torch.device(dev))
     report.seconds = seconds
     t = time.perf_counter()
     write_checkpoint(
         lm, result.quantized, fmt.name, scheme, opts.out, src_dir=loaded.path, overwrite=overwrite, dtype=store_dtype,
         extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=_kv_tensors(result.kv_amax, fmt.name),
+        rename=arch.checkpoint_name, unquantized=routers(lm, arch),
     )
     seconds["write"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
     return report
+
+
+def moe_calibration(opts: QuantizeOptions) -> Any:
+    """The `MoeCalibration` the options ask for (its own defaults where they are unset)."""
+    from infer_tool.calib.moe import MoeCalibration
+
+    given = {"mode": opts.moe_calibration, "min_tokens": opts.moe_min_tokens}
+    return MoeCalibration(**{k: v for k, v in given.items() if v is not None})
+
+
+def moe_summary(result: Any, opts: QuantizeOptions) -> MoeSummary | None:
+    """The report's MoE entry from the pipeline's per-layer routed token counts."""
+    if not result.expert_tokens:
+        return None
+    cal = moe_calibration(opts)
+    below = [f"{t.layer} expert {j} ({t.counts[j]} tokens)" for t in result.expert_tokens for j in t.below]
+    fallen = sorted({f.layer.rsplit(".", 1)[0] for f in result.fallbacks if ".experts." in f.layer})
+    return MoeSummary(
+        cal.mode, cal.min_tokens, len(result.expert_tokens), sum(len(t.counts) for t in result.expert_tokens),
+        sum(".experts." in n for n in result.quantized), below, fallen, result.expert_tokens,
+    )
 
 
 def check_patterns(patterns: tuple[str, ...]) -> None:

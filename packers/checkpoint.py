@@ -235,6 +235,8 @@ def write_checkpoint(
     extra_tensors: Mapping[str, torch.Tensor] | None = None,
     max_shard_bytes: int = 5 * 1024**3,
     dtype: torch.dtype | None = None,
+    rename: Callable[[str], str] | None = None,
+    unquantized: Sequence[str] = (),
 ) -> Path:
     """Write `model` with its linears `quantized` ({module name: weight}) as format `fmt`.
 
@@ -242,7 +244,10 @@ def write_checkpoint(
         `.weight` are replaced by the format's tensors). scheme: the QuantScheme (or FP8
         scheme) used. extra_files: {relative name: content} (e.g. quantize_report.json).
     extra_tensors: more tensors to store (e.g. KV-cache scales). dtype: of the unquantized
-    tensors (and compressed-tensors scales); default the model's. Returns out_dir.
+    tensors (and compressed-tensors scales); default the model's. rename: module / tensor
+    name -> the name the checkpoint stores (the original checkpoint's spelling of an MoE's
+    experts); unquantized: more modules for the config's ignore list (MoE routers, which
+    are not nn.Linear in transformers but are linears to vLLM). Returns out_dir.
     Raises BadInput for an existing out_dir (unless overwrite) or a format that cannot carry
     the scheme; on any failure nothing is left behind.
     """
@@ -255,7 +260,8 @@ def write_checkpoint(
     missing = sorted(set(quantized) - linears)
     if missing:
         raise BadInput(f"quantized layers {missing[:5]} are not linear modules of the model")
-    ignore = sorted(linears - set(quantized))
+    ignore = sorted((linears - set(quantized)) | set(unquantized))
+    rename = rename or (lambda name: name)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -263,12 +269,14 @@ def write_checkpoint(
     try:
         dtype = dtype or model_dtype(model)
         tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
+        tensors = {rename(k): v for k, v in tensors.items()}
+        tensors = {k: tensors[k] for k in sorted(tensors)}
         _write_safetensors(tensors, tmp, max_shard_bytes)
         config = _config_dict(model)
         config["dtype"] = str(dtype).removeprefix("torch.")
         if "torch_dtype" in config:
             config["torch_dtype"] = config["dtype"]
-        config["quantization_config"] = fmt_obj.config(scheme, ignore)
+        config["quantization_config"] = fmt_obj.config(scheme, sorted(rename(n) for n in ignore))
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if src_dir is not None:
             for name in COPIED_FILES:
