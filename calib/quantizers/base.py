@@ -91,8 +91,13 @@ class LayerContext:
         return get_submodule(self.layer, name)
 
 
-def check_scales(name: str, weight: Any) -> None:
-    """Refuse a solved linear with a NaN, Inf or zero scale, naming it."""
+def check_solved(name: str, W: torch.Tensor, W_hat: torch.Tensor, weight: Any) -> None:
+    """Refuse a linear whose weight W, dequantized result Ŵ or scales hold NaN or Inf (or a
+    zero scale), naming it. (RTN maps a NaN group's scale to 1: the scale alone would pass.)"""
+    for what, t in (("weight", W), ("dequantized weight", W_hat)):
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise BadInput(f"{name}: its {what} holds {bad} NaN or Inf values (--ignore it to leave it unquantized)")
     for attr in ("scale", "weight_scale", "input_scale"):
         s = getattr(weight, attr, None)
         if isinstance(s, torch.Tensor):
@@ -107,9 +112,9 @@ def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, ar
     replace the module's weight by its dequantized value; with a Hessian, record the
     linear's relative output error; a solver's fallback is counted. A NaN, Inf or zero
     scale is an error naming the linear."""
-    check_scales(full, weight)
     W = weight_nk(module, arch.conv1d).detach().float()
     W_hat = weight.dequantize(torch.float32).to(W.device)
+    check_solved(full, W, W_hat, weight)
     if stats is not None and stats.H is not None:
         result.linear_errors[full] = relative_output_error(W, W_hat, stats.H.to(W.device))
     set_weight_nk(module, W_hat, arch.conv1d)
