@@ -89,7 +89,8 @@ class MoeExperts(nn.ModuleList):
                 y = expert(hidden_states[rows])
             else:
                 continue
-            out.index_add_(0, rows, (y * top_k_weights[rows, slot, None]).to(out.dtype))
+            # rows are distinct within one expert: one addition per row, as index_add_ (10x slower on CPU)
+            out.index_put_((rows,), (y * top_k_weights[rows, slot, None]).to(out.dtype), accumulate=True)
         return out
 
 

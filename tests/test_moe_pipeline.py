@@ -174,20 +174,21 @@ def test_gptq_one_hessian_per_expert(mode: str) -> None:
     from infer_tool.calib.quantizers import gptq
 
     captured: dict[str, torch.Tensor] = {}
-    original = gptq.GPTQQuantizer.quantize_linear
+    original = gptq.GPTQQuantizer.solve
 
-    def spy(self, result, full, module, arch, stats, scheme):  # noqa: ANN001, ANN202
-        captured[full] = stats.H.clone()
-        return original(self, result, full, module, arch, stats, scheme)
+    def spy(self, W, stats, scheme, name):  # noqa: ANN001, ANN202
+        for n in name.split(", "):  # linears sharing a Hessian are solved together
+            captured[n] = stats.H.clone()
+        return original(self, W, stats, scheme, name)
 
     fp = make_moe("mixtral")
     model = copy.deepcopy(fp)
-    gptq.GPTQQuantizer.quantize_linear = spy
+    gptq.GPTQQuantizer.solve = spy
     try:
         r = quantize_model(model, ids(), make_scheme("gptq", group_size=32), batch_size=4, device="cpu",
                            moe=MoeCalibration(mode, min_tokens=1))
     finally:
-        gptq.GPTQQuantizer.quantize_linear = original
+        gptq.GPTQQuantizer.solve = original
     p = "model.layers.0"
     ref = copy.deepcopy(fp)
     with torch.no_grad():
@@ -212,6 +213,25 @@ def test_gptq_one_hessian_per_expert(mode: str) -> None:
         assert rel(captured[f"{p}.mlp.experts.{j}.down_proj"].double(), H_down) < 1e-5
     if mode == "routed":  # a routed Hessian differs from the all-tokens one (else the test is vacuous)
         assert rel(captured[f"{p}.mlp.experts.0.gate_proj"].double(), 2 * X.T @ X / X.shape[0]) > 1e-3
+
+
+def test_gptq_linears_sharing_a_hessian_solved_together_equal_their_own_solves() -> None:
+    """Stacking the rows of linears with one Hessian into one GPTQ solve gives each linear's
+    own solve, up to the rounding of the batched matmuls."""
+    from infer_tool.calib.stats import StatsAccumulator
+    from infer_tool.packers.gptq import quantize_gptq
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(400, 64, generator=g) * (torch.rand(64, generator=g) * 3)
+    acc = StatsAccumulator(64)
+    acc.add(X)
+    st = acc.result()
+    Ws = [torch.randn(48, 64, generator=g) for _ in range(3)]
+    scheme = make_scheme("gptq", group_size=32, act_order=True)
+    together = quantize_gptq(torch.cat(Ws), st, scheme)
+    alone = torch.cat([quantize_gptq(w, st, scheme).dequantize() for w in Ws])
+    assert rel(together.dequantize(), alone) < 1e-3
+    assert float((together.dequantize() == alone).float().mean()) > 0.99
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])

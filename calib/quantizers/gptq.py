@@ -8,27 +8,30 @@ down_proj) is final once that linear is quantized: later runs replay its cached 
 (`calib/replay.py`), so each linear runs once over the calibration tokens.
 
 MoE layers: once the attention is quantized, the MoE block's input and the router's
-choices are captured once; then one Hessian per expert, one expert at a time: gate/up
-from the expert's rows of the block input (every row in "all" mode, its routed rows in
-"routed" mode; the shared expert always every row), then down from the expert's
-intermediate activations computed with its quantized gate/up, each freed after its solve.
-An expert's down only depends on its own gate/up, so this equals quantizing the gate/up of
-all experts, then every down. Starved experts (routed mode) fall back to RTN.
+choices are captured once; then the gate/up of every expert, then every down, one Hessian
+per expert, each freed after its solve. Gate/up read the expert's rows of the block input:
+every row in "all" mode (and for the shared expert), its routed rows in "routed" mode;
+linears sharing a Hessian (all gate/up in "all" mode; an expert's gate and up) are solved
+as one stack of rows. Down reads the expert's intermediate activations computed with its
+quantized gate/up. Starved experts (routed mode) fall back to RTN.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, run_until, weight_nk
 from infer_tool.calib.moe import Routing, capturing_routing
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record_rtn_fallback
+from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record, record_rtn_fallback
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
+
+SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the solver keeps ~3 copies)
 
 
 class GPTQQuantizer(LayerQuantizer):
@@ -69,37 +72,65 @@ class GPTQQuantizer(LayerQuantizer):
         return Y, Y_hat
 
     def _quantize_experts(self, ctx: LayerContext, scheme: Any, routing: Routing) -> None:
-        """The shared expert, then every expert in turn: gate/up, then down (see above)."""
+        """Gate/up of the shared expert and of every expert, then every down (see above)."""
         moe, mode = ctx.moe, ctx.moe.calibration.mode
-        every_row = None  # statistics of the whole block input, measured once
+        jobs: list[int | None] = []  # None: the shared expert
         for j in ([None] if moe.shared else []) + list(range(len(moe))):
-            gate, up, down = moe.shared if j is None else moe.expert(j)
-            todo = [n for n in (gate, up, down) if ctx.is_target(n)]
             reason = None if j is None else ctx.starved(routing, j)
             if reason:
-                for n in todo:
-                    record_rtn_fallback(ctx, n, scheme, f"expert {j} {reason}")
-                continue
-            rows = routing.x if j is None else routing.rows(j, mode)  # (t_j, H) per chunk
-            if rows is routing.x:
-                every_row = every_row or _hessian(rows, ctx.module(gate))
-                stats = every_row
+                for n in moe.expert(j):
+                    if ctx.is_target(n):
+                        record_rtn_fallback(ctx, n, scheme, f"expert {j} {reason}")
             else:
-                stats = _hessian(rows, ctx.module(gate))
-            for n in (gate, up):
-                if n in todo:
-                    self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, stats, scheme)
-            if down in todo:  # its inputs through the quantized gate/up
-                expert, head = ctx.module(down.rpartition(".")[0]), ctx.module(down)
-                acc = {"down": StatsAccumulator(head.in_features, hessian=True)}
-                with capturing_inputs({"down": head}, accs=acc, stop=True):
-                    for x in rows:
-                        try:
-                            expert(x)
-                        except StopForward:
-                            pass
-                self.quantize_linear(ctx.result, ctx.full(down), head, ctx.arch, acc["down"].result(), scheme)
-            del stats, rows
+                jobs.append(j)
+
+        def names(j: int | None) -> tuple[str, str, str]:
+            return moe.shared if j is None else moe.expert(j)
+
+        def every_row(j: int | None) -> bool:
+            return j is None or mode == "all"
+
+        # gate/up: one Hessian for every row of the block input, one per expert's routed rows
+        shared = [n for j in jobs if every_row(j) for n in names(j)[:2] if ctx.is_target(n)]
+        if shared:
+            self._solve_together(ctx, shared, _hessian(routing.x, ctx.module(shared[0])), scheme)
+        for j in jobs:
+            todo = [n for n in names(j)[:2] if ctx.is_target(n)]
+            if todo and not every_row(j):
+                self._solve_together(ctx, todo, _hessian(routing.rows(j, mode), ctx.module(todo[0])), scheme)
+        # down: each expert's inputs through its quantized gate/up
+        for j in jobs:
+            down = names(j)[2]
+            if not ctx.is_target(down):
+                continue
+            expert, head = ctx.module(down.rpartition(".")[0]), ctx.module(down)
+            acc = {"down": StatsAccumulator(head.in_features, hessian=True)}
+            with capturing_inputs({"down": head}, accs=acc, stop=True):
+                for x in routing.x if every_row(j) else routing.rows(j, mode):
+                    try:
+                        expert(x)
+                    except StopForward:
+                        pass
+            self.quantize_linear(ctx.result, ctx.full(down), head, ctx.arch, acc["down"].result(), scheme)
+
+    def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: Any) -> None:
+        """GPTQ of linears that share one Hessian as one solve over their stacked rows: GPTQ's
+        updates are row-wise given H, so this is each linear's own solve (up to rounding),
+        with one factorisation and one column loop instead of one per linear."""
+        modules = [ctx.module(n) for n in names]
+        weights = [weight_nk(m, ctx.arch.conv1d).detach() for m in modules]
+        K = int(weights[0].shape[1])
+        per_solve = max(1, SOLVE_ELEMENTS // (K * max(int(w.shape[0]) for w in weights)))
+        for a in range(0, len(names), per_solve):
+            part = slice(a, a + per_solve)
+            solved = self.solve(torch.cat(weights[part]), stats, scheme, ", ".join(ctx.full(n) for n in names[part]))
+            row = 0
+            for n, m, w in zip(names[part], modules[part], weights[part]):
+                rows = slice(row, row + int(w.shape[0]))
+                row = rows.stop
+                one = replace(solved, q=solved.q[rows], scale=solved.scale[rows], info=dict(solved.info),
+                              zero=None if solved.zero is None else solved.zero[rows])
+                record(ctx.result, ctx.full(n), m, one, ctx.arch, stats)
 
 
 def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
