@@ -54,6 +54,9 @@ class Fp8Quantizer(LayerQuantizer):
         notes = []
         if scheme.granularity == "block":
             notes += block_alignment_notes({n: w.shape for n, w in result.quantized.items()}, scheme.block_size)
+        if result.expert_tokens and scheme.granularity == "tensor" and scheme.activations == "dynamic":
+            notes.append("vLLM 0.32's compressed-tensors FP8 MoE kernels take per-tensor expert weights only with static "
+                         "activations (--fp8-activations static); per-channel (the default) or block weights go with dynamic ones")
         if result.kv_amax:
             notes.append(
                 "k_scale/v_scale are read by vLLM (kv_cache_dtype fp8); transformers 5.x with compressed-tensors "
