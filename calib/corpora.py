@@ -18,10 +18,11 @@ What this module does not know: models. It only needs a tokenizer's `encode`.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
-from infer_tool.common.errors import BadInput
+from infer_tool.common.errors import BadInput, untrusted
 
 SOTU_SPLIT_YEAR = 1990
 SOTU_SPLITS = ("calib", "eval")
@@ -65,13 +66,12 @@ def _local_text(path: Path, text_field: str) -> str:
             f"unsupported corpus file {path.name!r}: expected one of {', '.join(LOCAL_SUFFIXES)}"
         )
     if suffix == ".txt":
-        return path.read_text(encoding="utf-8")
+        with untrusted(f"corpus file {path}"):
+            return path.read_text(encoding="utf-8")
     from datasets import load_dataset
 
-    try:
+    with untrusted(f"cannot read corpus file {path}"):  # malformed JSON/parquet, non-UTF-8 text
         ds = load_dataset(LOCAL_SUFFIXES[suffix], data_files=str(path), split="train")
-    except Exception as e:  # malformed JSON/parquet: tell the user which file
-        raise BadInput(f"cannot read corpus file {path}: {str(e).splitlines()[0]}") from None
     return _dataset_text(ds, text_field, str(path))
 
 
@@ -88,6 +88,27 @@ def _hub_text(spec: str, text_field: str) -> str:
             f"local .txt/.jsonl/.json/.parquet file, and the datasets hub failed ({first})"
         ) from None
     return _dataset_text(ds, text_field, spec)
+
+
+def check_corpus(spec: str, flag: str) -> None:
+    """Refuse, before any model is loaded, a corpus spec that cannot resolve: an unknown
+    sotu split, a missing or unreadable local file, an unsupported suffix. Hub dataset
+    names pass (they are checked when fetched)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise BadInput(f"{flag} {spec!r} is empty; use sotu:calib, sotu:eval, a text file or a dataset name")
+    if spec == "sotu" or spec.startswith("sotu:"):
+        split = spec.partition(":")[2] or None
+        if split is not None and split not in SOTU_SPLITS:
+            raise BadInput(f"{flag}: unknown sotu split {split!r}: expected sotu, sotu:calib or sotu:eval")
+        return
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir() or path.suffix.lower() not in LOCAL_SUFFIXES:
+            raise BadInput(f"{flag} {spec!r}: unsupported corpus file; expected one of {', '.join(LOCAL_SUFFIXES)}")
+        if not os.access(path, os.R_OK):
+            raise BadInput(f"{flag} {spec!r} is not readable")
+    elif path.suffix.lower() in LOCAL_SUFFIXES or spec.startswith(("/", ".", "~")):
+        raise BadInput(f"{flag}: corpus file {spec!r} does not exist")
 
 
 def load_text(spec: str, text_field: str = "text") -> str:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infer_tool.common.errors import BadInput
+from infer_tool.common.errors import BadInput, untrusted
+from infer_tool.common.outdir import make_readable
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -104,8 +105,9 @@ def convert_gguf(path: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+        with untrusted(f"GGUF file {path}"):
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
         # A GGUF load marks the model as quantized, and save_pretrained refuses such
         # models: the weights are already dequantized, so drop the marks.
         model.hf_quantizer = None
@@ -117,11 +119,24 @@ def convert_gguf(path: Path) -> Path:
         (tmp / "infer_tool_source.json").write_text(
             json.dumps({"gguf": str(path.resolve()), "size": path.stat().st_size}, indent=2)
         )
-        os.replace(tmp, target)
+        make_readable(tmp)
+        publish(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def publish(tmp: Path, target: Path) -> None:
+    """Rename a finished cache entry into place; when a concurrent run got there first
+    (the rename finds a complete entry), keep theirs and drop ours."""
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
 
 
 def _weight_files(directory: Path) -> tuple[list[Path], list[Path]]:
@@ -168,38 +183,85 @@ def fetch_hub_model(spec: str, allow_pickle: bool = False) -> Path:
         ) from None
 
 
+def classify_model_spec(spec: str, allow_pickle: bool = False) -> tuple[str, Path | None]:
+    """What a model spec names, checked without loading or converting anything:
+    ("demo", GGUF path), ("gguf", path), ("dir", directory) or ("hub", None).
+    BadInput for a spec that cannot resolve (with the demo names it resembles)."""
+    if spec in DEMO_MODELS:
+        return "demo", demo_gguf_path(spec)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix == ".gguf":
+            if not os.access(path, os.R_OK):
+                raise BadInput(f"{spec} is not readable")
+            return "gguf", path
+        if path.is_file() and path.name == "config.json":
+            path = path.parent
+        if path.is_dir():
+            check_model_dir(path, allow_pickle)
+            return "dir", path
+        if path.suffix in PICKLE_SUFFIXES:
+            raise BadInput(f"{spec} is a pickle-based weight file; pass its model directory (safetensors)")
+        raise BadInput(f"{spec} is not a model directory, config.json or .gguf file")
+    if spec.startswith(("/", ".", "~")) or path.suffix in (".gguf", ".json"):
+        raise BadInput(f"model {spec!r} does not exist")
+    if looks_like_hub_name(spec):
+        return "hub", None
+    import difflib
+
+    close = difflib.get_close_matches(spec, list(DEMO_MODELS), n=3, cutoff=0.5)
+    hint = f"; did you mean: {', '.join(close)}" if close else ""
+    raise BadInput(
+        f"unknown model {spec!r}: expected a model directory, a config.json, a .gguf file, "
+        f"a hub name org/name, or a built-in demo model ({', '.join(DEMO_MODELS)}){hint}"
+    )
+
+
 def resolve_model_dir(spec: str, allow_pickle: bool = False) -> tuple[Path, list[str]]:
     """Turn a model spec into a local directory with config.json + weights.
 
     Returns (directory, notes). Specs: a built-in demo name, a .gguf file, a model
     directory or its config.json, or a hub name `org/name` (online only)."""
-    notes: list[str] = []
-    if spec in DEMO_MODELS:
-        notes.append(DEMO_MODELS[spec].note)
-        return convert_gguf(demo_gguf_path(spec)), notes
-    path = Path(spec).expanduser()
-    if path.exists():
-        if path.is_file() and path.suffix == ".gguf":
-            notes.append(f"{path.name}: weights dequantized from GGUF by transformers")
-            return convert_gguf(path), notes
-        if path.is_file() and path.name == "config.json":
-            path = path.parent
-        if path.is_dir():
-            check_model_dir(path, allow_pickle)
-            return path, notes
-        if path.suffix in PICKLE_SUFFIXES:
-            raise BadInput(f"{spec} is a pickle-based weight file; pass its model directory (safetensors)")
-        raise BadInput(f"{spec} is not a model directory, config.json or .gguf file")
-    if looks_like_hub_name(spec):
-        return fetch_hub_model(spec, allow_pickle), notes
-    raise BadInput(
-        f"unknown model {spec!r}: expected a model directory, a config.json, a .gguf file, "
-        f"a hub name org/name, or a built-in demo model ({', '.join(DEMO_MODELS)})"
-    )
+    kind, path = classify_model_spec(spec, allow_pickle)
+    if kind == "demo":
+        return convert_gguf(path), [DEMO_MODELS[spec].note]
+    if kind == "gguf":
+        return convert_gguf(path), [f"{path.name}: weights dequantized from GGUF by transformers"]
+    if kind == "dir":
+        return path, []
+    return fetch_hub_model(spec, allow_pickle), []
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    return json.loads((directory / "config.json").read_text())
+    """config.json of a model directory as a dict; BadInput naming the file otherwise."""
+    path = directory / "config.json"
+    with untrusted(f"{path}"):
+        config = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise BadInput(f"{path} holds a JSON {type(config).__name__}, not an object of configuration keys")
+    return config
+
+
+def check_config(directory: Path, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Refuse, before transformers sees it, a config.json whose model type transformers
+    does not know, or that needs the repository's own code without --trust-remote-code."""
+    config = read_config(directory)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise BadInput(f"{directory / 'config.json'} has no model_type string (got {model_type!r})")
+    if trust_remote_code:
+        return config
+    if "auto_map" in config:
+        raise BadInput(f"{directory} ships its own model code (auto_map in config.json); pass --trust-remote-code to run it")
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        import difflib
+
+        close = difflib.get_close_matches(model_type, list(CONFIG_MAPPING), n=3)
+        hint = f"; did you mean: {', '.join(close)}" if close else ""
+        raise BadInput(f"model_type {model_type!r} in {directory / 'config.json'} is not known to transformers{hint}")
+    return config
 
 
 def quantization_method(directory: Path) -> str | None:
@@ -211,12 +273,8 @@ def quantization_method(directory: Path) -> str | None:
 def load_tokenizer(directory: Path, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(
-            directory, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{directory}: cannot load a tokenizer ({str(e).splitlines()[0]})") from None
+    with untrusted(f"{directory}: cannot load a tokenizer"):
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 def load_model(
@@ -256,13 +314,16 @@ def load_from_dir(
             f"{spec} is a quantized checkpoint (quant_method={method!r}); "
             "this step needs an unquantized model"
         )
-    model = AutoModelForCausalLM.from_pretrained(
-        directory,
-        dtype=dtype or torch.float32,
-        local_files_only=True,
-        trust_remote_code=trust_remote_code,
-        use_safetensors=None if allow_pickle else True,
-    )
+    check_config(directory, trust_remote_code)
+    where = spec if Path(spec).expanduser().resolve() == Path(directory).resolve() else f"{spec} ({directory})"
+    with untrusted(f"model {where} could not be loaded"):
+        model = AutoModelForCausalLM.from_pretrained(
+            directory,
+            dtype=dtype or torch.float32,
+            local_files_only=True,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=None if allow_pickle else True,
+        )
     model.to(device).eval()
     tokenizer = load_tokenizer(directory, trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=spec, path=directory, notes=notes)

@@ -178,10 +178,8 @@ def load_recipe(path: str | Path) -> dict[str, Any]:
         name, inverted = aliases.get(str(key).replace("-", "_"), (None, False))
         if name is None:
             raise BadInput(f"recipe {path.name!r}: unknown option {key!r}; accepted: {', '.join(sorted(aliases))}")
-        if inverted:
-            _check_value(name, value, f"recipe key {key!r}")
-            value = not value
-        out[name] = value
+        _check_value(name, value, f"recipe key {key!r}")
+        out[name] = not value if inverted else value
     return out
 
 

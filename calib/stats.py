@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from infer_tool.common.errors import BadInput
+from infer_tool.common.errors import BadInput, untrusted
+from infer_tool.common.outdir import check_out_dir, make_readable
 
 STATS_INDEX = "stats_index.json"
 STATS_VERSION = 1
@@ -122,8 +123,7 @@ def save_stats(
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise BadInput(f"{out_dir} already exists; pass --overwrite or choose a new directory")
+    check_out_dir(out_dir, overwrite=overwrite, marker=STATS_INDEX)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -142,6 +142,7 @@ def save_stats(
         save_file(tensors, str(tmp / "stats.safetensors"), metadata={"format": "infer-tool-stats"})
         doc = {"version": STATS_VERSION, "meta": meta, "layers": index}
         (tmp / STATS_INDEX).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        make_readable(tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -159,20 +160,23 @@ def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object
     index_path = stats_dir / STATS_INDEX
     if not index_path.is_file():
         raise BadInput(f"{stats_dir} is not a statistics directory (no {STATS_INDEX}); make one with `infer-tool calibrate`")
-    doc = json.loads(index_path.read_text())
-    if doc.get("version") != STATS_VERSION:
-        raise BadInput(f"{stats_dir}: statistics version {doc.get('version')} is not {STATS_VERSION}; recalibrate")
-    tensors = load_file(str(stats_dir / "stats.safetensors"))
+    with untrusted(f"{index_path}"):
+        doc = json.loads(index_path.read_text(encoding="utf-8"))
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if version != STATS_VERSION:
+        raise BadInput(f"{stats_dir}: statistics version {version} is not {STATS_VERSION}; recalibrate")
     by_key: dict[str, LayerStats] = {}
     out: dict[str, LayerStats] = {}
-    for name, entry in doc["layers"].items():
-        key = entry["key"]
-        if key not in by_key:
-            by_key[key] = LayerStats(
-                H=tensors.get(f"{key}.H"),
-                act_abs_mean=tensors[f"{key}.act_abs_mean"],
-                act_abs_max=float(entry["act_abs_max"]),
-                tokens=int(entry["tokens"]),
-            )
-        out[name] = by_key[key]
-    return out, doc.get("meta", {})
+    with untrusted(f"{stats_dir}: statistics files"):
+        tensors = load_file(str(stats_dir / "stats.safetensors"))
+        for name, entry in doc["layers"].items():
+            key = entry["key"]
+            if key not in by_key:
+                by_key[key] = LayerStats(
+                    H=tensors.get(f"{key}.H"),
+                    act_abs_mean=tensors[f"{key}.act_abs_mean"],
+                    act_abs_max=float(entry["act_abs_max"]),
+                    tokens=int(entry["tokens"]),
+                )
+            out[name] = by_key[key]
+    return out, dict(doc.get("meta") or {})

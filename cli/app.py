@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -57,10 +57,33 @@ for _name in COMMANDS:
     importlib.import_module(f"infer_tool.cli.commands.{_name}").register(app)
 
 
-def main() -> None:
-    """Console-script entry point."""
+def _click_exceptions() -> Any:
+    """click's exception module: typer >= 0.26 vendors click as typer._click."""
     try:
-        app()
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point. Usage errors (an unknown flag, a value of the wrong
+    type) are one line on stderr, exit 2, like every other bad input."""
+    click = _click_exceptions()
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="infer-tool", standalone_mode=False)
+    except click.NoArgsIsHelpError as e:
+        sys.stdout.write(e.ctx.get_help() + "\n")
+        code = 0
+    except click.UsageError as e:
+        hint = f" (see: infer-tool {e.ctx.command_path.partition(' ')[2]} --help)".replace("  --help", " --help") if e.ctx else ""
+        sys.stderr.write(f"error: {e.format_message()}{hint}\n")
+        code = 2
+    except typer.Abort:
+        sys.stderr.write("error: interrupted\n")
+        code = 130
     except (BadInput, QualityGateFailed) as e:
         sys.stderr.write(f"error: {e}\n")
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    sys.exit(code if isinstance(code, int) else 0)

@@ -16,6 +16,7 @@ import typer
 
 from infer_tool.calib.recipe import DEFAULTS, OPTIONS
 from infer_tool.packers.scheme import SCHEMES
+from infer_tool.sizing.roofline import Efficiency
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bars (ours, transformers' or datasets').")]
@@ -23,6 +24,21 @@ Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existin
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N (auto: CUDA when available).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help=OPTIONS["allow_pickle"].metadata["help"])]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=OPTIONS["trust_remote_code"].metadata["help"])]
+
+# The roofline's efficiencies (kv-budget's speed model, spec-profile's projection); the
+# defaults are `Efficiency`'s.
+HbmEfficiency = Annotated[Optional[float], typer.Option(help=f"Achieved / peak HBM bandwidth in decode (default {Efficiency.hbm}).")]
+Mfu = Annotated[Optional[float], typer.Option(help=f"Achieved / peak dense tensor FLOP/s (default {Efficiency.mfu}).")]
+LinkEfficiency = Annotated[Optional[float], typer.Option(help=f"Achieved / peak interconnect bandwidth (default {Efficiency.link}).")]
+_EFFICIENCY_FIELDS = {"hbm_efficiency": "hbm", "mfu": "mfu", "link_efficiency": "link"}
+
+
+def efficiency(opts: dict[str, Any]) -> Efficiency:
+    """`Efficiency` from the options above that were given (removed from `opts`); BadInput
+    for a value outside (0, 1]."""
+    given = {f: v for flag, f in _EFFICIENCY_FIELDS.items() if (v := opts.pop(flag, None)) is not None}
+    return Efficiency(**given)
+
 
 _CLI_TYPES = {bool: bool, int: int, float: float, str: str, list: list[str]}
 

@@ -53,9 +53,17 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def internal_error(e: BaseException) -> typer.Exit:
+    """The last resort: an unexpected exception as one line (exit 1); with
+    INFER_TOOL_DEBUG=1 the caller re-raises it with its traceback instead."""
+    from infer_tool.common.errors import cause
+
+    return fail(f"internal error: {cause(e)}; set INFER_TOOL_DEBUG=1 for the traceback", 1)
+
+
 def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a command: BadInput -> exit 2, QualityGateFailed -> exit 3, one line each,
-    no traceback."""
+    """Wrap a command: BadInput -> exit 2, QualityGateFailed -> exit 3, anything unexpected
+    -> exit 1; one line each on stderr, never a traceback (unless INFER_TOOL_DEBUG=1)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -65,6 +73,12 @@ def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise fail(str(e).replace("\n", " "), e.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except (Exception, MemoryError, RecursionError) as e:  # noqa: BLE001 - the last-resort handler
+            if os.environ.get("INFER_TOOL_DEBUG") == "1":
+                raise
+            raise internal_error(e) from None
 
     return wrapper
 
@@ -76,6 +90,7 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("DATASETS_VERBOSITY", "error")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    _route_library_bars()
     if "transformers" in sys.modules:
         from transformers.utils import logging
 
@@ -117,20 +132,26 @@ def _routed_tqdm(base: type) -> type:
     return Routed
 
 
-@contextlib.contextmanager
-def _routing_library_bars(update: Callable[..., None] | None) -> Iterator[None]:
-    """While active, `tqdm.auto.tqdm` (what transformers draws its bars with) reports to
-    `update`, or is silent when `update` is None."""
+def _route_library_bars() -> None:
+    """From now on `tqdm.auto.tqdm` (what transformers draws its bars with) reports to the
+    innermost enabled progress_bar, and is silent outside one. Idempotent."""
     import tqdm.auto
 
-    original = tqdm.auto.tqdm
-    tqdm.auto.tqdm = _routed_tqdm(original)
+    if not getattr(tqdm.auto.tqdm, "_infer_tool_routed", False):
+        routed = _routed_tqdm(tqdm.auto.tqdm)
+        routed._infer_tool_routed = True
+        tqdm.auto.tqdm = routed
+
+
+@contextlib.contextmanager
+def _routing_library_bars(update: Callable[..., None] | None) -> Iterator[None]:
+    """While active, libraries' bars report to `update` (silent when None)."""
+    _route_library_bars()
     if update is not None:
         _ACTIVE.append(update)
     try:
         yield
     finally:
-        tqdm.auto.tqdm = original
         if update is not None:
             _ACTIVE.pop()
 

@@ -5,8 +5,8 @@ sampling accepts the draft's token at position t (Leviathan et al. 2023, Definit
 and Lemma 3.3), p and q being the target's and the draft's next-token distributions
 after the same temperature and top-p. α = E[β] is the conditional per-token acceptance
 rate; under the independence approximation a round with lookahead k emits on average
-(1 − α^(k+1)) / (1 − α) tokens per target pass (eq. 1) and costs k·c + 1 target-step
-equivalents, c = draft step / target step (Theorem 3.8).
+(1 − α^(k+1)) / (1 − α) tokens per target pass (eq. 1). What a round costs, and so the
+speedup, is `spec_costs` and `spec_predict`'s business.
 
 vLLM reports accepted / drafted tokens instead: E[accepted in a round] / k =
 (α − α^(k+1)) / ((1 − α)·k) (`vllm_rate`), e.g. 0.54 at α = 0.8, k = 5.
@@ -30,11 +30,6 @@ def beta(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def expected_tokens(alpha: float, k: int) -> float:
     """Mean tokens per target pass with lookahead k: (1 − α^(k+1)) / (1 − α)."""
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def predicted_speedup(alpha: float, k: int, c: float) -> float:
-    """Walltime improvement (1 − α^(k+1)) / ((1 − α)(k·c + 1))."""
-    return expected_tokens(alpha, k) / (k * c + 1.0)
 
 
 def vllm_rate(alpha: float, k: int) -> float:

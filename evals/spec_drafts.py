@@ -1,6 +1,7 @@
 """Draft proposers for speculative decoding.
 
-Two kinds share one small interface (`start`, `propose`, `rollback`, `teacher_forced`):
+Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
+`teacher_forced`, `round_acceptance`):
 - `ModelDraft`: any causal LM over the target's vocabulary (a smaller HF model, an INT4
   copy of the target loaded by `evals.loading`, or `truncated_copy` of the target),
   sampling its k tokens one at a time from its own KV cache;
@@ -17,7 +18,6 @@ What this module does not know: how tokens are verified (`spec_sampling`) or tim
 from __future__ import annotations
 
 import copy
-import time
 
 import torch
 
@@ -43,6 +43,11 @@ class ModelDraft:
     def start(self) -> None:
         self.lm.reset()
 
+    def prefill(self, seq: torch.Tensor) -> None:
+        """Start over with `seq` (L,) in the cache (the prompt, fed before decoding starts)."""
+        self.start()
+        self.lm.extend(seq)
+
     def propose(
         self, seq: torch.Tensor, k: int, temperature: float, top_p: float, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,18 +72,15 @@ class ModelDraft:
         """q rows (L - start, V) predicting seq[start:], from one forward pass over seq."""
         return warp(self.lm.score(seq)[start - 1 : -1], temperature, top_p)
 
-    def step_seconds(self, prompt: torch.Tensor, steps: int) -> list[float]:
-        """Wall time of `steps` single-token greedy decode steps after the prompt (batch 1)."""
-        self.start()
-        seq = prompt
-        times: list[float] = []
-        logits = self.lm.extend(seq)[-1]
-        for _ in range(steps):
-            seq = torch.cat([seq, seq.new_tensor([int(logits.argmax())])])
-            t0 = time.perf_counter()
-            logits = self.lm.extend(seq)[-1]
-            times.append(time.perf_counter() - t0)
-        return times
+    def round_acceptance(
+        self, seq: torch.Tensor, start: int, k: int, p: torch.Tensor, beta: torch.Tensor
+    ) -> list[list[float]]:
+        """Per continuation position t (seq[start + t] the next token): the acceptance
+        probabilities of the k tokens a round starting there drafts, along the target's
+        continuation: β[t : t + k] (exact at temperature 0, where an accepted draft token
+        is the continuation's token)."""
+        b = beta.tolist()
+        return [b[t : t + k] for t in range(len(b))]
 
 
 class NgramDraft:
@@ -96,6 +98,9 @@ class NgramDraft:
         self.vocab = vocab
 
     def start(self) -> None:
+        pass
+
+    def prefill(self, seq: torch.Tensor) -> None:
         pass
 
     def rollback(self, length: int) -> None:
@@ -129,15 +134,19 @@ class NgramDraft:
                 q[t - start, prop[0]] = 1.0
         return q
 
-    def step_seconds(self, prompt: torch.Tensor, steps: int) -> list[float]:
-        """Wall time of `steps` lookups of one token over growing prefixes of the prompt."""
-        ids = prompt.tolist()
-        times: list[float] = []
-        for i in range(steps):
-            t0 = time.perf_counter()
-            self.lookup(ids[: max(1, len(ids) - steps + i)], 1)
-            times.append(time.perf_counter() - t0)
-        return times
+    def round_acceptance(
+        self, seq: torch.Tensor, start: int, k: int, p: torch.Tensor, beta: torch.Tensor
+    ) -> list[list[float]]:
+        """Per continuation position t: the target's probability p[t + i](x_i) of each
+        token x_i of the up-to-k-token proposal a round starting there makes (one match's
+        continuation, possibly shorter than k, empty when nothing matches). p: (T, V)
+        target rows, row t predicting seq[start + t]."""
+        ids = seq.tolist()
+        out: list[list[float]] = []
+        for t in range(len(ids) - start):
+            prop = self.lookup(ids[: start + t], k)[: len(ids) - start - t]
+            out.append([float(p[t + i, x]) for i, x in enumerate(prop)])
+        return out
 
 
 Draft = ModelDraft | NgramDraft

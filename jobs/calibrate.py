@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from infer_tool.calib.recipe import DEFAULTS, STATS_NOTE
-from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress
 
 
@@ -53,12 +52,22 @@ class CalibrateReport:
         return dataclasses.asdict(self)
 
 
-def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Progress | None = None) -> CalibrateReport:
+def check(opts: CalibrateOptions, overwrite: bool) -> None:
+    """Every option checked before any model is loaded."""
+    from infer_tool.calib.corpora import check_corpus
+    from infer_tool.calib.models import classify_model_spec
+    from infer_tool.calib.stats import STATS_INDEX
     from infer_tool.common.device import check_device
+    from infer_tool.common.outdir import check_out_dir
 
-    if Path(opts.out).exists() and not overwrite:
-        raise BadInput(f"output directory {opts.out!r} already exists; pass --overwrite to replace it")
     check_device(opts.device or "auto")
+    check_corpus(opts.calib, "--calib")
+    kind, path = classify_model_spec(opts.model, opts.allow_pickle)
+    check_out_dir(opts.out, overwrite=overwrite, marker=STATS_INDEX, protected=[path] if kind == "dir" else [])
+
+
+def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Progress | None = None) -> CalibrateReport:
+    check(opts, overwrite)
     from infer_tool.common.device import pick_device
 
     dev = pick_device(opts.device or "auto")

@@ -29,6 +29,8 @@ class EvalOptions:
 
 def check(opts: EvalOptions) -> None:
     """Every option checked before any model is loaded."""
+    from infer_tool.calib.corpora import check_corpus
+    from infer_tool.calib.models import classify_model_spec
     from infer_tool.common.device import check_device, torch_dtype
     from infer_tool.evals.quantized import KV_CACHE_DTYPES
 
@@ -42,6 +44,10 @@ def check(opts: EvalOptions) -> None:
         raise BadInput(f"unknown --kv-cache-dtype {opts.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
     torch_dtype(opts.dtype)
     check_device(opts.device)
+    check_corpus(opts.data, "--data")
+    for spec in (opts.model, opts.baseline):
+        if spec is not None:
+            classify_model_spec(spec, opts.allow_pickle)
 
 
 def rank0() -> bool:

@@ -21,7 +21,6 @@ from infer_tool.common.errors import BadInput
 from infer_tool.common.jsonout import to_json
 from infer_tool.common.progress import Progress, no_progress
 
-REPORT_NAME = "quantize_report.json"
 # What `--eval`'s "ppl after" measures, per scheme kind.
 EVALUATED = {
     "int": "the quantized model in memory, whose linear weights are exactly the checkpoint's dequantized values",
@@ -145,10 +144,14 @@ class QuantizeReport:
 
 
 def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
-    """Every option checked before any work: (scheme, checkpoint format)."""
+    """Every option checked before any model is loaded or text tokenized: (scheme, format)."""
+    from infer_tool.calib.architectures import architecture_for
+    from infer_tool.calib.corpora import check_corpus
+    from infer_tool.calib.models import classify_model_spec, read_config
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.common.device import check_device
-    from infer_tool.packers.checkpoint import get_format
+    from infer_tool.common.outdir import check_out_dir
+    from infer_tool.packers.checkpoint import REPORT_NAME, get_format
     from infer_tool.packers.scheme import SCALE_DTYPES
 
     scheme = scheme_from_options(opts)
@@ -156,8 +159,6 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     fmt.check(scheme, {})
     if opts.out is None:
         raise BadInput("--out DIR is required when MODEL is given")
-    if Path(opts.out).exists() and not overwrite:
-        raise BadInput(f"output directory {opts.out!r} already exists; pass --overwrite to replace it")
     if opts.dtype != "auto" and opts.dtype not in SCALE_DTYPES:
         raise BadInput(f"unknown --dtype {opts.dtype!r}: expected auto, {', '.join(SCALE_DTYPES)}")
     check_device(opts.device or "auto")
@@ -171,6 +172,17 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
             raise BadInput(refusal)
         if not (Path(opts.stats) / "stats_index.json").is_file():
             raise BadInput(f"--stats {opts.stats!r} is not a statistics directory; make one with `infer-tool calibrate --out DIR`")
+    else:
+        check_corpus(opts.calib, "--calib")
+    if opts.eval is not None:
+        check_corpus(opts.eval, "--eval")
+    kind, path = classify_model_spec(opts.model, opts.allow_pickle)
+    check_out_dir(opts.out, overwrite=overwrite, marker=REPORT_NAME, protected=[path] if kind == "dir" else [])
+    if kind == "dir":  # the architecture table, before the weights are read
+        model_type = read_config(path).get("model_type")
+        if not isinstance(model_type, str):
+            raise BadInput(f"{path / 'config.json'} has no model_type string (got {model_type!r})")
+        architecture_for(model_type)
     return scheme, fmt
 
 
@@ -197,7 +209,7 @@ def quantize(
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.calib.stats import load_stats
     from infer_tool.evals.ppl import evaluate_ppl
-    from infer_tool.packers.checkpoint import write_checkpoint
+    from infer_tool.packers.checkpoint import REPORT_NAME, write_checkpoint
 
     seconds: dict[str, float] = {}
     t = time.perf_counter()

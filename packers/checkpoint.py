@@ -28,8 +28,10 @@ import torch
 from torch import nn
 
 from infer_tool.common.errors import BadInput
+from infer_tool.common.outdir import check_out_dir, make_readable
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+REPORT_NAME = "quantize_report.json"  # our checkpoints hold it: --overwrite may replace only those
 # Files of the source model that travel with the weights.
 COPIED_FILES = (
     "tokenizer.json",
@@ -253,8 +255,7 @@ def write_checkpoint(
     """
     out = Path(out_dir)
     fmt_obj = get_format(fmt, scheme.kind)
-    if out.exists() and not overwrite:
-        raise BadInput(f"output directory {str(out)!r} already exists; pass --overwrite to replace it")
+    check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
     fmt_obj.check(scheme, quantized)
     linears = set(_linear_names(model))
     missing = sorted(set(quantized) - linears)
@@ -293,6 +294,7 @@ def write_checkpoint(
                 path.write_bytes(content)
             else:
                 path.write_text(content)
+        make_readable(tmp)
         if out.exists():
             old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
             out.rename(old)

@@ -33,8 +33,11 @@ def estimate_params(cfg: ConfigView, layers: tuple[LayerSpec, ...]) -> ParamCoun
     other = vocab * h + norm  # token embeddings + final norm
     if mt == "gpt2":
         other += cfg.int("n_positions", "max_position_embeddings") * h  # learned positions
+    tied_head = 0
     if not cfg.get("tie_word_embeddings", default=False):
         linears.append(LinearShape(h, vocab, quantizable=False))  # lm_head
+    else:
+        tied_head = vocab * h  # the embedding, multiplied by again as the output projection
     norms_per_layer = 4 if mt.startswith("gemma2") or mt.startswith("gemma3") else 2
 
     inactive = 0
@@ -49,7 +52,7 @@ def estimate_params(cfg: ConfigView, layers: tuple[LayerSpec, ...]) -> ParamCoun
         extra, idle = _mlp(cfg, i, h, linears)
         other += extra
         inactive += idle
-    return ParamCount(linears=tuple(_merge(linears)), other=other, inactive=inactive)
+    return ParamCount(linears=tuple(_merge(linears)), other=other, inactive=inactive, tied_head=tied_head)
 
 
 def _attention(cfg: ConfigView, layer: LayerSpec, h: int, n_heads: int, out: list[LinearShape]) -> int:

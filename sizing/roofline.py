@@ -145,7 +145,7 @@ class _Model:
             raise BadInput(f"{shape.name}: parameter count unknown; the speed model needs it")
         self.shape, self.kv, self.tp = shape, kv, tp
         self.weight_bytes_rank = weight_total / tp
-        self.linear_flops = 2 * (shape.params.linear_params - shape.params.inactive) / tp
+        self.linear_flops = 2 * shape.params.matmul_params / tp  # a tied lm_head multiplies too
 
     def kv_read(self, context: float) -> float:
         """KV bytes one sequence reads per step on one rank (all stages together)."""

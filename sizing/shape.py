@@ -65,11 +65,19 @@ class ParamCount:
     """Parameters of the model: `linears` (the matrices a weight-only quantizer packs)
     and `other` (embeddings, norms, biases, state-space vectors: kept in model dtype).
     `inactive` counts the routed-expert weights a token does not use (MoE: experts
-    beyond the top-k), so `active` is what one token multiplies by."""
+    beyond the top-k), so `active` is what one token multiplies by. `tied_head`: the
+    output projection's parameters when it shares the token embedding (counted once, in
+    `other`, for memory; every token still multiplies by it)."""
 
     linears: tuple[LinearShape, ...]
     other: int
     inactive: int = 0
+    tied_head: int = 0
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights one token multiplies by in matmuls: active linears and a tied head."""
+        return self.linear_params - self.inactive + self.tied_head
 
     @property
     def linear_params(self) -> int:

@@ -259,6 +259,8 @@ def test_deterministic_bytes(tmp_path):
 
 
 def test_existing_dir_refused_then_overwritten(tmp_path):
+    """An existing --out is refused; --overwrite replaces only one of our checkpoints (it
+    holds quantize_report.json), never a directory of someone else's files."""
     model = _tiny_llama(tied=True)
     scheme = RTNScheme(group_size=32)
     out = tmp_path / "ck"
@@ -266,10 +268,15 @@ def test_existing_dir_refused_then_overwritten(tmp_path):
     (out / "keep.txt").write_text("mine")
     with pytest.raises(BadInput, match="already exists"):
         write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out)
+    with pytest.raises(BadInput, match="did not write"):
+        write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out, overwrite=True)
     assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
     write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out, overwrite=True,
                      extra_files={"quantize_report.json": "{}"})
-    assert not (out / "keep.txt").exists() and (out / "quantize_report.json").read_text() == "{}"
+    write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out, overwrite=True,
+                     extra_files={"quantize_report.json": "{\"second\": 1}"})
+    assert (out / "quantize_report.json").read_text() == '{"second": 1}'
     assert sorted(os.listdir(tmp_path)) == ["ck"]
 
 

@@ -92,3 +92,16 @@ def test_decode_throughput_within_25_percent_of_published(row):
     assert abs(t.output_tokens_per_s / published - 1) <= 0.25, (t.output_tokens_per_s, published)
     if "ttft_ms" in row:
         assert abs(t.ttft_s * 1e3 / row["ttft_ms"] - 1) <= 0.25
+
+
+def test_tied_output_projection_costs_flops_not_memory():
+    """A tied lm_head is stored once (in the embedding) but every token still multiplies by
+    it: same FLOPs as the untied model, vocab x hidden fewer bytes."""
+    untied = shape_from_config(TOY, "untied")
+    tied = shape_from_config({**TOY, "tie_word_embeddings": True}, "tied")
+    assert untied.params.total - tied.params.total == 1000 * 256
+    assert tied.params.matmul_params == untied.params.matmul_params == untied.params.linear_params
+    w = Workload(prompt_len=100, output_len=50, batch=512)
+    t_untied, t_tied = step_times(untied, HW, w, eff=EFF), step_times(tied, HW, w, eff=EFF)
+    assert t_tied.compute_s == pytest.approx(t_untied.compute_s)
+    assert t_tied.memory_s < t_untied.memory_s

@@ -79,19 +79,20 @@ def test_greedy_output_identical_for_every_draft(target, prompts) -> None:
             for k in (1, 3):
                 run = speculative_decode(lm, draft, prompt, k, NEW, 0.0, 1.0, None)
                 assert torch.equal(run.tokens, ref), (draft.name, k)
-                assert sum(run.accepted) + run.target_passes == NEW
+                assert sum(run.accepted) + run.target_passes == NEW - 1  # the first token is the prefill's
 
 
 def test_self_draft_accepts_everything(target, prompts) -> None:
     lm = CachedLM(target, V)
     run = speculative_decode(lm, ModelDraft("self", target, V), prompts[0], 3, NEW, 0.0, 1.0, None)
-    assert run.target_passes == NEW // 4  # each pass: 3 accepted + bonus
+    assert run.target_passes == -(-(NEW - 1) // 4)  # each pass: 3 accepted + bonus, after the prefill's token
     assert all(a == d for a, d in zip(run.accepted, run.drafted))
 
 
 def test_greedy_accepted_lengths_follow_teacher_forced_beta(target, prompts) -> None:
     """At temperature 0 the loop's accepted run lengths are fixed by the teacher-forced β:
-    a round starting at position t accepts the run of β = 1 from t, capped at k.
+    a round starting at position t (t = 1 after the prefill's token) accepts the run of
+    β = 1 from t, capped at k.
     (Prompt lookup only at k = 1: for k > 1 it drafts the rest of one match rather than
     a fresh one-token lookup per position, which is what its teacher-forced β scores.)"""
     lm = CachedLM(target, V)
@@ -103,7 +104,7 @@ def test_greedy_accepted_lengths_follow_teacher_forced_beta(target, prompts) -> 
         b = beta(p, draft.teacher_forced(seq, len(prompt), 0.0, 1.0)).tolist()
         assert 0 < sum(b) < NEW  # some agreement, not total
         for k in (1,) if isinstance(draft, NgramDraft) else (1, 2, 4):
-            expected, t = [], 0
+            expected, t = [], 1
             while t < NEW:
                 cap = min(k, NEW - t - 1)
                 n = 0
@@ -117,7 +118,9 @@ def test_greedy_accepted_lengths_follow_teacher_forced_beta(target, prompts) -> 
 
 def test_matches_transformers_assisted_generation(target, prompts) -> None:
     """Our greedy accepted-token count equals transformers' assisted generation with a
-    constant k (target passes counted with a forward hook; accepted = new tokens - passes)."""
+    constant k (target passes counted with a forward hook; accepted = new tokens - passes).
+    Our first token comes from the prefill, as in vLLM; transformers drafts from the prompt,
+    so it is given the prompt plus that first token."""
     draft = noisy_copy(2)
     gc = draft.generation_config
     gc.num_assistant_tokens_schedule = "constant"
@@ -130,16 +133,17 @@ def test_matches_transformers_assisted_generation(target, prompts) -> None:
             gc.num_assistant_tokens = k
             ours = hf = 0
             for prompt in prompts:
+                run = speculative_decode(lm, ModelDraft("d", draft, V), prompt, k, NEW, 0.0, 1.0, None)
+                start = torch.cat([prompt, run.tokens[:1]])
                 passes.clear()
                 out = target.generate(
-                    prompt[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                    assistant_model=draft, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW,
+                    start[None], attention_mask=torch.ones(1, len(start), dtype=torch.long),
+                    assistant_model=draft, do_sample=False, max_new_tokens=NEW - 1, min_new_tokens=NEW - 1,
                 )
                 hf_passes = len(passes)
-                run = speculative_decode(lm, ModelDraft("d", draft, V), prompt, k, NEW, 0.0, 1.0, None)
-                assert torch.equal(out[0, len(prompt):], run.tokens)
+                assert torch.equal(out[0, len(start):], run.tokens[1:])
                 assert run.target_passes == hf_passes  # one target pass per round in both
-                hf += out.shape[1] - len(prompt) - hf_passes
+                hf += out.shape[1] - len(start) - hf_passes
                 ours += sum(run.accepted)
             assert ours == hf
             assert 0 < ours < len(prompts) * (NEW - 1)  # some, not all, drafts accepted
@@ -193,19 +197,23 @@ def test_teacher_forced_beta_equals_step_by_step(target, prompts) -> None:
 def test_sampled_loop_and_profile(target, prompts) -> None:
     """Temperature > 0: the loop emits the asked tokens; the profile's numbers are consistent."""
     drafts = drafts_of(target)[1:3]
-    result = profile("tiny", target, V, drafts, prompts, [1, 3], 12, 1.0, 0.9, cost_ratio=None, seed=0, n_boot=200)
+    result = profile("tiny", target, V, drafts, prompts, [1, 3], 12, 1.0, 0.9, cost_ratio=None, seed=0,
+                     n_boot=200, timing_rounds=2)
     assert [d.name for d in result.drafts] == ["truncated:2", "prompt-lookup:2"]
+    assert result.basis == "measured" and result.tokens == len(prompts) * 11
     for d in result.drafts:
         lo, hi = d.acceptance.alpha_ci
         assert 0.0 <= lo <= d.acceptance.alpha <= hi <= 1.0
         assert len(d.acceptance.per_prompt) == len(prompts) and len(d.acceptance.per_position) == 12
         for r in d.per_k:
             assert sum(r.accepted_hist) == r.target_passes
-            assert r.measured_tokens == pytest.approx(len(prompts) * 12 / r.target_passes)
-            assert r.expected_tokens == pytest.approx(expected_tokens(d.acceptance.alpha, r.k))
+            assert r.measured_tokens == pytest.approx(len(prompts) * 11 / r.target_passes)
+            assert r.alpha_tokens == pytest.approx(expected_tokens(d.acceptance.alpha, r.k))
+            assert r.error == pytest.approx(r.predicted_speedup / r.measured_speedup - 1)
             assert r.greedy_identical is None
+        assert d.best_k == max(d.per_k, key=lambda r: r.measured_speedup).k
     assert {r["name"] for r in result.ranking} == {"truncated:2", "prompt-lookup:2"}
-    speeds = [r["predicted_speedup"] for r in result.ranking]
+    speeds = [r["measured_speedup"] for r in result.ranking]
     assert speeds == sorted(speeds, reverse=True)
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
+from infer_tool.cli.options import HbmEfficiency, Json, LinkEfficiency, Mfu, efficiency
 from infer_tool.sizing.defaults import (
     DEFAULT_ACCOUNTING,
     DEFAULT_BLOCK_SIZE,
@@ -57,15 +58,15 @@ def kv_budget(
     output_len: Annotated[Optional[int], Opt(help=f"Output tokens per request (default {DEFAULT_OUTPUT_LEN}).")] = None,
     spec: Annotated[Optional[str], Opt(help="Speculative decoding ALPHA,K,C (acceptance, drafts per pass, draft/target cost): 0.8,4,0.05.")] = None,
     spec_profile: Annotated[Optional[str], Opt(help="Speculative decoding from a `spec-profile --json` report (its top-ranked draft).")] = None,
-    hbm_efficiency: Annotated[Optional[float], Opt(help="Achieved / peak HBM bandwidth in decode (default 0.8).")] = None,
-    mfu: Annotated[Optional[float], Opt(help="Achieved / peak dense tensor FLOP/s (default 0.5).")] = None,
-    link_efficiency: Annotated[Optional[float], Opt(help="Achieved / peak interconnect bandwidth (default 0.7).")] = None,
+    hbm_efficiency: HbmEfficiency = None,
+    mfu: Mfu = None,
+    link_efficiency: LinkEfficiency = None,
     solve: Annotated[bool, Opt("--solve", help="List the smallest deployments (GPU x count x TP/PP x weights x KV dtype) serving the largest context x concurrency asked.")] = False,
     solve_gpu: Annotated[Optional[list[str]], Opt(help="GPU presets --solve may use (default: all).")] = None,
     max_tpot: Annotated[Optional[float], Opt(help="--solve latency target: time per output token, ms.")] = None,
     max_ttft: Annotated[Optional[float], Opt(help="--solve latency target: time to first token, ms.")] = None,
     require_fit: Annotated[bool, Opt("--require-fit", help="Exit 3 when a requested row does not fit (capacity check in CI).")] = False,
-    json_out: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.")] = False,
+    json_out: Json = False,
     list_models: Annotated[bool, Opt("--list-models", help="List model presets and exit.")] = False,
     list_gpus: Annotated[bool, Opt("--list-gpus", help="List GPU presets and exit.")] = False,
 ) -> None:
@@ -76,13 +77,6 @@ def kv_budget(
 
 
 kv_budget.__doc__ = f"Fits, smallest deployment and speed of MODEL per context x concurrency (vLLM {VLLM_VERSION} KV-cache accounting)."
-
-
-def _efficiency(opts: dict[str, Any]) -> Any:
-    from infer_tool.sizing.roofline import Efficiency
-
-    given = {k: opts.pop(f) for k, f in (("hbm", "hbm_efficiency"), ("mfu", "mfu"), ("link", "link_efficiency")) if f in opts}
-    return Efficiency(**given)
 
 
 def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
@@ -121,15 +115,14 @@ def build_request(opts: dict[str, Any]) -> tuple[Any, list[str]]:
     report = opts.pop("spec_profile", None)
     if report is not None and "spec" in opts:
         raise BadInput("give --spec or --spec-profile, not both")
-    kwargs: dict[str, Any] = {"efficiency": _efficiency(opts)}
+    kwargs: dict[str, Any] = {"efficiency": efficiency(opts)}
     parsers = _parsers()
     for name, value in opts.items():
         field_name, parse = parsers.get(name, (name, None))
         kwargs[field_name] = parse(value) if parse else value
     if report is not None:
-        kwargs["spec"], draft = from_report(report)
-        s = kwargs["spec"]
-        notes.append(f"speculative decoding from --spec-profile: draft {draft} (alpha {s.alpha:.3f}, k {s.k}, c {s.cost_ratio:.3g})")
+        kwargs["spec"], note = from_report(report)
+        notes.append(note)
     unknown = set(kwargs) - {f.name for f in fields(PlanRequest)}
     assert not unknown, unknown  # every CLI option maps onto a PlanRequest field
     return PlanRequest(**kwargs), notes

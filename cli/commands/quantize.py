@@ -75,6 +75,8 @@ def _quantize_command() -> Any:
             report = run(opts, overwrite=overwrite, recipe=recipe, progress=bar)
         if json_:
             emit_json(report)
+            if report.unmatched_ignore:  # the table's notes say it otherwise
+                err().print(f"note: --ignore patterns that match no linear: {', '.join(report.unmatched_ignore)}", highlight=False)
         else:
             _print_report(report)
         gate = report.quality_gate

@@ -1,0 +1,191 @@
+"""Output of `spec-profile`: the --json document and the rich tables, from an
+`evals.spec_profile.SpecProfile`. Imported only when the command runs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from rich.table import Table
+
+from infer_tool.cli.output import out
+
+def document(profile: Any, settings: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...],
+    ranking, settings and notes."""
+    drafts = []
+    for d in profile.drafts:
+        acc = d.acceptance
+        drafts.append({
+            "name": d.name,
+            "alpha": acc.alpha,
+            "alpha_ci": list(acc.alpha_ci),
+            "cost_ratio": d.cost_ratio,
+            "cost_source": d.cost_source,
+            "draft_seconds": asdict(d.times),
+            "per_k": [asdict(r) for r in d.per_k],
+            "best_k": d.best_k,
+            "best_k_basis": profile.basis,
+            "slower_than_plain": d.slower_everywhere,
+            "per_category": [asdict(c) for c in d.per_category],
+            "positions_scored": acc.positions,
+            "per_position": acc.per_position,
+            "per_prompt": acc.per_prompt,
+        })
+    return {
+        "target": profile.target,
+        "target_step_ms": profile.target_step_ms,
+        "verify_costs": profile.verify_costs,
+        "basis": profile.basis,
+        "baseline_seconds": profile.baseline_seconds,
+        "tokens_decoded": profile.tokens,
+        "drafts": drafts,
+        "ranking": profile.ranking,
+        "projection": None if profile.projection is None else asdict(profile.projection),
+        "settings": settings,
+        "notes": notes,
+    }
+
+
+def _pm(pred: float, meas: float | None, fmt: str = ".2f") -> str:
+    return f"{pred:{fmt}} / " + ("-" if meas is None else f"{meas:{fmt}}")
+
+
+def human(report: dict[str, Any]) -> None:
+    console = out()
+    s = report["settings"]
+    measured = report["basis"] == "measured"
+    table = Table(
+        title=f"spec-profile: target {report['target']}  (T={s['temperature']}, top-p={s['top_p']}, "
+        f"{s['num_prompts']} prompts x {s['max_new_tokens']} tokens, target step "
+        f"{report['target_step_ms']:.2f} ms)",
+    )
+    for col in ("draft", "k", "alpha (95% CI)", "c", "v(k)", "tok/pass", "speedup", "error"):
+        table.add_column(col, justify="left" if col == "draft" else "right")
+    for d in report["drafts"]:
+        lo, hi = d["alpha_ci"]
+        for i, r in enumerate(d["per_k"]):
+            table.add_row(
+                d["name"] if i == 0 else "",
+                f"{r['k']}{' *' if r['k'] == d['best_k'] else ''}",
+                f"{d['alpha']:.3f} ({lo:.2f}-{hi:.2f})" if i == 0 else "",
+                f"{r['cost_ratio']:.3g}" + ("" if d["cost_source"] == "measured" else " given"),
+                f"{r['verify_cost']:.2f}",
+                _pm(r["predicted_tokens"], r["measured_tokens"]),
+                _pm(r["predicted_speedup"], r["measured_speedup"]),
+                "-" if r["error"] is None else f"{r['error']:+.1%}",
+            )
+        table.add_section()
+    console.print(table)
+    console.print(
+        "a / b reads predicted / measured (speedups exclude the prefill); c: draft cost per drafted token, "
+        "v(k): target pass over k+1 tokens, both in target decode steps; error: predicted / measured - 1; "
+        f"* best k by {report['basis']} speedup" + ("" if measured else " (--no-loop: nothing measured)"),
+        highlight=False,
+    )
+
+    vllm = Table(title="vLLM's metrics (vllm/v1/spec_decode/metrics.py): predicted from alpha / measured in the loop")
+    for col in ("draft", "k", "mean acceptance length", "acceptance rate", "per-position acceptance"):
+        vllm.add_column(col, justify="left" if col in ("draft", "per-position acceptance") else "right")
+    for d in report["drafts"]:
+        for i, r in enumerate(d["per_k"]):
+            p, m = r["vllm_predicted"], r["vllm_measured"]
+            per_pos = " ".join(f"{x:.2f}" for x in p["per_position"])
+            if m is not None:
+                per_pos += " / " + " ".join(f"{x:.2f}" for x in m["per_position"])
+            vllm.add_row(
+                d["name"] if i == 0 else "", str(r["k"]),
+                _pm(p["mean_acceptance_length"], m and m["mean_acceptance_length"]),
+                _pm(p["acceptance_rate"], m and m["acceptance_rate"]),
+                per_pos,
+            )
+        vllm.add_section()
+    console.print()
+    console.print(vllm)
+
+    if measured:
+        for d in report["drafts"]:
+            r = next(r for r in d["per_k"] if r["k"] == d["best_k"])
+            total = sum(r["accepted_hist"]) or 1
+            console.print(f"\naccepted drafted tokens per target pass: {d['name']} at k={r['k']} ({total} passes)")
+            peak = max(r["accepted_hist"]) or 1
+            for n, count in enumerate(r["accepted_hist"]):
+                bar = "█" * round(40 * count / peak)
+                console.print(f"  {n:>2} | [cyan]{bar}[/] {count} ({100 * count / total:.1f}%)", highlight=False)
+
+    if any(d["per_category"] for d in report["drafts"]):
+        cats = Table(title=f"per category (best k by {report['basis']} speedup)")
+        for col in ("draft", "category", "prompts", "alpha", "best k", "speedup"):
+            cats.add_column(col, justify="left" if col in ("draft", "category") else "right")
+        for d in report["drafts"]:
+            for i, c in enumerate(d["per_category"]):
+                cats.add_row(d["name"] if i == 0 else "", c["category"], str(c["prompts"]),
+                             f"{c['alpha']:.3f}", str(c["best_k"]), f"{c['speedup']:.2f}")
+            cats.add_section()
+        console.print()
+        console.print(cats)
+
+    console.print(f"\nranking (by {report['basis']} speedup at each draft's best k):")
+    for r in report["ranking"]:
+        console.print(f"  {r['rank']}. {r['name']} (k={r['best_k']}): {r['reason']}", highlight=False, markup=False)
+    if report["projection"] is not None:
+        _projection(report["projection"])
+    for note in report["notes"]:
+        console.print(f"note: {note}", style="dim", highlight=False, markup=False)
+
+
+def _model_text(m: dict[str, Any]) -> str:
+    if m.get("free"):
+        return f"{m['name']} free (prompt lookup on the CPU)"
+    weights = m["weights"] + (f" g{m['group_size']}" if m["group_size"] not in (None, 128) else "")
+    shared = ", the target's weights" if m["shares_target_weights"] else ""
+    n, layers = m["params"], m["layers"]
+    params = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+    return (f"{m['name']} {weights} ({layers} layer{'s' if layers != 1 else ''}, hidden {m['hidden_size']}, "
+            f"{params} params{shared})")
+
+
+def _projection(p: dict[str, Any]) -> None:
+    """The projection's tables: the target's side per concurrency, each draft's projected
+    speedup per k and concurrency, then its inputs."""
+    console = out()
+    i = p["inputs"]
+    ks = list(p["target"][0]["verify_costs"])
+    target = Table(title=f"PROJECTION to {i['gpu']} serving (roofline from datasheet peaks; not measured): target side")
+    for col in ("concurrency", "target step", "bound", *(f"v({k})" for k in ks)):
+        target.add_column(col, justify="right")
+    for r in p["target"]:
+        target.add_row(str(r["concurrency"]), f"{r['step_ms']:.3g} ms", r["bound"],
+                       *(f"{r['verify_costs'][k]:.2f}" + ("c" if r["verify_bound"][k] == "compute" else "")
+                         for k in ks))
+    console.print()
+    console.print(target)
+    speed = Table(title=f"PROJECTED speedup on {i['gpu']} per concurrency (* best k; alpha measured here)")
+    for col in ("draft", "alpha", "k", *(f"conc {r['concurrency']}" for r in p["target"])):
+        speed.add_column(col, justify="left" if col == "draft" else "right")
+    for d in p["drafts"]:
+        for n, k in enumerate(ks):
+            cells = []
+            for row in d["rows"]:
+                r = row["per_k"][n]
+                cells.append(f"{r['predicted_speedup']:.2f}{' *' if k == row['best_k'] else ''}"
+                             + ("" if row["fits"] else " !"))
+            speed.add_row(d["name"] if n == 0 else "", f"{d['alpha']:.3f}" if n == 0 else "", str(k), *cells)
+        speed.add_section()
+    console.print()
+    console.print(speed)
+    eff = i["efficiency"]
+    lines = [
+        "v(k): target pass over concurrency x (k+1) tokens / a plain step of the batch (c: compute-bound); "
+        "speedup from the acceptance along each continuation with these costs (alpha-only figures in the JSON)"
+        + ("; !: does not fit in the GPU's memory (see notes)" if any(not r["fits"] for d in p["drafts"] for r in d["rows"]) else ""),
+        f"inputs: {i['gpu_name']} ({i['hbm_bytes_per_s'] / 1e12:g} TB/s HBM, {i['bf16_flops'] / 1e12:g} TFLOP/s dense BF16"
+        + (f", {i['fp8_flops'] / 1e12:g} FP8" if i["fp8_flops"] else "")
+        + f") at HBM efficiency {eff['hbm']:g} and MFU {eff['mfu']:g}; KV cache {i['kv_dtype']}; context: prompt "
+        f"{i['prompt_len']} + output {i['output_len']} tokens (mean {i['mean_context']:g})",
+        "models: " + "; ".join(_model_text(m) for m in i["models"]),
+        "assumes: " + "; ".join(i["assumptions"]),
+    ]
+    for line in lines + [f"note: {n}" for n in p["notes"]]:
+        console.print(line, style="dim" if line.startswith(("inputs", "models", "assumes", "note")) else None,
+                      highlight=False, markup=False)
