@@ -20,12 +20,28 @@ llmcompressor==0.14.0.1`); its checkpoint is evaluated by our `eval ppl` as ours
 GPTQ rows of both sides use static act-order (llm-compressor's default).
 
 Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
+
+MoE rows (issue 14): `--model` an upcycled MoE (`benchmarks/upcycle_moe.py`); the table
+then adds, per row, the routed-token spread over experts (min / median / max of every
+expert's count, over all MoE layers), the experts fallen back to RTN, the expert linears
+left unquantized (the source checkpoint's against the written one's) and the scales that
+are NaN, Inf or zero in the written checkpoint (read from disk). `--dense FILE` (rows
+saved with `--json` from a run on the dense demo) adds each method's ppl increase against
+the dense model's, with the goal of at most 1.2x for GPTQ and AWQ:
+
+    python benchmarks/quantize.py --only "GPTQ sym" "AWQ sym" --json dense.jsonl
+    python benchmarks/quantize.py --model /tmp/smollm2-8x-mixtral --only "RTN sym" "GPTQ sym" "AWQ sym" \
+        "FP8 channel" --dense dense.jsonl --json moe.jsonl [--llmcompressor PYTHON]
+
+llm-compressor's MoE rows calibrate every expert on every token (its
+`moe_calibrate_all_experts`), as ours do by default.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -98,9 +114,72 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
         r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
         quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
     ev = eval_ppl(str(out), args, eval_flags)
-    return {"config": label, "ppl": ev["ppl"], "tokens": ev["tokens"], "quantize_s": quantize_s, "process_s": wall,
-            "peak_rss_mib": rss, "checkpoint_mib": dir_mib(out), "layer_error_mean": err,
-            "num_samples": args.num_samples}
+    row = {"config": label, "ppl": ev["ppl"], "tokens": ev["tokens"], "quantize_s": quantize_s, "process_s": wall,
+           "peak_rss_mib": rss, "checkpoint_mib": dir_mib(out), "layer_error_mean": err,
+           "num_samples": args.num_samples}
+    if expert_linears(Path(model_dir or args.model)):
+        row.update(moe_columns(r.get("moe"), Path(model_dir or args.model), out))
+    return row
+
+
+EXPERT = re.compile(r"\.experts\.\d+\.[^.]+$")  # a per-expert linear's module name
+
+
+def expert_linears(model_dir: Path) -> set[str]:
+    """The per-expert linears of a checkpoint (module names, from its safetensors keys)."""
+    from safetensors import safe_open
+
+    names = set()
+    for f in model_dir.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            names |= {k.rsplit(".", 1)[0] for k in st.keys() if EXPERT.search(k.rsplit(".", 1)[0])}
+    return names
+
+
+def bad_scales(ckpt: Path) -> int:
+    """Scale values (any *scale* tensor) that are NaN, Inf or zero in a written checkpoint."""
+    import torch
+    from safetensors import safe_open
+
+    bad = 0
+    for f in ckpt.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():
+                if "scale" in k.rsplit(".", 1)[-1]:
+                    t = st.get_tensor(k).float()
+                    bad += int((~torch.isfinite(t) | (t == 0)).sum())
+    return bad
+
+
+def moe_columns(moe: dict | None, source: Path, ckpt: Path) -> dict:
+    """Token spread, experts fallen back, expert linears unquantized, bad scales on disk."""
+    out = {"expert_linears": len(expert_linears(source)),
+           "experts_unquantized": len(expert_linears(source) - expert_linears(ckpt)), "bad_scales": bad_scales(ckpt)}
+    if moe:  # our report (llm-compressor's has no counts)
+        counts = sorted(c for t in moe["tokens"] for c in t["counts"])
+        out.update(tokens_min=counts[0], tokens_median=counts[len(counts) // 2], tokens_max=counts[-1],
+                   experts_fallen_back=len(moe["fallback_experts"]), moe_calibration=moe["calibration"])
+    return out
+
+
+def moe_table(rows: list[dict], dense_file: str | None) -> None:
+    """The MoE columns, and each row's ppl increase against the dense run's same row."""
+    dense = {}
+    if dense_file:
+        lines = [json.loads(x) for x in Path(dense_file).read_text().splitlines() if x.strip()]
+        dense = {r["config"]: r for r in lines if "ratio" in r}
+    print()
+    print("| config | increase | dense increase | / dense | tokens per expert min / median / max | fallen back "
+          "| expert linears unquantized | bad scales | wall s (process) |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    for r in rows:
+        inc = r["ratio"] - 1
+        d = dense.get(r["config"])
+        d_inc = f"{(d['ratio'] - 1) * 100:+.1f}%" if d else ""
+        rel = f"{inc / (d['ratio'] - 1):.2f}x" if d and d["ratio"] > 1 else ""
+        spread = f"{r['tokens_min']} / {r['tokens_median']} / {r['tokens_max']}" if "tokens_min" in r else "(not reported)"
+        print(f"| {r['config']} | {inc * 100:+.1f}% | {d_inc} | {rel} | {spread} | {r.get('experts_fallen_back', '')} | "
+              f"{r['experts_unquantized']} of {r['expert_linears']} | {r['bad_scales']} | {r['process_s']:.0f} |")
 
 
 def calibration_ids(args: argparse.Namespace, path: Path) -> str:
@@ -130,6 +209,7 @@ def main() -> None:
     p.add_argument("--only", nargs="*", help=f"rows to run: {', '.join(repr(r) for r in ROWS)}")
     p.add_argument("--llmcompressor", metavar="PYTHON", help="an interpreter with llmcompressor installed (adds llmc rows)")
     p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
+    p.add_argument("--dense", metavar="JSONL", help="rows of a dense run (--json): compare each method's ppl increase")
     args = p.parse_args()
 
     unknown = [r for r in args.only or () if r not in ROWS]
@@ -164,6 +244,8 @@ def main() -> None:
         err = "" if r["layer_error_mean"] is None else f"{r['layer_error_mean']:.4f}"
         print(f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {r['quantize_s']:.0f} | "
               f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} |")
+    if any("expert_linears" in r for r in rows):
+        moe_table(rows, args.dense)
     by = {r["config"]: r["ppl"] for r in rows}
     losers = [c for c in by if c.split()[0] in ("GPTQ", "AWQ") and f"RTN {c.split()[-1]}" in by
               and by[c] >= by[f"RTN {c.split()[-1]}"]]

@@ -108,10 +108,11 @@ def decoder_layers(model: nn.Module, arch: Architecture) -> nn.ModuleList:
 
 
 def linear_shapes(model: nn.Module, arch: Architecture) -> dict[str, tuple[int, int]]:
-    """{full linear name: (N, K)} for every linear the table names."""
+    """{full linear name: (N, K)} for every linear the table names (each expert's too, once
+    `calib/moe.unfuse_experts` has made them linears)."""
     shapes = {}
     for i, layer in enumerate(decoder_layers(model, arch)):
-        for name in arch.linears:
+        for name in arch.layer_linears(layer):
             n, k = weight_nk(get_submodule(layer, name), arch.conv1d).shape
             shapes[f"{arch.layers}.{i}.{name}"] = (int(n), int(k))
     return shapes

@@ -13,7 +13,12 @@ for each decoder layer measure / solve / propagate, and the entry points.
    read no activations (`Needs.data_free`) get only those sequences.
 4. `collect_stats` runs the same loop without quantizing (for `calibrate --out`): every
    layer's statistics are then measured on fp inputs. `quantize_from_stats` quantizes
-   from saved statistics with no forward pass at all.
+   from saved statistics with no forward pass at all. Neither covers MoE models yet.
+
+Mixture-of-experts models: `plan` turns each MoE block's fused experts into one linear per
+expert (`calib/moe.py`); each MoE layer's context then holds the attention part of the
+table's entry and the MoE block, whose experts the quantizer handles one at a time under
+the `MoeCalibration` mode (every expert on every token, or only on its routed tokens).
 
 Where each layer's weights come from and go is the caller's `LayerIO` (`calib/layer_io.py`):
 by default the whole model stays on the CPU and each layer visits the device; the quantize
@@ -46,6 +51,7 @@ from infer_tool.calib.layers import (
     run_layer,
     weight_nk,
 )
+from infer_tool.calib.moe import MoeCalibration, MoeLayer, moe_layer, unfuse_experts
 from infer_tool.calib.quantizers import quantizer_for
 from infer_tool.calib.quantizers.base import LayerContext
 from infer_tool.calib.result import LayerError, PipelineResult
@@ -60,13 +66,16 @@ AWQ_SEARCH_SAMPLES = 16  # sequences the searches (AWQ's scale/clip) run on
 ERROR_SAMPLES = 16  # sequences the reported per-layer output error is measured on
 
 LayerStep = Callable[[LayerContext], tuple[list[torch.Tensor], list[torch.Tensor]]]
+MakeContext = Callable[[nn.Module, str, list[torch.Tensor], list[LayerCall], Architecture, "MoeLayer | None"], LayerContext]
 
 
 def plan(model: nn.Module, scheme: object | None, ignore: tuple[str, ...] = ()) -> tuple[Architecture, list[str]]:
     """Check the model against the table and the scheme's shape constraints (the group size
-    against every K), before any work. Returns (architecture, names of the linears to quantize)."""
-    arch = architecture_for(getattr(model.config, "model_type", "?"))
+    against every K), before any work; MoE experts become one linear each
+    (`unfuse_experts`, idempotent). Returns (architecture, names of the linears to quantize)."""
+    arch = architecture_for(getattr(model.config, "model_type", "?"), model.config)
     check_model(model, arch)
+    unfuse_experts(model, arch)
     shapes = linear_shapes(model, arch)
     names = [n for n in shapes if not matches(n, ignore)]
     if scheme is not None:
@@ -93,17 +102,18 @@ def _chunks(samples: int, batch_size: int) -> int:
 
 def _run_layers(
     model: nn.Module, arch: Architecture, X: list[torch.Tensor], calls: list[list[LayerCall]], step: LayerStep,
-    make_context: Callable[[nn.Module, str, list[torch.Tensor], list[LayerCall]], LayerContext],
-    result: PipelineResult, dev: torch.device, task: str, progress: Progress, io: LayerIO,
+    make_context: MakeContext, moe: MoeCalibration, result: PipelineResult, dev: torch.device, task: str,
+    progress: Progress, io: LayerIO,
 ) -> None:
-    """The layer loop: each layer brought in by `io`, `step` gives (Y, Ŷ), Ŷ feeds the next layer."""
+    """The layer loop: each layer brought in by `io`, `step` gives (Y, Ŷ), Ŷ feeds the next layer.
+    A layer's context holds the table's entry as it applies to that layer, and its MoE block."""
     layers = decoder_layers(model, arch)
     t_layers = time.perf_counter()
     start, X = io.start(X, len(layers), result)
     for i in range(start, len(layers)):
         layer, prefix = layers[i], f"{arch.layers}.{i}"
         io.load(i, layer, dev)
-        Y, Y_hat = step(make_context(layer, prefix, X, calls[i]))
+        Y, Y_hat = step(make_context(layer, prefix, X, calls[i], arch.for_layer(layer), moe_layer(layer, arch, moe)))
         err = relative_error(Y_hat[: len(Y)], Y)
         result.layer_errors.append(LayerError(prefix, err))
         del Y
@@ -133,16 +143,19 @@ def quantize_model(
     device: str | torch.device | None = None,
     batch_size: int | None = None,
     search_samples: int = AWQ_SEARCH_SAMPLES,
+    moe: MoeCalibration = MoeCalibration(),
     progress: Progress | None = None,
     layer_io: LayerIO | None = None,
 ) -> PipelineResult:
     """Quantize `model`'s decoder linears in place (their weights become the dequantized
     values, AWQ scales folded) layer by layer on `input_ids` (B, T) calibration tokens.
 
-    Returns the per-linear weights (`QuantizedWeight` / `Fp8Weight`), statistics,
-    per-layer relative output errors, fallbacks, the method's report entries and timings.
+    Returns the per-linear weights (`QuantizedWeight` / `Fp8Weight`), statistics (not the
+    experts'), per-layer relative output errors, fallbacks, per-expert routed token counts,
+    the method's report entries and timings.
     batch_size: sequences per layer forward; None: BATCH_SIZE, or CPU_BATCH_TOKENS' worth on a CPU.
     layer_io: where the layers come from and go (`calib/layer_io.py`); default: all in memory.
+    moe: how MoE experts are calibrated (every expert on every token, or routed only).
     """
     dev = _device(device)
     bs = _batch_size(batch_size, dev, input_ids.shape[1])
@@ -160,10 +173,11 @@ def quantize_model(
         X, calls = capture_inputs(model, arch, ids, bs, dev)
         result.seconds["capture"] = time.perf_counter() - t0
 
-        def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall]) -> LayerContext:
-            return LayerContext(layer, prefix, X, calls, arch, targets, result, error_chunks, search_chunks)
+        def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
+                    moe_block: MoeLayer | None) -> LayerContext:
+            return LayerContext(layer, prefix, X, calls, view, targets, result, error_chunks, search_chunks, moe_block)
 
-        _run_layers(model, arch, X, calls, lambda ctx: quantizer.quantize_layer(ctx, scheme), context,
+        _run_layers(model, arch, X, calls, lambda ctx: quantizer.quantize_layer(ctx, scheme), context, moe,
                     result, dev, "quantize", progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
@@ -202,20 +216,27 @@ def collect_stats(
     def run() -> PipelineResult:
         t0 = time.perf_counter()
         arch, _ = plan(model, None)
+        _refuse_moe(arch, "calibrate")
         result = PipelineResult(tokens=int(input_ids.numel()))
         model.eval()
         X, calls = capture_inputs(model, arch, input_ids, bs, dev)
         result.seconds["capture"] = time.perf_counter() - t0
 
-        def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall]) -> LayerContext:
-            return LayerContext(layer, prefix, X, calls, arch, set(), result, len(X), 0)
+        def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
+                    moe_block: MoeLayer | None) -> LayerContext:
+            return LayerContext(layer, prefix, X, calls, view, set(), result, len(X), 0, moe_block)
 
-        _run_layers(model, arch, X, calls, _measure_stats, context, result, dev, "calibrate", progress or no_progress,
-                    layer_io or LayerIO())
+        _run_layers(model, arch, X, calls, _measure_stats, context, MoeCalibration(), result, dev, "calibrate",
+                    progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 
     return _with_flushed_denormals(run)
+
+
+def _refuse_moe(arch: Architecture, what: str) -> None:
+    if arch.moe is not None:
+        raise BadInput(f"{what} does not cover mixture-of-experts models yet: quantize them live (without --stats)")
 
 
 @torch.no_grad()
@@ -242,6 +263,7 @@ def quantize_from_stats(
     dev = _device(device)
     t0 = time.perf_counter()
     arch, names = plan(model, scheme, ignore)
+    _refuse_moe(arch, "--stats")
     missing = [n for n in names if n not in stats]
     if missing:
         raise BadInput(f"the statistics lack {len(missing)} layers (first: {missing[0]}); they were made for another model")

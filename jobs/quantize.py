@@ -13,12 +13,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from infer_tool.calib.recipe import QuantizeOptions, STATS_NOTE, scheme_from_options, to_dict
 from infer_tool.common.errors import BadInput
 from infer_tool.common.jsonout import to_json
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.jobs.moe_report import MoeSummary, moe_calibration, moe_summary
 
 # Options that do not change the checkpoint: a resumed run may differ in them.
 UNKEYED_OPTIONS = ("out", "resume", "stream", "max_shard_size", "max_memory")
@@ -94,6 +96,7 @@ class QuantizeReport:
     fallbacks: list[Any] = field(default_factory=list)
     method_report: dict[str, Any] = field(default_factory=dict)  # the method's own entries (AWQ: "awq")
     kv_cache_scales: dict[str, dict[str, float]] | None = None
+    moe: MoeSummary | None = None
     memory: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -113,7 +116,7 @@ class QuantizeReport:
             if f.name == "method_report":
                 d.update(value)
                 continue
-            if value is None and f.name in ("calibration", "eval", "quality_gate", "kv_cache_scales"):
+            if value is None and f.name in ("calibration", "eval", "quality_gate", "kv_cache_scales", "moe"):
                 continue
             if f.name == "calibration":
                 value = value.to_dict()
@@ -152,6 +155,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
         raise BadInput(f"unknown --dtype {opts.dtype!r}: expected auto, {', '.join(SCALE_DTYPES)}")
     check_device(opts.device or "auto")
     check_patterns(opts.ignore)
+    moe_calibration(opts)  # refuses a bad --moe-calibration / --moe-min-tokens
     if opts.max_ppl_increase is not None and opts.eval is None:
         raise BadInput("--max-ppl-increase needs --eval CORPUS (the ppl to compare)")
     if opts.stats is not None:
@@ -170,10 +174,11 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     parse_limits(opts.max_memory)
     check_progress(opts.out, opts.resume)
     if kind == "dir":  # the architecture table, before the weights are read
-        model_type = read_config(path).get("model_type")
+        config = read_config(path)
+        model_type = config.get("model_type")
         if not isinstance(model_type, str):
             raise BadInput(f"{path / 'config.json'} has no model_type string (got {model_type!r})")
-        architecture_for(model_type)
+        architecture_for(model_type, SimpleNamespace(**config))
     return scheme, fmt
 
 
@@ -197,6 +202,7 @@ def quantize(
 
     from infer_tool.calib.corpora import calibration_batch, load_text, tokenize
     from infer_tool.calib.layers import decoder_layers, peak_memory
+    from infer_tool.calib.moe import routers
     from infer_tool.calib.pipeline import plan
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.calib.streaming import open_model
@@ -275,11 +281,15 @@ def quantize(
         if result.kv_amax:
             report.kv_cache_scales = {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales.items()}
         report.notes += quantizer.notes(result, scheme)
+        report.moe = moe_summary(result, opts)
+        if report.moe is None and (opts.moe_calibration or opts.moe_min_tokens is not None):
+            report.notes.append(f"--moe-calibration / --moe-min-tokens have no effect: {lm.config.model_type} has no MoE layer")
         report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
         report.seconds = seconds
         t = time.perf_counter()
         write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
-                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name))
+                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name),
+                     rename=arch.checkpoint_name, unquantized=routers(lm, arch))
     except BadInput:
         run.remove()  # the input must change: nothing to resume
         raise

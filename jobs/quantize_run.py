@@ -111,7 +111,10 @@ def run_layers(
         stream.release_rest()  # no capture: the tensors outside the layers are not needed
         result = quantize_from_stats(lm, saved, scheme, ignore=opts.ignore, device=dev, progress=progress, layer_io=stream)
     else:
-        result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, progress=progress, layer_io=stream)
+        from infer_tool.jobs.moe_report import moe_calibration
+
+        result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, moe=moe_calibration(opts),
+                                progress=progress, layer_io=stream)
     seconds["quantize"] = time.perf_counter() - t
     seconds.update({f"quantize.{k}": v for k, v in result.seconds.items()})
     seconds.update({f"stream.{k}": v for k, v in stream.seconds_spent.items()})
@@ -132,7 +135,7 @@ def run_layers(
 
 def write_output(run: Any, lm: nn.Module, quantized: dict[str, Any], fmt: Any, scheme: Any, opts: Any, src_dir: Any,
                  overwrite: bool, store_dtype: torch.dtype, extra_files: dict[str, str],
-                 extra_tensors: dict[str, torch.Tensor] | None) -> None:
+                 extra_tensors: dict[str, torch.Tensor] | None, rename: Any = None, unquantized: Any = ()) -> None:
     """Step 4: the checkpoint from the run's parts, renamed to --out; the progress removed."""
     from infer_tool.jobs.run_dir import REST
     from infer_tool.packers.checkpoint_parts import write_from_parts
@@ -141,5 +144,6 @@ def write_output(run: Any, lm: nn.Module, quantized: dict[str, Any], fmt: Any, s
     parts = [run.file(REST)] + [run.layer_file(i) for i in range(run.state["layers"])]
     write_from_parts(parts, opts.out, lm, quantized, fmt.name, scheme, dtype=store_dtype, tmp=run.file("checkpoint"),
                      src_dir=src_dir, overwrite=overwrite, extra_files=extra_files, extra_tensors=extra_tensors,
-                     max_shard_bytes=parse_size(opts.max_shard_size, "--max-shard-size"))
+                     max_shard_bytes=parse_size(opts.max_shard_size, "--max-shard-size"), rename=rename,
+                     unquantized=unquantized)
     run.remove()

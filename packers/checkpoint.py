@@ -207,14 +207,18 @@ def checkpoint_config(model: nn.Module, fmt: CheckpointFormat, scheme: Any, igno
     return config
 
 
-def ignored_linears(model: nn.Module, quantized: Mapping[str, Any]) -> list[str]:
-    """The model's nn.Linear modules left unquantized (`quantization_config.ignore`); BadInput
-    when a quantized name is not a linear of the model."""
+def ignored_linears(
+    model: nn.Module, quantized: Mapping[str, Any], unquantized: Sequence[str] = (),
+    rename: Callable[[str], str] | None = None,
+) -> list[str]:
+    """`quantization_config.ignore`: the model's nn.Linear modules left unquantized, plus
+    `unquantized` (MoE routers), as the checkpoint names them (`rename`); BadInput when a
+    quantized name is not a linear of the model."""
     linears = set(_linear_names(model))
     missing = sorted(set(quantized) - linears)
     if missing:
         raise BadInput(f"quantized layers {missing[:5]} are not linear modules of the model")
-    return sorted(linears - set(quantized))
+    return sorted((rename or str)(n) for n in (linears - set(quantized)) | set(unquantized))
 
 
 def fill_directory(
@@ -264,6 +268,8 @@ def write_checkpoint(
     extra_tensors: Mapping[str, torch.Tensor] | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     dtype: torch.dtype | None = None,
+    rename: Callable[[str], str] | None = None,
+    unquantized: Sequence[str] = (),
 ) -> Path:
     """Write `model` with its linears `quantized` ({module name: weight}) as format `fmt`.
 
@@ -271,7 +277,10 @@ def write_checkpoint(
         `.weight` are replaced by the format's tensors). scheme: the QuantScheme (or FP8
         scheme) used. extra_files: {relative name: content} (e.g. quantize_report.json).
     extra_tensors: more tensors to store (e.g. KV-cache scales). dtype: of the unquantized
-    tensors (and compressed-tensors scales); default the model's. Returns out_dir.
+    tensors (and compressed-tensors scales); default the model's. rename: module / tensor
+    name -> the name the checkpoint stores (the original checkpoint's spelling of an MoE's
+    experts); unquantized: more modules for the config's ignore list (MoE routers, which
+    are not nn.Linear in transformers but are linears to vLLM). Returns out_dir.
     Raises BadInput for an existing out_dir (unless overwrite) or a format that cannot carry
     the scheme; on any failure nothing is left behind.
     """
@@ -279,7 +288,7 @@ def write_checkpoint(
     fmt_obj = get_format(fmt, scheme.kind)
     check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
     fmt_obj.check(scheme, quantized)
-    ignore = ignored_linears(model, quantized)
+    ignore = ignored_linears(model, quantized, unquantized, rename)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -287,6 +296,8 @@ def write_checkpoint(
     try:
         dtype = dtype or model_dtype(model)
         tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
+        if rename is not None:
+            tensors = {rename(k): v for k, v in tensors.items()}
         write_shards(tmp, *in_memory(tensors), max_shard_bytes, total_parameters=model.num_parameters()
                      if hasattr(model, "num_parameters") else None)
         fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)

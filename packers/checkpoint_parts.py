@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +45,25 @@ def write_from_parts(
     extra_files: Mapping[str, str | bytes] | None = None,
     extra_tensors: Mapping[str, torch.Tensor] | None = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    rename: Callable[[str], str] | None = None,
+    unquantized: Sequence[str] = (),
 ) -> Path:
     """`write_checkpoint` from `parts` (see the module docstring): the shards are assembled
     in `tmp`, which is then renamed to `out_dir`. `model` gives the config (its weights may
     be on the meta device), `quantized` the quantized linears' names (their weights are not
-    read)."""
+    read). rename, unquantized: as for `write_checkpoint` (the parts hold the model's names)."""
     out = Path(out_dir)
     fmt_obj = get_format(fmt, scheme.kind)
     check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
-    ignore = ignored_linears(model, quantized)
+    ignore = ignored_linears(model, quantized, unquantized, rename)
     source = PartFiles(parts)
+    stored = {(rename or str)(s.name): s.name for s in source.specs()}
     extra = {k: t.detach().to("cpu").contiguous() for k, t in (extra_tensors or {}).items()}
     shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt's
     tmp.mkdir(parents=True)
     try:
-        specs = source.specs() + [spec_of(n, t) for n, t in extra.items()]
-        write_shards(tmp, specs, lambda n: extra[n] if n in extra else source.load(n), max_shard_bytes,
+        specs = [replace(s, name=n) for n, s in zip(stored, source.specs())] + [spec_of(n, t) for n, t in extra.items()]
+        write_shards(tmp, specs, lambda n: extra[n] if n in extra else source.load(stored[n]), max_shard_bytes,
                      total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None)
         fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)
         publish(tmp, out)

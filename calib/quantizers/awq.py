@@ -1,6 +1,6 @@
 """AWQ in the pipeline, per decoder block (Lin et al. 2023, §3.2): the scale search for
 every mapping of the architecture table on the fp block, then the scales folded into the
-block (`fold_scales`, the one apply step), then the clip search and RTN of each linear.
+block (`awq_fold.fold_scales`, the one apply step), then the clip search and RTN of each linear.
 The searches are `packers/awq`'s.
 
 - The searches run on the first `search_chunks` chunks; the activation statistics use all.
@@ -8,10 +8,15 @@ The searches are `packers/awq`'s.
   output MSE comes from the Gram matrix XᵀX instead of re-running the linear for each
   candidate: the same losses, fewer flops.
 - A mapping whose shapes do not line up (v -> o under GQA) is skipped, as AutoAWQ does.
+- MoE layers (`awq_moe.py`): the norm before the block is balanced against every expert's
+  gate/up and the shared expert's, scored on the block output; then each expert's up ->
+  down, one expert at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,8 @@ from infer_tool.calib.layers import (
     set_weight_nk,
     weight_nk,
 )
+from infer_tool.calib.quantizers.awq_fold import fold_scales, smooth_channels
+from infer_tool.calib.quantizers.awq_moe import ExpertsAWQ
 from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record
 from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale
@@ -56,36 +63,6 @@ class MappingResult:
         return {**head, "ratio": self.ratio, "loss": self.loss, "rtn_loss": self.rtn_loss}
 
 
-def smooth_channels(smooth: nn.Module, arch: Architecture) -> int:
-    """Output channels of the smoothing module (a linear's N, a norm's width)."""
-    if isinstance(smooth, nn.Linear) or arch.conv1d and smooth.weight.dim() == 2:
-        return int(weight_nk(smooth, arch.conv1d).shape[0])
-    return int(smooth.weight.numel())
-
-
-@torch.no_grad()
-def fold_scales(smooth: nn.Module, balance: list[nn.Module], s: torch.Tensor, mapping: AWQMapping, arch: Architecture) -> None:
-    """Divide `smooth`'s output channels (its `part` slice for a fused linear) by s (K,) and
-    multiply the balance linears' input columns by s; the block's function is unchanged.
-    A norm computing x·(1 + w) (`arch.norm_offset` 1) gets (1 + w)/s − 1."""
-    s = s.to(balance[0].weight.device).float()
-    K = s.numel()
-    if isinstance(smooth, nn.Linear) or arch.conv1d and smooth.weight.dim() == 2:
-        W = weight_nk(smooth, arch.conv1d).detach().float().clone()  # (N, K_in)
-        i = mapping.part[0] if mapping.part else 0
-        W[i * K : (i + 1) * K] /= s.view(-1, 1)
-        set_weight_nk(smooth, W, arch.conv1d)
-        if getattr(smooth, "bias", None) is not None:
-            smooth.bias[i * K : (i + 1) * K] /= s.to(smooth.bias.dtype)
-    else:
-        w = smooth.weight
-        w.copy_(((w.float() + arch.norm_offset) / s - arch.norm_offset).to(w.dtype))
-        if getattr(smooth, "bias", None) is not None:
-            smooth.bias.copy_((smooth.bias.float() / s).to(smooth.bias.dtype))
-    for b in balance:
-        set_weight_nk(b, weight_nk(b, arch.conv1d).float() * s.view(1, -1), arch.conv1d)
-
-
 class AWQQuantizer(LayerQuantizer):
     def needs(self, scheme: Any) -> Needs:
         return Needs(activation_stats=True, live_blocks=True)
@@ -103,12 +80,14 @@ class AWQQuantizer(LayerQuantizer):
         heads = group_modules(layer, arch)
         accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=False) for k, m in heads.items()}
         keep: dict[str, list[torch.Tensor]] = {k: [] for k in heads}
-        inspect = {m.inspect: get_submodule(layer, m.inspect) for m in arch.mappings}
+        experts = ExpertsAWQ(ctx, scheme) if ctx.moe is not None else None
+        mappings = arch.mappings + ((experts.mapping,) if experts else ())
+        inspect = {m.inspect: get_submodule(layer, m.inspect) for m in mappings}
         icalls: dict[str, list[LayerCall]] = {k: [] for k in inspect}
         iouts: dict[str, list[torch.Tensor]] = {k: [] for k in inspect}
         with capturing_inputs(heads, accs=accs, keep=keep, keep_chunks=ctx.search_chunks), capturing_calls(
             inspect, icalls, iouts, ctx.search_chunks
-        ):
+        ), experts.measuring() if experts else nullcontext():
             Y = run_layer(layer, ctx.X, ctx.calls)
         stats = {k: a.result() for k, a in accs.items()}
         for group in arch.groups:
@@ -120,62 +99,85 @@ class AWQQuantizer(LayerQuantizer):
         found: list[tuple[AWQMapping, torch.Tensor]] = []
         entries = result.method_report.setdefault("awq", [])
         for m in arch.mappings:
-            entry = MappingResult(prefix, m.smooth, list(m.balance))
-            if not all(ctx.is_target(b) for b in m.balance):
-                entry.skipped = "a balance layer is not quantized (--ignore)"
-                entries.append(entry.to_dict())
-                continue
-            smooth = get_submodule(layer, m.smooth)
-            balance = [get_submodule(layer, b) for b in m.balance]
-            K = int(weight_nk(balance[0], arch.conv1d).shape[1])
-            need = K * (m.part[1] if m.part else 1)
-            if smooth_channels(smooth, arch) != need:
-                entry.skipped = f"{m.smooth} has {smooth_channels(smooth, arch)} outputs, {m.balance[0]} reads {K} (GQA)"
-                entries.append(entry.to_dict())
-                continue
-            originals = [weight_nk(b, arch.conv1d).detach().clone() for b in balance]
-            module = inspect[m.inspect]
-
-            def forward(effective: list[torch.Tensor], balance: list[nn.Module] = balance, module: nn.Module = module, key: str = m.inspect) -> torch.Tensor:
-                for b, w in zip(balance, effective):
-                    set_weight_nk(b, w, arch.conv1d)
-                with torch.no_grad():
-                    return torch.cat([first(module(*c.args, **c.kwargs)) for c in icalls[key]])
-
-            gram = None
-            if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
-                T = sum(c.args[0].numel() // K for c in icalls[m.inspect])
-                N, n = sum(int(o.shape[0]) for o in originals), scheme.grid + 1
-                if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
-                    x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
-                    gram = (x.T @ x, T)
-            try:
-                found_scale = awq_search_scale(
-                    stats[group_of(arch, m.balance[0])].act_abs_mean.to(originals[0].device),
-                    originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram,
-                )
-            finally:
-                for b, w in zip(balance, originals):
-                    set_weight_nk(b, w, arch.conv1d)
-            entry.ratio, entry.loss, entry.rtn_loss = found_scale.ratio, found_scale.best_loss, found_scale.rtn_loss
-            entries.append(entry.to_dict())
-            found.append((m, found_scale.scales))
+            s = self.search_mapping(ctx, m, scheme, lambda: stats[group_of(arch, m.balance[0])].act_abs_mean, icalls, iouts, entries)
+            if s is not None:
+                found.append((m, s))
+        if experts:
+            experts.search(self.search_mapping, icalls, iouts, entries)
         for m, s in found:
             fold_scales(get_submodule(layer, m.smooth), [get_submodule(layer, b) for b in m.balance], s, m, arch)
             key = group_of(arch, m.balance[0])
             x_sub[key] = x_sub[key] / s.to(x_sub[key].device).view(1, -1)
+        if experts:
+            experts.fold()
 
         # 2. clip search, then RTN of the scaled, clipped weight.
         for group in arch.groups:
             for n in group:
-                if not ctx.is_target(n):
-                    continue
-                module = ctx.module(n)
-                W = weight_nk(module, arch.conv1d).detach().float()
-                if scheme.clip and n not in arch.no_clip:
-                    W = apply_awq_clip(W, awq_search_clip(W, x_sub[group[0]], scheme))
-                record(result, ctx.full(n), module, quantize_rtn(W, None, scheme), arch, None)
+                if ctx.is_target(n):
+                    self.clip_and_record(ctx, n, scheme, x_sub[group[0]])
+        if experts:
+            experts.quantize(self.clip_and_record)
         return Y
+
+    def search_mapping(
+        self, ctx: LayerContext, m: AWQMapping, scheme: Any, x_abs_mean: Callable[[], torch.Tensor],
+        icalls: dict[str, list[LayerCall]], iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]],
+    ) -> torch.Tensor | None:
+        """The scale search of one mapping on the fp block (its entry appended to `entries`):
+        s (K,), or None when the mapping is skipped. `icalls` / `iouts`: the inspected
+        module's calls and outputs on the search chunks; `x_abs_mean()`: mean |x| of the
+        balance layers' input."""
+        layer, arch = ctx.layer, ctx.arch
+        entry = MappingResult(ctx.prefix, m.smooth, list(m.balance))
+        if not all(ctx.is_target(b) for b in m.balance):
+            entry.skipped = "a balance layer is not quantized (--ignore)"
+            entries.append(entry.to_dict())
+            return None
+        smooth = get_submodule(layer, m.smooth)
+        balance = [get_submodule(layer, b) for b in m.balance]
+        K = int(weight_nk(balance[0], arch.conv1d).shape[1])
+        need = K * (m.part[1] if m.part else 1)
+        if smooth_channels(smooth, arch) != need:
+            entry.skipped = f"{m.smooth} has {smooth_channels(smooth, arch)} outputs, {m.balance[0]} reads {K} (GQA)"
+            entries.append(entry.to_dict())
+            return None
+        originals = [weight_nk(b, arch.conv1d).detach().clone() for b in balance]
+        module = get_submodule(layer, m.inspect)
+
+        def forward(effective: list[torch.Tensor]) -> torch.Tensor:
+            for b, w in zip(balance, effective):
+                set_weight_nk(b, w, arch.conv1d)
+            with torch.no_grad():
+                return torch.cat([first(module(*c.args, **c.kwargs)) for c in icalls[m.inspect]])
+
+        gram = None
+        if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
+            T = sum(c.args[0].numel() // K for c in icalls[m.inspect])
+            N, n = sum(int(o.shape[0]) for o in originals), scheme.grid + 1
+            if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
+                x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
+                gram = (x.T @ x, T)
+        try:
+            found_scale = awq_search_scale(
+                x_abs_mean().to(originals[0].device),
+                originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram,
+            )
+        finally:
+            for b, w in zip(balance, originals):
+                set_weight_nk(b, w, arch.conv1d)
+        entry.ratio, entry.loss, entry.rtn_loss = found_scale.ratio, found_scale.best_loss, found_scale.rtn_loss
+        entries.append(entry.to_dict())
+        return found_scale.scales
+
+    def clip_and_record(self, ctx: LayerContext, n: str, scheme: Any, x: torch.Tensor | None) -> None:
+        """The clip search of linear `n` on its (scaled) inputs x (t, K), then RTN; x None or
+        empty: RTN only."""
+        module = ctx.module(n)
+        W = weight_nk(module, ctx.arch.conv1d).detach().float()
+        if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0]:
+            W = apply_awq_clip(W, awq_search_clip(W, x, scheme))
+        record(ctx.result, ctx.full(n), module, quantize_rtn(W, None, scheme), ctx.arch, None)
 
 
 QUANTIZER = AWQQuantizer()

@@ -7,6 +7,10 @@ quantize, the run's `PipelineResult`). It returns (Y, Ŷ): the fp layer outputs 
 first `error_chunks` chunks and the quantized layer's outputs on every chunk (the next
 layer's inputs). The default `quantize_layer` quantizes every target linear alone with
 `solve` (no statistics); methods that read activations override it.
+
+In an MoE layer, `ctx.arch` holds the attention's groups and mappings only and `ctx.moe`
+the MoE block: its experts' (and shared expert's) linears are each method's to handle,
+one expert at a time (`calib/moe.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from torch import nn
 
 from infer_tool.calib.architectures import Architecture, get_submodule
 from infer_tool.calib.layers import LayerCall, run_layer, set_weight_nk, weight_nk
+from infer_tool.calib.moe import ExpertTokens, MoeLayer, Routing, capturing_routing
 from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, relative_output_error
+from infer_tool.common.errors import BadInput
+from infer_tool.packers.rtn import quantize_rtn
 
 
 @dataclass(frozen=True)
@@ -51,9 +58,31 @@ class LayerContext:
     result: PipelineResult
     error_chunks: int  # chunks the reported error is measured on
     search_chunks: int  # chunks searches (AWQ) run on
+    moe: MoeLayer | None = None  # the layer's MoE block; None for a dense layer
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        """Every linear of the layer: the table's groups, then the MoE block's."""
+        if self.moe is None:
+            return self.arch.linears
+        shared = self.moe.shared or ()
+        return self.arch.linears + tuple(shared) + tuple(n for j in range(len(self.moe)) for n in self.moe.expert(j))
 
     def full(self, name: str) -> str:
         return f"{self.prefix}.{name}"
+
+    def count_tokens(self, routing: Routing) -> None:
+        """Report the tokens routed to each expert (`routing` saw every chunk of X)."""
+        tokens = sum(x.numel() // x.shape[-1] for x in self.X)
+        self.result.expert_tokens.append(ExpertTokens.of(self.prefix, routing.counts, tokens, self.moe.calibration.min_tokens))
+
+    def starved(self, routing: Routing, j: int) -> str | None:
+        """Why expert j falls back to RTN (routed mode, too few tokens), or None."""
+        cal = self.moe.calibration
+        n = routing.tokens(j, cal.mode)
+        if cal.mode == "routed" and n < max(cal.min_tokens, 1):
+            return f"routed {n} calibration tokens, fewer than --moe-min-tokens {cal.min_tokens} (--moe-calibration routed)"
+        return None
 
     def is_target(self, name: str) -> bool:
         return self.full(name) in self.targets
@@ -62,18 +91,44 @@ class LayerContext:
         return get_submodule(self.layer, name)
 
 
+def check_solved(name: str, W: torch.Tensor, W_hat: torch.Tensor, weight: Any) -> None:
+    """Refuse a linear whose weight W, dequantized result Ŵ or scales hold NaN or Inf (or a
+    zero scale), naming it. (RTN maps a NaN group's scale to 1: the scale alone would pass.)"""
+    for what, t in (("weight", W), ("dequantized weight", W_hat)):
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise BadInput(f"{name}: its {what} holds {bad} NaN or Inf values (--ignore it to leave it unquantized)")
+    for attr in ("scale", "weight_scale", "input_scale"):
+        s = getattr(weight, attr, None)
+        if isinstance(s, torch.Tensor):
+            bad = int((~torch.isfinite(s) | (s == 0)).sum())
+            if bad:
+                raise BadInput(f"{name}: {bad} of its {s.numel()} {attr} values are NaN, Inf or zero; "
+                               "its weights or calibration inputs are not finite (--ignore it to leave it unquantized)")
+
+
 def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, arch: Architecture, stats: LayerStats | None) -> None:
     """Store a solved linear (`QuantizedWeight` or `Fp8Weight`) in `result`, on the CPU, and
     replace the module's weight by its dequantized value; with a Hessian, record the
-    linear's relative output error; a solver's fallback is counted."""
+    linear's relative output error; a solver's fallback is counted. A NaN, Inf or zero
+    scale is an error naming the linear."""
     W = weight_nk(module, arch.conv1d).detach().float()
     W_hat = weight.dequantize(torch.float32).to(W.device)
+    check_solved(full, W, W_hat, weight)
     if stats is not None and stats.H is not None:
         result.linear_errors[full] = relative_output_error(W, W_hat, stats.H.to(W.device))
     set_weight_nk(module, W_hat, arch.conv1d)
     result.quantized[full] = weight.to("cpu")
     if weight.info.get("fallback"):
         result.fallbacks.append(Fallback(full, weight.info["fallback"], weight.info.get("reason")))
+
+
+def record_rtn_fallback(ctx: LayerContext, name: str, scheme: Any, reason: str) -> None:
+    """RTN-quantize linear `name` of the layer and record it as a fallback (`reason`)."""
+    module = ctx.module(name)
+    weight = quantize_rtn(weight_nk(module, ctx.arch.conv1d).detach().float(), None, scheme)
+    weight.info.update(fallback="rtn", reason=reason)
+    record(ctx.result, ctx.full(name), module, weight, ctx.arch, None)
 
 
 class LayerQuantizer:
@@ -103,10 +158,21 @@ class LayerQuantizer:
         record(result, full, module, weight, arch, stats)
 
     def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Every target linear alone, without statistics. Returns (Y on the error chunks, Ŷ)."""
+        """Every target linear alone (each expert's too), without statistics. Returns
+        (Y on the error chunks, Ŷ); the routed tokens are counted on Ŷ's run."""
         e = ctx.error_chunks
         Y = run_layer(ctx.layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
-        for n in ctx.arch.linears:
+        for n in ctx.linears:
             if ctx.is_target(n):
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, None, scheme)
-        return Y, run_layer(ctx.layer, ctx.X, ctx.calls)
+        return Y, run_counting(ctx)
+
+
+def run_counting(ctx: LayerContext) -> list[torch.Tensor]:
+    """The layer's outputs on every chunk; in an MoE layer, the routed tokens are counted."""
+    if ctx.moe is None:
+        return run_layer(ctx.layer, ctx.X, ctx.calls)
+    with capturing_routing(ctx.moe) as routing:
+        Y = run_layer(ctx.layer, ctx.X, ctx.calls)
+    ctx.count_tokens(routing)
+    return Y

@@ -8,6 +8,12 @@ Statistics are measured only when the scheme needs them, on the decoder layer's 
 Within a layer, the statistics are taken in one fp pass (not true-sequential: o_proj's
 inputs come from the unquantized q/k/v), which is what llm-compressor's FP8 presets do.
 
+MoE layers: each expert is quantized on its own. With static activations or the clip
+search, its statistics come from its rows of the block input captured in the same fp
+pass (every row in "all" mode, its routed rows in "routed" mode; an expert with too few
+routed rows takes every row instead, reported as a fallback): gate/up read them, down reads
+the expert's fp intermediate activations on them.
+
 KV cache (`kv_cache="fp8"`): once a layer's linears are FP8, the layer is run once more
 on its calibration inputs with the attention's cache recorded (`calib/kv_scales.py`), so
 the per-layer post-RoPE key / value amax is measured layer by layer on the activations the
@@ -16,14 +22,16 @@ deployed FP8 model produces (one extra layer pass; no full-model pass).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from infer_tool.calib.kv_scales import recording_kv
-from infer_tool.calib.layers import capturing_inputs, run_layer, weight_nk
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs
-from infer_tool.calib.result import PipelineResult
+from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, weight_nk
+from infer_tool.calib.moe import Routing, capturing_routing
+from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, run_counting
+from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.fp8 import Fp8Weight, check_finite, quantize_fp8_weight, search_fp8_clip, static_input_scale
 from infer_tool.packers.scheme import Fp8Scheme
@@ -46,6 +54,9 @@ class Fp8Quantizer(LayerQuantizer):
         notes = []
         if scheme.granularity == "block":
             notes += block_alignment_notes({n: w.shape for n, w in result.quantized.items()}, scheme.block_size)
+        if result.expert_tokens and scheme.granularity == "tensor" and scheme.activations == "dynamic":
+            notes.append("vLLM 0.32's compressed-tensors FP8 MoE kernels take per-tensor expert weights only with static "
+                         "activations (--fp8-activations static); per-channel (the default) or block weights go with dynamic ones")
         if result.kv_amax:
             notes.append(
                 "k_scale/v_scale are read by vLLM (kv_cache_dtype fp8); transformers 5.x with compressed-tensors "
@@ -80,24 +91,64 @@ class Fp8Quantizer(LayerQuantizer):
         Y = run_layer(layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
         groups = [g for g in arch.groups if any(ctx.is_target(n) for n in g)]
         stats: dict[str, LayerStats] = {}
-        if groups and (scheme.needs_activation_stats or scheme.needs_hessian):
+        routing = None
+        if (groups or ctx.moe) and (scheme.needs_activation_stats or scheme.needs_hessian):
             heads = {g[0]: ctx.module(g[0]) for g in groups}
             accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=scheme.needs_hessian) for k, m in heads.items()}
-            with capturing_inputs(heads, accs=accs):
+            keep = capturing_routing(ctx.moe, keep_chunks=len(ctx.X)) if ctx.moe else nullcontext()
+            with capturing_inputs(heads, accs=accs), keep as routing:
                 run_layer(layer, ctx.X, ctx.calls)
             for g in groups:
                 st = accs[g[0]].result()
                 for n in g:
                     stats[n] = ctx.result.stats[ctx.full(n)] = st
+            if routing is not None:
+                ctx.count_tokens(routing)
         for g in groups:
             for n in g:
                 if ctx.is_target(n):
                     self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), arch, stats.get(n), scheme)
+        if ctx.moe is not None:
+            self._quantize_experts(ctx, scheme, routing)
         if scheme.kv_cache == "fp8":
             with recording_kv(layer, f"{ctx.prefix}.") as kv:
                 run_layer(layer, ctx.X, ctx.calls)
             ctx.result.kv_amax.update(kv)
-        return Y, run_layer(layer, ctx.X, ctx.calls)
+        return Y, run_counting(ctx) if ctx.moe is not None and routing is None else run_layer(layer, ctx.X, ctx.calls)
+
+    def _quantize_experts(self, ctx: LayerContext, scheme: Fp8Scheme, routing: Routing | None) -> None:
+        """The shared expert, then every expert, one at a time; `routing` None: no statistics."""
+        moe = ctx.moe
+        for j in ([None] if moe.shared else []) + list(range(len(moe))):
+            names = moe.shared if j is None else moe.expert(j)
+            todo = [n for n in names if ctx.is_target(n)]
+            stats: dict[str, LayerStats | None] = dict.fromkeys(names)
+            reason = None
+            if routing is not None and todo:
+                reason = None if j is None else ctx.starved(routing, j)
+                rows = routing.x if j is None or reason else routing.rows(j, moe.calibration.mode)
+                stats = _expert_stats(ctx, names, rows, scheme.needs_hessian)
+            for n in todo:
+                self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, stats[n], scheme)
+                if reason:
+                    ctx.result.fallbacks.append(Fallback(ctx.full(n), "statistics over every token", f"expert {j} {reason}"))
+
+
+def _expert_stats(ctx: LayerContext, names: tuple[str, str, str], rows: list[torch.Tensor], hessian: bool) -> dict[str, LayerStats]:
+    """{gate, up: statistics of `rows`; down: of the expert's fp intermediate activations on them}."""
+    gate, up, down = names
+    head = ctx.module(down)
+    acc = {"in": StatsAccumulator(ctx.module(gate).in_features, hessian=hessian), "down": StatsAccumulator(head.in_features, hessian=hessian)}
+    expert = ctx.module(down.rpartition(".")[0])
+    with capturing_inputs({"down": head}, accs=acc, stop=True):
+        for x in rows:
+            acc["in"].add(x)
+            try:
+                expert(x)
+            except StopForward:
+                pass
+    st = acc["in"].result()
+    return {gate: st, up: st, down: acc["down"].result()}
 
 
 QUANTIZER = Fp8Quantizer()

@@ -6,20 +6,32 @@ solver is `packers/gptq.quantize_gptq`.
 A sub-block whose output is its last linear's output (attention -> o_proj, MLP ->
 down_proj) is final once that linear is quantized: later runs replay its cached output
 (`calib/replay.py`), so each linear runs once over the calibration tokens.
+
+MoE layers: once the attention is quantized, the MoE block's input and the router's
+choices are captured once; then the gate/up of every expert, then every down, one Hessian
+per expert, each freed after its solve. Gate/up read the expert's rows of the block input:
+every row in "all" mode (and for the shared expert), its routed rows in "routed" mode;
+linears sharing a Hessian (all gate/up in "all" mode; an expert's gate and up) are solved
+as one stack of rows. Down reads the expert's intermediate activations computed with its
+quantized gate/up. Starved experts (routed mode) fall back to RTN.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from infer_tool.calib.layers import capturing_inputs, run_layer, run_until, weight_nk
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs
+from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, run_until, weight_nk
+from infer_tool.calib.moe import Routing, capturing_routing
+from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record, record_rtn_fallback
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
+
+SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the solver keeps ~3 copies)
 
 
 class GPTQQuantizer(LayerQuantizer):
@@ -50,9 +62,83 @@ class GPTQQuantizer(LayerQuantizer):
             if keep is not None:  # the sub-block's output is now final; each kept input is freed once used
                 inputs = keep.pop(group[0])
                 cached[g] = [points[g].linear(inputs.pop(0)) for _ in range(len(inputs))]
+        if ctx.moe is not None:
+            with replaying(points, cached), capturing_routing(ctx.moe, keep_chunks=len(X)) as routing:
+                run_until(layer, X, calls, ctx.moe.experts)
+            ctx.count_tokens(routing)
+            self._quantize_experts(ctx, scheme, routing)
+            del routing
         with replaying(points, cached):
             Y_hat = run_layer(layer, X, calls)
         return Y, Y_hat
+
+    def _quantize_experts(self, ctx: LayerContext, scheme: Any, routing: Routing) -> None:
+        """Gate/up of the shared expert and of every expert, then every down (see above)."""
+        moe, mode = ctx.moe, ctx.moe.calibration.mode
+        jobs: list[int | None] = []  # None: the shared expert
+        for j in ([None] if moe.shared else []) + list(range(len(moe))):
+            reason = None if j is None else ctx.starved(routing, j)
+            if reason:
+                for n in moe.expert(j):
+                    if ctx.is_target(n):
+                        record_rtn_fallback(ctx, n, scheme, f"expert {j} {reason}")
+            else:
+                jobs.append(j)
+
+        def names(j: int | None) -> tuple[str, str, str]:
+            return moe.shared if j is None else moe.expert(j)
+
+        def every_row(j: int | None) -> bool:
+            return j is None or mode == "all"
+
+        # gate/up: one Hessian for every row of the block input, one per expert's routed rows
+        shared = [n for j in jobs if every_row(j) for n in names(j)[:2] if ctx.is_target(n)]
+        if shared:
+            self._solve_together(ctx, shared, _hessian(routing.x, ctx.module(shared[0])), scheme)
+        for j in jobs:
+            todo = [n for n in names(j)[:2] if ctx.is_target(n)]
+            if todo and not every_row(j):
+                self._solve_together(ctx, todo, _hessian(routing.rows(j, mode), ctx.module(todo[0])), scheme)
+        # down: each expert's inputs through its quantized gate/up
+        for j in jobs:
+            down = names(j)[2]
+            if not ctx.is_target(down):
+                continue
+            expert, head = ctx.module(down.rpartition(".")[0]), ctx.module(down)
+            acc = {"down": StatsAccumulator(head.in_features, hessian=True)}
+            with capturing_inputs({"down": head}, accs=acc, stop=True):
+                for x in routing.x if every_row(j) else routing.rows(j, mode):
+                    try:
+                        expert(x)
+                    except StopForward:
+                        pass
+            self.quantize_linear(ctx.result, ctx.full(down), head, ctx.arch, acc["down"].result(), scheme)
+
+    def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: Any) -> None:
+        """GPTQ of linears that share one Hessian as one solve over their stacked rows: GPTQ's
+        updates are row-wise given H, so this is each linear's own solve (up to rounding),
+        with one factorisation and one column loop instead of one per linear."""
+        modules = [ctx.module(n) for n in names]
+        weights = [weight_nk(m, ctx.arch.conv1d).detach() for m in modules]
+        K = int(weights[0].shape[1])
+        per_solve = max(1, SOLVE_ELEMENTS // (K * max(int(w.shape[0]) for w in weights)))
+        for a in range(0, len(names), per_solve):
+            part = slice(a, a + per_solve)
+            solved = self.solve(torch.cat(weights[part]), stats, scheme, ", ".join(ctx.full(n) for n in names[part]))
+            row = 0
+            for n, m, w in zip(names[part], modules[part], weights[part]):
+                rows = slice(row, row + int(w.shape[0]))
+                row = rows.stop
+                one = replace(solved, q=solved.q[rows], scale=solved.scale[rows], info=dict(solved.info),
+                              zero=None if solved.zero is None else solved.zero[rows])
+                record(ctx.result, ctx.full(n), m, one, ctx.arch, stats)
+
+
+def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
+    acc = StatsAccumulator(gate.in_features, hessian=True)
+    for x in rows:
+        acc.add(x)
+    return acc.result()
 
 
 QUANTIZER = GPTQQuantizer()

@@ -109,6 +109,12 @@ def _print_report(report: Any) -> None:
         worst_linear = max(errs, key=errs.get)
         table.add_row("linear output error", f"mean {sum(errs.values()) / len(errs):.4f}, max {errs[worst_linear]:.4f} ({worst_linear}); from H")
     table.add_row("fallbacks", str(len(report.fallbacks)))
+    if report.moe is not None:
+        m = report.moe
+        counts = sorted(c for t in m.tokens for c in t.counts)
+        table.add_row("experts", f"{m.experts} in {m.moe_layers} MoE layers, calibration {m.calibration}; routed tokens per expert "
+                                 f"min {counts[0]}, median {counts[len(counts) // 2]}, max {counts[-1]}; "
+                                 f"{len(m.experts_below_min_tokens)} below {m.min_tokens}, {len(m.fallback_experts)} fell back to RTN")
     if report.eval is not None:
         ev = report.eval
         table.add_row("ppl", f"{ev.ppl_before:.4f} -> {ev.ppl_after:.4f} (x{ev.ratio:.4f}, {ev.tokens} tokens of {ev.corpus})")
