@@ -57,6 +57,7 @@ class EvalSummary:
     ppl_after: float
     ratio: float
     evaluated: str
+    ppl_before_cached: bool = False  # the fp baseline was read from the ppl cache (`evals/ppl_cache.py`)
 
 
 @dataclass
@@ -217,8 +218,10 @@ def quantize(
         report.notes.append(f"--ignore patterns that match no linear: {', '.join(unmatched)}")
     if eval_ids is not None:
         t = time.perf_counter()
-        before = _ppl(evaluate_ppl, lm, eval_ids, opts.eval_seq_len, dev, progress, "ppl before")
+        before, baseline_cache = _baseline_ppl(evaluate_ppl, lm, eval_ids, opts, dev, progress)
         seconds["eval_before"] = time.perf_counter() - t
+        if note := baseline_cache.note("ppl before (the fp baseline)"):
+            report.notes.append(note)
     t = time.perf_counter()
     if opts.stats is not None:
         saved, meta = load_stats(Path(opts.stats))
@@ -241,7 +244,7 @@ def quantize(
         lm.to("cpu")
         seconds["eval_after"] = time.perf_counter() - t
         report.eval = EvalSummary(opts.eval, after.tokens, after.seq_len, after.windows, before.ppl, after.ppl,
-                                  after.ppl / before.ppl, EVALUATED[scheme.kind])
+                                  after.ppl / before.ppl, EVALUATED[scheme.kind], baseline_cache.hit)
         if opts.max_ppl_increase is not None:
             increase = after.ppl / before.ppl - 1.0
             report.quality_gate = QualityGate(opts.max_ppl_increase, increase, increase <= opts.max_ppl_increase)
@@ -350,6 +353,18 @@ def _kv_tensors(kv_amax: dict[str, Any], fmt_name: str) -> dict[str, Any] | None
 
 def _to_json(report: QuantizeReport) -> str:
     return to_json(report) + "\n"
+
+
+def _baseline_ppl(evaluate_ppl: Any, lm: Any, ids: Any, opts: QuantizeOptions, dev: str, progress: Progress) -> Any:
+    """(ppl before, `CacheUse`): the fp model's perplexity, from the ppl cache when this very
+    model (weights as rounded to --dtype), token ids and windows were evaluated before."""
+    from infer_tool.evals.loading import backend_of
+    from infer_tool.evals.ppl_cache import cached_ppl
+
+    lm.to(dev)
+    seq_len = min(opts.eval_seq_len, getattr(lm.config, "max_position_embeddings", None) or opts.eval_seq_len)
+    return cached_ppl(lm, ids, seq_len, lambda: _ppl(evaluate_ppl, lm, ids, seq_len, dev, progress, "ppl before"),
+                      backend=backend_of(lm), corpus=opts.eval)
 
 
 def _ppl(evaluate_ppl: Any, lm: Any, ids: Any, seq_len: int, dev: str, progress: Progress, label: str) -> Any:
