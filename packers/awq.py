@@ -25,7 +25,7 @@ class AWQScaleResult:
     ratio: float | None  # the best alpha; None when no scaling beat plain RTN (s = 1)
     rtn_loss: float  # block-output MSE with plain RTN weights (s = 1)
     losses: list[float | None] = field(default_factory=list)  # MSE per alpha on the grid; None: not evaluated
-    search: str = "full"  # the grid search that ran (`GRID_SEARCHES`)
+    search: str = "full"  # the grid search that ran (`scheme.AWQ_SEARCHES`)
     fell_back: bool = False  # the fast search saw a loss curve that is not unimodal and ran the full grid
     # With the full grid: the ratio the fast search picks on the same losses, and its loss.
     fast_ratio: float | None = None
@@ -91,7 +91,7 @@ def unimodal(values: Sequence[float]) -> bool:
     return down and up
 
 
-def search_grid(loss_at: Callable[[int], float], n: int, search: str = "fast", step: int = 4) -> bool:
+def search_grid(loss_at: Callable[[int], float], n: int, search: str, step: int) -> bool:
     """Call `loss_at(i)` on grid indices 0..n-1 so that the smallest loss is among those looked at.
 
     "full": every index. "fast" (coarse to fine): the coarse indices 0, step, 2·step, ... and
@@ -166,8 +166,7 @@ def awq_search_scale(
     losses: list[float | None] = [None] * scheme.grid
 
     def loss_at(i: int) -> float:
-        if losses[i] is None:
-            losses[i] = loss_with(candidate_scales(x, i / scheme.grid, w_mean))
+        losses[i] = loss_with(candidate_scales(x, i / scheme.grid, w_mean))
         return losses[i]
 
     rtn_loss = loss_with(ones)
