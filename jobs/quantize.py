@@ -44,6 +44,8 @@ class Calibration:
     seed: int | None
     from_stats: str | None = None  # a `calibrate` directory, when reused
     note: str | None = None
+    world_size: int | None = None  # processes the calibration ran on (accelerate launch / torchrun)
+    samples_per_process: list[int] | None = None  # calibration sequences each process ran, in rank order
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k in ("corpus",)}
@@ -173,6 +175,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     parse_size(opts.max_shard_size, "--max-shard-size")
     parse_limits(opts.max_memory)
     check_progress(opts.out, opts.resume)
+    check_processes(opts)
     if kind == "dir":  # the architecture table, before the weights are read
         config = read_config(path)
         model_type = config.get("model_type")
@@ -207,7 +210,7 @@ def quantize(
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.calib.streaming import open_model
     from infer_tool.jobs import preflight
-    from infer_tool.jobs.run_dir import RunDir, model_fingerprint, run_key
+    from infer_tool.jobs.run_dir import NoRun, RunDir, model_fingerprint, run_key
     from infer_tool.packers.checkpoint import REPORT_NAME
 
     seconds: dict[str, float] = {}
@@ -248,7 +251,14 @@ def quantize(
     key = run_key({"model": model_fingerprint(loaded.path), "device": torch.device(dev).type, "calib_ids": calib_ids,
                    "eval_ids": eval_ids, "torch": torch.__version__,
                    "options": {k: v for k, v in to_dict(opts).items() if k not in UNKEYED_OPTIONS}})
-    run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), opts.resume)
+    from infer_tool.calib.distributed import finish, stop_on_sigterm, world
+
+    rank, world_size = world()
+    if world_size > 1:
+        stop_on_sigterm()
+        run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), False) if rank == 0 else (NoRun(len(decoder_layers(lm, arch))), None)
+    else:
+        run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), opts.resume)
     if note:
         report.notes.append(note)
     from infer_tool.jobs.quantize_run import kv_scales_of, kv_tensors, run_layers, write_output
@@ -258,7 +268,8 @@ def quantize(
                                                    eval_ids, dev, progress, seconds)
         seconds["quantize"] -= seconds.get("stream.eval_layers", 0.0)
         if stats_meta is None:
-            report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
+            report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed,
+                                             world_size=world_size, samples_per_process=result.samples_per_process)
         else:
             meta = stats_meta
             if meta.get("model_path") not in (None, str(loaded.path)):
@@ -287,21 +298,40 @@ def quantize(
         report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
         report.seconds = seconds
         t = time.perf_counter()
-        write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
-                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name),
-                     rename=arch.checkpoint_name, unquantized=routers(lm, arch))
+        if rank == 0:
+            write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
+                         extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name),
+                         rename=arch.checkpoint_name, unquantized=routers(lm, arch))
     except BadInput:
         run.remove()  # the input must change: nothing to resume
         raise
     except BaseException as e:
-        if run.path.exists():
+        if world_size > 1:
+            run.remove()  # a run across processes does not resume
+        elif run.path.exists():
             e.__notes__ = [*getattr(e, "__notes__", []), resume_hint(run)]
         raise
     seconds["write"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
-    (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
+    if rank == 0:
+        (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
+    finish()  # the other processes wait until the checkpoint is written
     return report
+
+
+def check_processes(opts: QuantizeOptions) -> None:
+    """Under several processes (`accelerate launch`), refuse what only one process does."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return
+    for given, flag, why in ((opts.stats, "--stats", "it runs no calibration to split"),
+                             (opts.eval, "--eval", "evaluate the checkpoint with `accelerate launch infer-tool eval ppl`"),
+                             (opts.resume, "--resume", "run it in one process")):
+        if given:
+            raise BadInput(f"{flag} does not work across {world} processes: {why}")
 
 
 def resume_hint(run: Any) -> str:
