@@ -135,11 +135,12 @@ def sharding(s: Shard) -> Iterator[None]:
         _shard = saved
 
 
-def plan_shard(samples: int, batch_size: int, needs_data: bool, first_chunks: int) -> Shard:
+def plan_shard(samples: int, batch_size: int, needs_data: bool, first_chunks: int, where: tuple[int, int] | None = None) -> Shard:
     """This process's chunks of `samples` sequences in chunks of `batch_size`. Data-free runs
     (nothing measured but the reported error) stay on process 0; otherwise every process
-    needs a chunk, and process 0 the first `first_chunks` (the searches' samples)."""
-    rank, size = world()
+    needs a chunk, and process 0 the first `first_chunks` (the searches' samples).
+    where: (rank, world size); None: this process's (`world`)."""
+    rank, size = where or world()
     n = max(1, -(-samples // batch_size))
     if size == 1 or not needs_data:
         return Shard(rank, size, 0, n if rank == 0 else 0, n)
@@ -245,10 +246,16 @@ class TreeSum:
                         with collective():
                             dist.broadcast(value, src=r)
                     _push(stack, l, i, value)
-        out = None
-        for _, _, value in reversed(stack):
-            out = value if out is None else _add(value, out) if value is not None else out
+        out = _fold(stack)
         return torch.zeros_like(like) if out is None else out
+
+
+def _fold(stack: list[Node]) -> torch.Tensor | None:
+    """The tree's root from the final stack: its nodes added from the right."""
+    out = None
+    for _, _, value in reversed(stack):
+        out = _add(value, out)
+    return out
 
 
 def all_max(values: list[float]) -> list[float]:
