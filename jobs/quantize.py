@@ -142,7 +142,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.common.device import check_device
     from infer_tool.common.outdir import check_out_dir
-    from infer_tool.jobs.preflight import parse_limits
+    from infer_tool.jobs.preflight import check_processes, parse_limits
     from infer_tool.jobs.run_dir import check_progress
     from infer_tool.packers.checkpoint import REPORT_NAME, get_format
     from infer_tool.packers.shards import parse_size
@@ -255,10 +255,9 @@ def quantize(
 
     rank, world_size = world()
     if world_size > 1:
-        stop_on_sigterm()
-        run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), False) if rank == 0 else (NoRun(len(decoder_layers(lm, arch))), None)
-    else:
-        run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), opts.resume)
+        stop_on_sigterm()  # under several processes only process 0 keeps progress (and --resume is refused)
+    n_layers = len(decoder_layers(lm, arch))
+    run, note = RunDir.open(opts.out, key, n_layers, opts.resume) if rank == 0 else (NoRun(n_layers), None)
     if note:
         report.notes.append(note)
     from infer_tool.jobs.quantize_run import kv_scales_of, kv_tensors, run_layers, write_output
@@ -318,20 +317,6 @@ def quantize(
         (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
     finish()  # the other processes wait until the checkpoint is written
     return report
-
-
-def check_processes(opts: QuantizeOptions) -> None:
-    """Under several processes (`accelerate launch`), refuse what only one process does."""
-    import os
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return
-    for given, flag, why in ((opts.stats, "--stats", "it runs no calibration to split"),
-                             (opts.eval, "--eval", "evaluate the checkpoint with `accelerate launch infer-tool eval ppl`"),
-                             (opts.resume, "--resume", "run it in one process")):
-        if given:
-            raise BadInput(f"{flag} does not work across {world} processes: {why}")
 
 
 def resume_hint(run: Any) -> str:
