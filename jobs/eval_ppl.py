@@ -96,9 +96,17 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
         if base.tokenizer.get_vocab() != loaded.tokenizer.get_vocab():
             raise BadInput(f"--baseline {opts.baseline} has a different tokenizer vocabulary than {opts.model}: windows would differ")
         del loaded
-        bres = evaluate_ppl(base.model, ids, seq_len, stride=opts.stride, max_tokens=opts.max_tokens,
-                            progress=labelled(opts.baseline))
-        report["baseline"] = {"model": opts.baseline, **bres.to_dict(), "backend": backend_of(base.model), "notes": base.notes}
+        from infer_tool.evals.ppl_cache import cached_ppl
+
+        bres, cache = cached_ppl(
+            base.model, ids[: opts.max_tokens], seq_len,
+            lambda: evaluate_ppl(base.model, ids, seq_len, stride=opts.stride, max_tokens=opts.max_tokens,
+                                 progress=labelled(opts.baseline)),
+            stride=opts.stride, backend=backend_of(base.model), corpus=opts.data)
+        report["baseline"] = {"model": opts.baseline, **bres.to_dict(), "backend": backend_of(base.model), "notes": base.notes,
+                              "cached": cache.hit}
+        if note := cache.note(f"baseline {opts.baseline} ppl"):
+            report["notes"].append(note)
         report["ppl_ratio"] = result.ppl / bres.ppl
         report["ppl_delta"] = result.ppl - bres.ppl
     finish_distributed()

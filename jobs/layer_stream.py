@@ -35,7 +35,7 @@ class EvalStreams:
     """The --eval windows on their way through the layers: hidden states (1, T, D) per window."""
 
     calls: list[list[LayerCall]]  # [layer][window]
-    fp: list[torch.Tensor]  # through the fp layers so far
+    fp: list[torch.Tensor] | None  # through the fp layers so far; None: the fp baseline is known (cached)
     q: list[torch.Tensor]  # through the quantized layers so far
 
 
@@ -111,8 +111,9 @@ class LayerStream(LayerIO):
         dev = X[0].device if X else torch.device("cpu")
         X = [saved[f"x.{c}"].to(dev) for c in range(sum(n.startswith("x.") for n in saved))]
         if self.evals is not None:
-            W = len(self.evals.fp)
-            self.evals.fp = [saved[f"eval_fp.{w}"].to(self.evals.fp[w].device) for w in range(W)]
+            W = len(self.evals.q)
+            if self.evals.fp is not None:
+                self.evals.fp = [saved[f"eval_fp.{w}"].to(self.evals.fp[w].device) for w in range(W)]
             self.evals.q = [saved[f"eval_q.{w}"].to(self.evals.q[w].device) for w in range(W)]
         return k, X
 
@@ -126,7 +127,7 @@ class LayerStream(LayerIO):
             self.weights.load(self.weights.names(f"{self.layers_path}.{index}", self.layers_path), device)
             put_buffers(layer, device)
         self._time("load", t0)
-        if self.evals is not None:
+        if self.evals is not None and self.evals.fp is not None:
             t0 = time.perf_counter()
             self.evals.fp = run_layer(layer, self.evals.fp, self.evals.calls[index])
             self._time("eval_layers", t0)
@@ -147,7 +148,7 @@ class LayerStream(LayerIO):
             del result.stats[n]
         inputs = {f"x.{c}": x for c, x in enumerate(X_next)}
         if self.evals is not None:
-            inputs.update({f"eval_fp.{w}": x for w, x in enumerate(self.evals.fp)})
+            inputs.update({f"eval_fp.{w}": x for w, x in enumerate(self.evals.fp or [])})
             inputs.update({f"eval_q.{w}": x for w, x in enumerate(self.evals.q)})
         self.run.layer_finished(index, {k: v.to("cpu") for k, v in inputs.items()}, snapshot(result))
         self._time("write", t0)

@@ -61,6 +61,7 @@ class EvalSummary:
     ppl_after: float
     ratio: float
     evaluated: str
+    ppl_before_cached: bool = False  # the fp baseline was read from the ppl cache (`evals/ppl_cache.py`)
 
 
 @dataclass
@@ -277,9 +278,11 @@ def quantize(
                                              meta.get("seed"), from_stats=opts.stats, note=STATS_NOTE)
         kv_scales = kv_scales_of(result.kv_amax)
         if evaluated is not None:
-            before, after = evaluated
+            before, cache_use, after = evaluated
             report.eval = EvalSummary(opts.eval, after.tokens, after.seq_len, after.windows, before.ppl, after.ppl,
-                                      after.ppl / before.ppl, EVALUATED[scheme.kind])
+                                      after.ppl / before.ppl, EVALUATED[scheme.kind], cache_use.hit)
+            if note := cache_use.note("ppl before (the fp baseline)"):
+                report.notes.append(note)
             if opts.max_ppl_increase is not None:
                 increase = after.ppl / before.ppl - 1.0
                 report.quality_gate = QualityGate(opts.max_ppl_increase, increase, increase <= opts.max_ppl_increase)

@@ -62,11 +62,15 @@ def run_layers(
     lm: nn.Module, arch: Any, loaded: Any, run: Any, opts: Any, scheme: Any, fmt: Any, store_dtype: torch.dtype,
     calib_ids: torch.Tensor | None, eval_ids: torch.Tensor | None, dev: str, progress: Any, seconds: dict[str, float],
 ) -> tuple[Any, tuple[Any, Any] | None, dict[str, Any] | None]:
-    """Steps 1-3 (module docstring). Returns (the pipeline result, (ppl before, ppl after) or
-    None, the saved statistics' metadata with --stats or None)."""
+    """Steps 1-3 (module docstring). Returns (the pipeline result, (ppl before, its `CacheUse`,
+    ppl after) or None, the saved statistics' metadata with --stats or None). The fp baseline
+    comes from the ppl cache when this model, text and window protocol were evaluated before
+    (`jobs/baseline.py`); its windows then skip the fp layers."""
     from infer_tool.calib.layers import capture_inputs, decoder_layers
     from infer_tool.calib.pipeline import quantize_from_stats, quantize_model
     from infer_tool.evals.ppl import make_windows
+    from infer_tool.evals.ppl_cache import CacheUse, stored
+    from infer_tool.jobs.baseline import from_state, lookup, to_state
     from infer_tool.packers.checkpoint import checkpoint_tensors
 
     device = torch.device(dev)
@@ -94,12 +98,25 @@ def run_layers(
 
     evals = None
     seq_len = 0
+    ident, baseline = None, None  # the ppl cache's key; (PplResult, CacheUse) of the fp baseline when known
+    baseline_use = CacheUse(False, None)
     if eval_ids is not None:
         context = getattr(lm.config, "max_position_embeddings", None)
         seq_len = min(opts.eval_seq_len, context or opts.eval_seq_len)
+        if run.state.get("baseline") is not None:
+            baseline = from_state(run.state["baseline"])
+        elif run.layers_done == 0:
+            t = time.perf_counter()
+            ident, cached, use = lookup(lm, weights, arch.layers, eval_ids, seq_len, device, opts.eval)
+            seconds["eval_cache_lookup"] = time.perf_counter() - t
+            baseline = (cached, use) if cached is not None else None
+            if baseline is not None:
+                run.remember("baseline", to_state(cached, use))
+            elif use.skipped:
+                baseline_use = use
         windows = torch.stack([eval_ids[w.begin : w.end] for w in make_windows(eval_ids.numel(), seq_len)])
         X, calls = capture_inputs(lm, arch, windows, 1, device)
-        evals = EvalStreams(calls, X, list(X))
+        evals = EvalStreams(calls, None if baseline else X, list(X))
     stream = LayerStream(lm, arch.layers, run, part_tensors, read_part, weights, evals, deployed)
     stream.write_rest()
     t = time.perf_counter()
@@ -124,13 +141,15 @@ def run_layers(
     if weights is not None:
         weights.load(weights.names(None, arch.layers), torch.device("cpu"))
     try:
-        before = ppl_of_streams(lm, layers, eval_ids, seq_len, evals.fp, device, _labelled(progress, "ppl before"))
+        if baseline is None:
+            before = ppl_of_streams(lm, layers, eval_ids, seq_len, evals.fp, device, _labelled(progress, "ppl before"))
+            baseline = (before, stored(ident, before) if ident is not None else baseline_use)
         after = ppl_of_streams(lm, layers, eval_ids, seq_len, evals.q, device, _labelled(progress, "ppl after"))
     finally:
         if weights is not None:
             weights.release(weights.names(None, arch.layers))
     seconds["eval"] = time.perf_counter() - t + seconds.get("stream.eval_layers", 0.0)
-    return result, (before, after), meta
+    return result, (*baseline, after), meta
 
 
 def write_output(run: Any, lm: nn.Module, quantized: dict[str, Any], fmt: Any, scheme: Any, opts: Any, src_dir: Any,

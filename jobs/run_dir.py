@@ -116,6 +116,11 @@ class RunDir:
         write_streamed(tmp, [spec_of(n, t) for n, t in tensors.items()], tensors.__getitem__, {"format": "pt"})
         os.replace(tmp, self.path / name)
 
+    def remember(self, key: str, value: Any) -> None:
+        """Keep `value` (JSON) in run.json under `key`, for a resumed run."""
+        self.state[key] = value
+        _replace_json(self.path / STATE, self.state)
+
     def rest_written(self) -> None:
         self.state["rest"] = True
         _replace_json(self.path / STATE, self.state)

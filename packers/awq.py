@@ -24,11 +24,33 @@ class AWQScaleResult:
     scales: torch.Tensor  # (K,) fp32: balanced linears' inputs are divided by s, weights multiplied
     ratio: float | None  # the best alpha; None when no scaling beat plain RTN (s = 1)
     rtn_loss: float  # block-output MSE with plain RTN weights (s = 1)
-    losses: list[float] = field(default_factory=list)  # block-output MSE per alpha on the grid
+    losses: list[float | None] = field(default_factory=list)  # MSE per alpha on the grid; None: not evaluated
+    search: str = "full"  # the grid search that ran (`scheme.AWQ_SEARCHES`)
+    fell_back: bool = False  # the fast search saw a loss curve that is not unimodal and ran the full grid
+    # With the full grid: the ratio the fast search picks on the same losses, and its loss.
+    fast_ratio: float | None = None
+    fast_loss: float | None = None
 
     @property
     def best_loss(self) -> float:
-        return min([self.rtn_loss, *self.losses])
+        return min([self.rtn_loss, *(v for v in self.losses if v is not None)])
+
+    @property
+    def evaluated(self) -> int:
+        """Block evaluations spent on the grid (the RTN candidate not counted)."""
+        return sum(v is not None for v in self.losses)
+
+    def summary(self) -> dict[str, object]:
+        """The search, for a report: the grid losses (None: not evaluated), the evaluations
+        spent, and, with the full grid, the fast search's choice on the same losses and how
+        much higher its loss is (0.0: the same choice)."""
+        out: dict[str, object] = {"search": self.search, "evaluated": self.evaluated, "losses": self.losses}
+        if self.search == "fast":
+            out["fell_back"] = self.fell_back
+        else:
+            out["fast_ratio"] = self.fast_ratio
+            out["fast_loss_excess"] = self.fast_loss - self.best_loss
+        return out
 
 
 def weight_magnitude(weights: Sequence[torch.Tensor], group_size: int) -> torch.Tensor:
@@ -60,6 +82,47 @@ def linear_output_mse(delta: torch.Tensor, H: torch.Tensor, tokens: int) -> floa
     return float(((d @ H.float()) * d).sum()) / (tokens * d.shape[0])
 
 
+def unimodal(values: Sequence[float]) -> bool:
+    """True when `values` strictly decrease to their minimum, then strictly increase (a tie
+    anywhere is not unimodal: the argmin could then depend on the points looked at)."""
+    k = min(range(len(values)), key=values.__getitem__)
+    down = all(a > b for a, b in zip(values[:k], values[1 : k + 1]))
+    up = all(a < b for a, b in zip(values[k:], values[k + 1 :]))
+    return down and up
+
+
+def search_grid(loss_at: Callable[[int], float], n: int, search: str, step: int) -> bool:
+    """Call `loss_at(i)` on grid indices 0..n-1 so that the smallest loss is among those looked at.
+
+    "full": every index. "fast" (coarse to fine): the coarse indices 0, step, 2·step, ... and
+    n-1, then every index between the coarse minimum's two coarse neighbours. When the
+    losses over the grid are unimodal the grid's minimum lies in that bracket, so this finds
+    it exactly, in at most 12 of 20 evaluations at step 4. The points looked at are checked:
+    when the coarse points, or all points looked at (in grid order), are not unimodal (a tie
+    included), every remaining index is evaluated: the full grid. What it cannot see is a
+    dip of the loss at indices it never looked at. Returns True when it fell back.
+    """
+    if search == "full" or n <= 2:
+        for i in range(n):
+            loss_at(i)
+        return False
+    seen: dict[int, float] = {}
+
+    def look(indices: Sequence[int]) -> bool:
+        for i in indices:
+            if i not in seen:
+                seen[i] = loss_at(i)
+        return unimodal([seen[i] for i in sorted(seen)])
+
+    coarse = sorted({*range(0, n, step), n - 1})
+    if look(coarse):
+        j = min(range(len(coarse)), key=lambda c: seen[coarse[c]])
+        if look(range(coarse[max(j - 1, 0)], coarse[min(j + 1, len(coarse) - 1)] + 1)):
+            return False
+    look(range(n))
+    return True
+
+
 def awq_search_scale(
     x_abs_mean: torch.Tensor,
     weights: Sequence[torch.Tensor],
@@ -69,7 +132,9 @@ def awq_search_scale(
     *,
     gram: tuple[torch.Tensor, int] | None = None,
 ) -> AWQScaleResult:
-    """Grid-search the per-input-channel scale s (K,) shared by the balanced linears.
+    """Search the per-input-channel scale s (K,) shared by the balanced linears over the grid
+    alpha in {0, 1/grid, ..., (grid-1)/grid} (`scheme.search`: every point, or coarse to
+    fine, `search_grid`); loss = mean squared error of the block outputs.
 
     x_abs_mean: (K,) mean |x| per input channel of the balanced linears' common input.
     weights: the balanced linears' weights, each (N_i, K), unscaled.
@@ -80,8 +145,8 @@ def awq_search_scale(
     gram: (H = XᵀX (K, K), T) when the inspected block is the one balanced linear itself
         (up -> down, v -> o): the loss is then `linear_output_mse`, the same MSE (a bias
         cancels) without running the block; forward and reference_output may be None.
-    For alpha in {0, 1/grid, ..., (grid-1)/grid}; loss = mean squared error of the outputs.
-    Plain RTN (s = 1) is also measured and kept when no alpha beats it.
+    Plain RTN (s = 1) is also measured and kept when no alpha beats it; among equal losses
+    the smallest alpha wins, so both searches choose alike whenever they see the minimum.
     """
     w_mean = weight_magnitude(weights, scheme.group_size) if scheme.duo_scaling else None
     ref = None if gram is not None else reference_output.float()
@@ -97,17 +162,40 @@ def awq_search_scale(
         return float((forward(effective).float() - ref).pow(2).mean())
 
     ones = torch.ones(x_abs_mean.shape[0], device=weights[0].device)
+    x = x_abs_mean.to(ones.device)
+    losses: list[float | None] = [None] * scheme.grid
+
+    def loss_at(i: int) -> float:
+        losses[i] = loss_with(candidate_scales(x, i / scheme.grid, w_mean))
+        return losses[i]
+
     rtn_loss = loss_with(ones)
-    best: tuple[float, float | None, torch.Tensor] = (rtn_loss, None, ones)
-    losses: list[float] = []
-    for i in range(scheme.grid):
-        ratio = i / scheme.grid
-        s = candidate_scales(x_abs_mean.to(ones.device), ratio, w_mean)
-        loss = loss_with(s)
-        losses.append(loss)
-        if loss < best[0]:
-            best = (loss, ratio, s)
-    return AWQScaleResult(scales=best[2].cpu(), ratio=best[1], rtn_loss=rtn_loss, losses=losses)
+    fell_back = search_grid(loss_at, scheme.grid, scheme.search, scheme.search_step)
+    best = choose(losses, rtn_loss)
+    ratio = None if best is None else best / scheme.grid
+    s = ones if best is None else candidate_scales(x, ratio, w_mean)  # elementwise, deterministic: the tensor scored
+    found = AWQScaleResult(s.cpu(), ratio, rtn_loss, losses, scheme.search, fell_back)
+    if scheme.search == "full":  # what the fast search would choose on these very losses
+        fast: list[float | None] = [None] * scheme.grid
+
+        def seen(i: int) -> float:
+            fast[i] = losses[i]
+            return fast[i]
+
+        search_grid(seen, scheme.grid, "fast", scheme.search_step)
+        i = choose(fast, rtn_loss)
+        found.fast_ratio, found.fast_loss = (None, rtn_loss) if i is None else (i / scheme.grid, fast[i])
+    return found
+
+
+def choose(losses: Sequence[float | None], rtn_loss: float) -> int | None:
+    """The grid index of the smallest loss looked at (the first among equals), or None when
+    none is strictly below plain RTN's: the full grid's rule since the first session."""
+    best, best_loss = None, rtn_loss
+    for i, loss in enumerate(losses):
+        if loss is not None and loss < best_loss:
+            best, best_loss = i, loss
+    return best
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ SCALE_DTYPES = ("float32", "bfloat16", "float16")
 GRANULARITIES = ("tensor", "channel", "block")
 ACTIVATION_SCHEMES = ("dynamic", "static")
 KV_CACHE_SCHEMES = ("fp8",)
+AWQ_SEARCHES = ("fast", "full")
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,12 @@ class AWQScheme(QuantScheme):
     """AWQ (Lin et al. 2023): activation-aware scale search, then clipping search.
 
     grid: number of ratios alpha in [0, 1) tried for s = mean|x|^alpha (§3.2).
+    search: how the grid is searched: "full" (every ratio, as AutoAWQ) or "fast" (coarse to
+        fine: every `search_step`-th ratio, then every ratio between the best one's coarse
+        neighbours; exact where the loss over alpha is unimodal, the full grid where the
+        points it saw are not). See `packers/awq.search_grid`. Full by default: on the demo
+        model the loss over alpha is unimodal on few mappings, so the fast search mostly
+        falls back and saves little (README, "How calibration runs").
     duo_scaling: also divide by mean|w|^(1-alpha) (AutoAWQ's default).
     clip: run the weight-clipping search after scaling.
     clip_grid / max_shrink: clip thresholds max*(1 - i/clip_grid) for i < max_shrink*clip_grid.
@@ -137,6 +144,8 @@ class AWQScheme(QuantScheme):
     method: ClassVar[str] = "awq"
     symmetric: bool = False
     grid: int = 20
+    search: str = "full"
+    search_step: int = 4
     duo_scaling: bool = True
     clip: bool = True
     clip_grid: int = 20
@@ -148,6 +157,10 @@ class AWQScheme(QuantScheme):
         super().__post_init__()
         if self.grid < 1 or self.clip_grid < 1:
             raise BadInput(f"grid={self.grid}, clip_grid={self.clip_grid}: use at least 1 point")
+        if self.search not in AWQ_SEARCHES:
+            raise BadInput(f"AWQ search {self.search!r} is not supported; use one of {', '.join(AWQ_SEARCHES)}")
+        if self.search_step < 2:
+            raise BadInput(f"search_step={self.search_step} is not supported; use 2 or more grid points")
         if not 0.0 <= self.max_shrink < 1.0:
             raise BadInput(f"max_shrink={self.max_shrink} is not supported; use a fraction in [0, 1)")
 

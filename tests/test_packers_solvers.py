@@ -228,7 +228,7 @@ def test_awq_gram_loss_equals_running_the_linear():
     W = torch.randn(48, 128, generator=gen)
     b = torch.randn(48, generator=gen)
     X = _correlated_inputs(2048, 128, seed=13)
-    scheme = AWQScheme(group_size=32)
+    scheme = AWQScheme(group_size=32, search="full")  # every grid point's loss compared
     direct = awq_search_scale(X.abs().mean(0), [W], lambda eff: X @ eff[0].T + b, X @ W.T + b, scheme)
     fast = awq_search_scale(X.abs().mean(0), [W], None, None, scheme, gram=(X.T @ X, X.shape[0]))
     assert fast.ratio == direct.ratio and torch.equal(fast.scales, direct.scales)

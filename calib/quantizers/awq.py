@@ -42,7 +42,7 @@ from infer_tool.calib.quantizers.awq_fold import fold_scales, smooth_channels
 from infer_tool.calib.quantizers.awq_moe import ExpertsAWQ
 from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record
 from infer_tool.calib.stats import StatsAccumulator
-from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale
+from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale, unimodal
 from infer_tool.packers.rtn import quantize_rtn
 
 
@@ -58,12 +58,13 @@ class MappingResult:
     loss: float | None = None
     rtn_loss: float | None = None
     skipped: str | None = None
+    search: dict[str, Any] | None = None  # `AWQScaleResult.summary()`: grid losses, evaluations, fast vs full
 
     def to_dict(self) -> dict[str, Any]:
         head = {"layer": self.layer, "smooth": self.smooth, "balance": self.balance}
         if self.skipped is not None:
             return {**head, "skipped": self.skipped}
-        return {**head, "ratio": self.ratio, "loss": self.loss, "rtn_loss": self.rtn_loss}
+        return {**head, "ratio": self.ratio, "loss": self.loss, "rtn_loss": self.rtn_loss, **(self.search or {})}
 
 
 class AWQQuantizer(LayerQuantizer):
@@ -72,6 +73,24 @@ class AWQQuantizer(LayerQuantizer):
 
     def stats_refusal(self, scheme: Any) -> str | None:
         return "--stats works with --method gptq or rtn: AWQ's scale search needs block outputs on live activations"
+
+    def notes(self, result: Any, scheme: Any) -> list[str]:
+        """One line on the ratio search: with the full grid, how often the loss over alpha was
+        unimodal and how often the fast search would choose the same ratio; with the fast one,
+        the evaluations it spent and its fallbacks (per mapping: the report's "awq" entries)."""
+        searched = [e for e in result.method_report.get("awq", []) if "losses" in e]
+        if not searched:
+            return []
+        n, grid = len(searched), len(searched[0]["losses"])
+        if scheme.search == "full":
+            curves = sum(unimodal(e["losses"]) for e in searched)
+            same = sum(e["fast_ratio"] == e["ratio"] for e in searched)
+            return [f"AWQ full grid search: the loss over alpha was unimodal on {curves} of {n} mappings; the fast "
+                    f"search (--awq-search fast) would choose the same ratio on {same} of {n}"]
+        spent = sum(e["evaluated"] for e in searched)
+        fell = sum(e["fell_back"] for e in searched)
+        return [f"AWQ fast search: {spent} of {n * grid} grid evaluations; the full grid on the {fell} of {n} mappings "
+                "whose loss over alpha was not unimodal where it looked"]
 
     def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         Y = self._search_fold_quantize(ctx, scheme)[: ctx.error_chunks]
@@ -175,6 +194,7 @@ class AWQQuantizer(LayerQuantizer):
             for b, w in zip(balance, originals):
                 set_weight_nk(b, w, arch.conv1d)
         entry.ratio, entry.loss, entry.rtn_loss = found_scale.ratio, found_scale.best_loss, found_scale.rtn_loss
+        entry.search = found_scale.summary()
         entries.append(entry.to_dict())
         return found_scale.scales
 
