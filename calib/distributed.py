@@ -164,8 +164,10 @@ def chunks(items: Iterable[T], start: int = 0) -> Iterator[T]:
         _chunk = None
 
 
-def current_chunk() -> int | None:
-    return _chunk
+def current_chunk(calls: int) -> int:
+    """The global index of the chunk being run; outside `chunks`, this process's chunk
+    `calls` (each call of the caller counting as one chunk)."""
+    return _shard.first + calls if _chunk is None else _chunk
 
 
 def fail_for_test(layer: int) -> None:
@@ -200,27 +202,23 @@ def _push(stack: list[Node], level: int, index: int, value: torch.Tensor | None,
 
 
 class TreeSum:
-    """The pairwise float64 sum over the global chunk index (module docstring) of what
-    `add` is given; `add` without a chunk being run (`chunks`) counts each call as a chunk."""
+    """The pairwise float64 sum over the global chunk index (module docstring) of the leaves
+    `at` hands out, one per chunk; the caller adds that chunk's terms into its leaf."""
 
     def __init__(self) -> None:
         self.stack: list[Node] = []
         self.leaf: Node | None = None
-        self.calls = 0
 
-    def add(self, contribution: Callable[[torch.Tensor | None], torch.Tensor]) -> None:
-        """`contribution(leaf)` adds this call's terms to the current chunk's leaf (None: a new
-        leaf) and returns it."""
-        index = current_chunk()
-        if index is None:
-            index = _shard.first + self.calls
-        self.calls += 1
+    def at(self, index: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The leaf of chunk `index` (`make()`, zeros, when new); chunks come in order."""
         if self.leaf is not None and self.leaf[1] != index:
             if index < self.leaf[1]:
                 raise ValueError(f"chunk {index} after chunk {self.leaf[1]}: chunks must come in order")
             _push(self.stack, *self.leaf, origin=_shard.first)
             self.leaf = None
-        self.leaf = (0, index, contribution(None if self.leaf is None else self.leaf[2]))
+        if self.leaf is None:
+            self.leaf = (0, index, make())
+        return self.leaf[2]
 
     def total(self, like: torch.Tensor) -> torch.Tensor:
         """The sum over every process's chunks (a collective under several processes); zeros

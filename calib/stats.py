@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from infer_tool.calib.distributed import TreeSum, all_max, all_sum
+from infer_tool.calib.distributed import TreeSum, all_max, all_sum, current_chunk
 from infer_tool.common.errors import BadInput, untrusted
 from infer_tool.common.outdir import check_out_dir, make_readable
 
@@ -65,6 +65,7 @@ class StatsAccumulator:
         self.abs_sum = TreeSum()  # (K,) fp64 Σ |x|
         self.abs_max = 0.0
         self.tokens = 0
+        self.calls = 0
         self.device: torch.device | None = None
 
     @torch.no_grad()
@@ -75,29 +76,19 @@ class StatsAccumulator:
         if x.shape[0] == 0:
             return
         self.device = x.device
-        K = self.in_features
-        pieces = [x[start : start + self.chunk_tokens].float() for start in range(0, x.shape[0], self.chunk_tokens)]  # (t, K)
-
-        def abs_sum(leaf: torch.Tensor | None) -> torch.Tensor:
-            leaf = torch.zeros(K, dtype=torch.float64, device=x.device) if leaf is None else leaf
-            for xc in pieces:
-                leaf += xc.abs().sum(0).double()  # fp32 within a piece, fp64 across
-            return leaf
-
-        def xx(leaf: torch.Tensor | None) -> torch.Tensor:
-            leaf = torch.zeros(K, K, dtype=torch.float64, device=x.device) if leaf is None else leaf
-            b = self.block
-            for xc in pieces:
-                for i in range(0, K, b):
-                    leaf[i : i + b, i:] += (xc[:, i : i + b].T @ xc[:, i:]).double()
-            return leaf
-
-        self.abs_sum.add(abs_sum)
-        if self.hessian:
-            self.xx.add(xx)
-        for xc in pieces:
+        K, b = self.in_features, self.block
+        index = current_chunk(self.calls)
+        self.calls += 1
+        for start in range(0, x.shape[0], self.chunk_tokens):
+            xc = x[start : start + self.chunk_tokens].float()  # (t, K)
+            self.abs_sum.at(index, lambda: torch.zeros(K, dtype=torch.float64, device=x.device)).add_(
+                xc.abs().sum(0).double())  # fp32 within a piece, fp64 across
             lo, hi = torch.aminmax(xc)
             self.abs_max = max(self.abs_max, -float(lo), float(hi))
+            if self.hessian:
+                leaf = self.xx.at(index, lambda: torch.zeros(K, K, dtype=torch.float64, device=x.device))
+                for i in range(0, K, b):
+                    leaf[i : i + b, i:] += (xc[:, i : i + b].T @ xc[:, i:]).double()
         self.tokens += int(x.shape[0])
 
     def result(self, empty_ok: bool = False) -> LayerStats | None:
