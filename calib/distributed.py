@@ -120,10 +120,6 @@ _shard = Shard()
 _chunk: int | None = None  # the global index of the chunk being run, while a layer runs
 
 
-def shard() -> Shard:
-    return _shard
-
-
 @contextlib.contextmanager
 def sharding(s: Shard) -> Iterator[None]:
     """While open, this process's chunks are `s` (the pipeline's run)."""
@@ -154,7 +150,7 @@ def plan_shard(samples: int, batch_size: int, needs_data: bool, first_chunks: in
 
 def chunks(items: Iterable[T], start: int = 0) -> Iterator[T]:
     """Iterate this process's per-chunk `items` (local chunk `start`, ...), marking each as the
-    chunk being run, so `TreeSum.add` files what it sees under the global chunk index."""
+    chunk being run, so the statistics file what they see under the global chunk index."""
     global _chunk
     try:
         for k, item in enumerate(items, start):
