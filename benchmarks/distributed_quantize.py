@@ -24,6 +24,7 @@ differ here, so equality is reported, not required).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -85,7 +86,7 @@ def launch(processes: int, threads: int | None, args: list[str], work: Path) -> 
     peaks = [json.loads(p.read_text())["peak_rss_mib"] for p in rss.glob("rss-*.json")]
     return {"wall": wall, "quantize": report["seconds"]["quantize"], "rss": max(peaks),
             "cuda": report["memory"].get("cuda_peak_mib", float("nan")), "samples": report["calibration"]["samples_per_process"],
-            "checkpoint": (out / "model.safetensors").read_bytes()}
+            "checkpoint": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()}
 
 
 def main() -> None:
