@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, get_submodule
+from infer_tool.calib.distributed import chunks, gather_terms
 from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.common.errors import BadInput
 
@@ -132,9 +133,10 @@ def group_of(arch: Architecture, name: str) -> str:
 
 
 def relative_error(Y_hat: list[torch.Tensor], Y: list[torch.Tensor]) -> float:
-    """‖Ŷ − Y‖ / ‖Y‖ over every chunk, in float64."""
-    num = sum(float((a.double() - b.double()).pow(2).sum()) for a, b in zip(Y_hat, Y))
-    den = sum(float(b.double().pow(2).sum()) for b in Y)
+    """‖Ŷ − Y‖ / ‖Y‖ over every chunk (of every process), in float64, summed in chunk order."""
+    terms = gather_terms([(float((a.double() - b.double()).pow(2).sum()), float(b.double().pow(2).sum())) for a, b in zip(Y_hat, Y)])
+    num = sum(t[0] for t in terms)
+    den = sum(t[1] for t in terms)
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
@@ -195,9 +197,9 @@ def capture_inputs(
 
 
 @torch.no_grad()
-def run_layer(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall]) -> list[torch.Tensor]:
-    """The layer's outputs for each input chunk."""
-    return [first(layer(x, *c.args, **c.kwargs)) for x, c in zip(X, calls)]
+def run_layer(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], start: int = 0) -> list[torch.Tensor]:
+    """The layer's outputs for each input chunk (X[0] being this process's chunk `start`)."""
+    return [first(layer(x, *c.args, **c.kwargs)) for x, c in chunks(zip(X, calls), start)]
 
 
 @torch.no_grad()
@@ -209,7 +211,7 @@ def run_until(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], s
 
     handle = stop_at.register_forward_pre_hook(stop)
     try:
-        for x, c in zip(X, calls):
+        for x, c in chunks(zip(X, calls)):
             try:
                 layer(x, *c.args, **c.kwargs)
             except StopForward:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import EXPERT_PROJECTIONS, Architecture, MoE, get_submodule
+from infer_tool.calib.distributed import all_sum
 from infer_tool.calib.layers import StopForward, decoder_layers
 from infer_tool.common.errors import BadInput
 
@@ -189,9 +190,11 @@ def all_tokens(moe: MoeLayer | None, on: bool = True) -> Iterator[None]:
 class Routing:
     """What the experts of one block were called with, per chunk: x (t, H) the block's
     (normed, flattened) input, index (t, k) the chosen experts, weight (t, k) their weights;
-    counts (E,) int64 the tokens routed to each expert over every call."""
+    counts (E,) int64 the tokens routed to each expert over every call, and `total` the tokens
+    of every call (both over every process once the capture has ended)."""
 
     counts: torch.Tensor
+    total: int = 0
     x: list[torch.Tensor] = field(default_factory=list)
     index: list[torch.Tensor] = field(default_factory=list)
     weight: list[torch.Tensor] = field(default_factory=list)
@@ -204,7 +207,7 @@ class Routing:
 
     def tokens(self, j: int, mode: str) -> int:
         """The calibration tokens expert j computes on in `mode`."""
-        return sum(int(x.shape[0]) for x in self.x) if mode == "all" else int(self.counts[j])
+        return self.total if mode == "all" else int(self.counts[j])
 
 
 @contextlib.contextmanager
@@ -217,6 +220,7 @@ def capturing_routing(moe: MoeLayer, keep_chunks: int = 0, stop: bool = False) -
     def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
         x, index, weight = args[:3]
         routing.counts += torch.bincount(index.reshape(-1).cpu(), minlength=len(moe))[: len(moe)]
+        routing.total += int(x.shape[0])
         if seen[0] < keep_chunks:
             routing.x.append(x)
             routing.index.append(index)
@@ -230,6 +234,8 @@ def capturing_routing(moe: MoeLayer, keep_chunks: int = 0, stop: bool = False) -
         yield routing
     finally:
         handle.remove()
+    summed = all_sum(torch.cat([routing.counts, torch.tensor([routing.total])]))
+    routing.counts, routing.total = summed[:-1], int(summed[-1])
 
 
 @dataclass

@@ -26,6 +26,10 @@ job streams them from disk. Peak memory: the model's weights (or one layer, stre
 the calibration activations X, Y (B, T, D) on the device; GPTQ also keeps the current
 layer's attention and MLP outputs (B, T, D) and, while down_proj is solved, its input (B, T, I).
 
+Under `accelerate launch` / `torchrun`, each process runs its own contiguous chunks of the
+calibration samples through every layer, and the statistics are reduced so that every
+process, and the checkpoint, get the one-process bits (`calib/distributed.py`).
+
 This module knows no quantization method by name, nothing about file formats or the CLI.
 """
 
@@ -38,6 +42,7 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, architecture_for, check_model, get_submodule
+from infer_tool.calib.distributed import Shard, fail_for_test, gather_counts, plan_shard, sharding
 from infer_tool.calib.layer_io import LayerIO
 from infer_tool.calib.layers import (
     LayerCall,
@@ -100,6 +105,14 @@ def _chunks(samples: int, batch_size: int) -> int:
     return max(1, -(-samples // batch_size))
 
 
+def _capture(model: nn.Module, arch: Architecture, ids: torch.Tensor, bs: int, dev: torch.device, shard: Shard,
+             result: PipelineResult) -> tuple[list[torch.Tensor], list[list[LayerCall]]]:
+    """This process's chunks through the embeddings; the samples each process runs go in `result`."""
+    mine = ids[shard.first * bs : shard.stop * bs]
+    result.samples_per_process = gather_counts(int(mine.shape[0]))
+    return capture_inputs(model, arch, mine, bs, dev)
+
+
 def _run_layers(
     model: nn.Module, arch: Architecture, X: list[torch.Tensor], calls: list[list[LayerCall]], step: LayerStep,
     make_context: MakeContext, moe: MoeCalibration, result: PipelineResult, dev: torch.device, task: str,
@@ -114,6 +127,7 @@ def _run_layers(
         layer, prefix = layers[i], f"{arch.layers}.{i}"
         io.load(i, layer, dev)
         Y, Y_hat = step(make_context(layer, prefix, X, calls[i], arch.for_layer(layer), moe_layer(layer, arch, moe)))
+        fail_for_test(i)
         err = relative_error(Y_hat[: len(Y)], Y)
         result.layer_errors.append(LayerError(prefix, err))
         del Y
@@ -168,17 +182,21 @@ def quantize_model(
         result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - targets))
         model.eval()
         search_chunks, error_chunks = _chunks(search_samples, bs), _chunks(ERROR_SAMPLES, bs)
-        ids = input_ids[: error_chunks * bs] if quantizer.needs(scheme).data_free else input_ids
+        needs = quantizer.needs(scheme)
+        ids = input_ids[: error_chunks * bs] if needs.data_free else input_ids
         result.tokens = int(ids.numel())
-        X, calls = capture_inputs(model, arch, ids, bs, dev)
-        result.seconds["capture"] = time.perf_counter() - t0
+        shard = plan_shard(int(ids.shape[0]), bs, not needs.data_free, search_chunks if needs.live_blocks else 0)
+        errors, searches = shard.local(error_chunks), shard.local(search_chunks)
 
         def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
                     moe_block: MoeLayer | None) -> LayerContext:
-            return LayerContext(layer, prefix, X, calls, view, targets, result, error_chunks, search_chunks, moe_block)
+            return LayerContext(layer, prefix, X, calls, view, targets, result, errors, searches, moe_block)
 
-        _run_layers(model, arch, X, calls, lambda ctx: quantizer.quantize_layer(ctx, scheme), context, moe,
-                    result, dev, "quantize", progress or no_progress, layer_io or LayerIO())
+        with sharding(shard):
+            X, calls = _capture(model, arch, ids, bs, dev, shard, result)
+            result.seconds["capture"] = time.perf_counter() - t0
+            _run_layers(model, arch, X, calls, lambda ctx: quantizer.quantize_layer(ctx, scheme), context, moe,
+                        result, dev, "quantize", progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 
@@ -219,15 +237,17 @@ def collect_stats(
         _refuse_moe(arch, "calibrate")
         result = PipelineResult(tokens=int(input_ids.numel()))
         model.eval()
-        X, calls = capture_inputs(model, arch, input_ids, bs, dev)
-        result.seconds["capture"] = time.perf_counter() - t0
+        shard = plan_shard(int(input_ids.shape[0]), bs, True, 0)
 
         def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
                     moe_block: MoeLayer | None) -> LayerContext:
             return LayerContext(layer, prefix, X, calls, view, set(), result, len(X), 0, moe_block)
 
-        _run_layers(model, arch, X, calls, _measure_stats, context, MoeCalibration(), result, dev, "calibrate",
-                    progress or no_progress, layer_io or LayerIO())
+        with sharding(shard):
+            X, calls = _capture(model, arch, input_ids, bs, dev, shard, result)
+            result.seconds["capture"] = time.perf_counter() - t0
+            _run_layers(model, arch, X, calls, _measure_stats, context, MoeCalibration(), result, dev, "calibrate",
+                        progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 

@@ -67,7 +67,7 @@ def replay_points(
             points[g] = point
         elif isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) and torch.equal(out[0], lin):
             points[g] = ReplayPoint(point.parent, point.linear, len(out) - 1)
-    return Y + run_layer(layer, X[1:], calls[1:]), points
+    return Y + run_layer(layer, X[1:], calls[1:], start=1), points
 
 
 @contextlib.contextmanager

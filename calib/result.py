@@ -43,3 +43,4 @@ class PipelineResult:
     ignored: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     tokens: int = 0
+    samples_per_process: list[int] = field(default_factory=list)  # calibration sequences each process ran (rank order)

@@ -3,8 +3,9 @@ is accumulated, saved and loaded.
 
 For inputs x (K,) seen over T tokens:
 - `H` (K, K) fp32 = (1/T) Σ 2·x·xᵀ, the GPTQ Hessian of the layer-wise loss ‖WX − ŴX‖²
-  (Frantar et al. 2022, §2 eq. 1). Accumulated as an fp64 sum of per-chunk fp32 products,
-  upper block triangle only (H is symmetric: a third to 40% fewer flops), mirrored at the end.
+  (Frantar et al. 2022, §2 eq. 1). Accumulated as an fp64 pairwise sum over calibration
+  chunks of per-chunk fp32 products, upper block triangle only (H is symmetric: a third to
+  40% fewer flops), mirrored at the end.
 - `act_abs_mean` (K,) = (1/T) Σ |x|, the per-input-channel magnitude AWQ scales by
   (Lin et al. 2023, §3.2).
 - `act_abs_max` = max |x| over every token and channel.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from infer_tool.calib.distributed import TreeSum, all_max, all_sum, current_chunk
 from infer_tool.common.errors import BadInput, untrusted
 from infer_tool.common.outdir import check_out_dir, make_readable
 
@@ -47,51 +49,77 @@ class LayerStats:
 
 
 class StatsAccumulator:
-    """Running sums for one linear input; `add(x)` with x (..., K), `result()` at the end."""
+    """Sums for one linear input; `add(x)` with x (..., K), `result()` at the end.
+
+    Each calibration chunk's terms are summed in float64 (fp32 products within a piece of
+    `chunk_tokens` tokens); the chunks' sums are added pairwise over the chunk index, and
+    across processes in the same order (`calib/distributed.py`): one process and several
+    give the same bits. Memory: Σ x xᵀ of one chunk plus at most ⌈log₂ chunks⌉ + 1 partial sums."""
 
     def __init__(self, in_features: int, hessian: bool = True, chunk_tokens: int = 8192, block: int = 256) -> None:
         self.in_features = in_features
         self.hessian = hessian
         self.chunk_tokens = chunk_tokens
         self.block = -(-in_features // -(-in_features // block))  # rows per block-row of the triangular Σ x xᵀ (equal splits)
-        self.xx: torch.Tensor | None = None  # (K, K) fp64 Σ x xᵀ, upper block triangle filled
-        self.abs_sum: torch.Tensor | None = None  # (K,) fp64 Σ |x|
+        self.xx = TreeSum()  # (K, K) fp64 Σ x xᵀ, upper block triangle filled
+        self.abs_sum = TreeSum()  # (K,) fp64 Σ |x|
         self.abs_max = 0.0
         self.tokens = 0
+        self.calls = 0
+        self.device: torch.device | None = None
 
     @torch.no_grad()
     def add(self, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-1])  # (T, K)
         if x.shape[1] != self.in_features:
             raise ValueError(f"input has {x.shape[1]} features, expected {self.in_features}")
-        if self.abs_sum is None:
-            self.abs_sum = torch.zeros(self.in_features, dtype=torch.float64, device=x.device)
-            if self.hessian:
-                self.xx = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=x.device)
+        if x.shape[0] == 0:
+            return
+        self.device = x.device
+        K, b = self.in_features, self.block
+        index = current_chunk(self.calls)
+        self.calls += 1
         for start in range(0, x.shape[0], self.chunk_tokens):
             xc = x[start : start + self.chunk_tokens].float()  # (t, K)
-            self.abs_sum += xc.abs().sum(0).double()  # fp32 within a chunk, fp64 across
+            self.abs_sum.at(index, lambda: torch.zeros(K, dtype=torch.float64, device=x.device)).add_(
+                xc.abs().sum(0).double())  # fp32 within a piece, fp64 across
             lo, hi = torch.aminmax(xc)
             self.abs_max = max(self.abs_max, -float(lo), float(hi))
-            if self.xx is not None:
-                b = self.block
-                for i in range(0, self.in_features, b):
-                    self.xx[i : i + b, i:] += (xc[:, i : i + b].T @ xc[:, i:]).double()
+            if self.hessian:
+                leaf = self.xx.at(index, lambda: torch.zeros(K, K, dtype=torch.float64, device=x.device))
+                for i in range(0, K, b):
+                    leaf[i : i + b, i:] += (xc[:, i : i + b].T @ xc[:, i:]).double()
         self.tokens += int(x.shape[0])
 
-    def result(self) -> LayerStats:
-        if self.tokens == 0 or self.abs_sum is None:
+    def result(self, empty_ok: bool = False) -> LayerStats | None:
+        """The statistics over every process's tokens (a collective under several processes);
+        with `empty_ok`, None when no token reached this input anywhere."""
+        tokens = int(all_sum(torch.tensor([self.tokens]))[0])
+        if tokens == 0:
+            self.xx, self.abs_sum = TreeSum(), TreeSum()
+            if empty_ok:
+                return None
             raise ValueError("no calibration tokens reached this layer")
+        dev = self.device or (torch.device("cuda", torch.cuda.current_device()) if _nccl() else torch.device("cpu"))
+        K = self.in_features
+        abs_sum = self.abs_sum.total(torch.zeros(K, dtype=torch.float64, device=dev))
         H = None
-        if self.xx is not None:
-            xx = self.xx.triu() + self.xx.triu(1).T  # the upper triangle lies within the summed blocks
-            H = (2.0 * xx / self.tokens).float().cpu()
+        if self.hessian:
+            xx = self.xx.total(torch.zeros(K, K, dtype=torch.float64, device=dev))
+            xx = xx.triu() + xx.triu(1).T  # the upper triangle lies within the summed blocks
+            H = (2.0 * xx / tokens).float().cpu()
         return LayerStats(
             H=H,
-            act_abs_mean=(self.abs_sum / self.tokens).float().cpu(),
-            act_abs_max=self.abs_max,
-            tokens=self.tokens,
+            act_abs_mean=(abs_sum / tokens).float().cpu(),
+            act_abs_max=all_max([self.abs_max])[0],
+            tokens=tokens,
         )
+
+
+def _nccl() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
 
 
 def relative_output_error(W: torch.Tensor, W_hat: torch.Tensor, H: torch.Tensor) -> float:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from infer_tool.common.errors import BadInput, QualityGateFailed
+from infer_tool.common.errors import BadInput, PeerFailed, QualityGateFailed
 from infer_tool.common.jsonout import to_json
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (BadInput, QualityGateFailed) as e:
+        except (BadInput, QualityGateFailed, PeerFailed) as e:
             raise fail(str(e).replace("\n", " "), e.exit_code) from None
         except KeyboardInterrupt as e:
             raise fail(f"interrupted{_notes(e)}", 130) from None

@@ -20,6 +20,12 @@ class QualityGateFailed(RuntimeError):
     exit_code = 3
 
 
+class PeerFailed(RuntimeError):
+    """Another process of a multi-process run failed (it printed why); this one stops (exit 1)."""
+
+    exit_code = 1
+
+
 def cause(e: BaseException) -> str:
     """One line describing an exception: its first message line, or its type."""
     text = str(e).strip()

@@ -21,7 +21,6 @@ What this module does not know: how the model was loaded or quantized.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -87,28 +86,11 @@ def make_windows(n_tokens: int, seq_len: int, stride: int | None = None) -> list
     return windows
 
 
-def _dist() -> tuple[int, int]:
-    """(rank, world size) under accelerate launch / torchrun, else (0, 1)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        from accelerate import PartialState
-
-        PartialState()  # initialises the process group from the launcher's env
-    return dist.get_rank(), dist.get_world_size()
-
-
 def finish_distributed() -> None:
-    """Leave the process group cleanly (a barrier, then destroy it); without this, a rank
-    that exits while its peer still holds the connection can abort at shutdown."""
-    import torch.distributed as dist
+    """Leave the process group cleanly (`calib/distributed.finish`)."""
+    from infer_tool.calib.distributed import finish
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    finish()
 
 
 def window_nll(model: Any, ids: Any, window: Window) -> float:
@@ -155,7 +137,9 @@ def evaluate_ppl(
         ids = ids[:max_tokens]
     check_vocab(model, ids)
     windows = make_windows(ids.numel(), seq_len, stride)
-    rank, world = _dist()
+    from infer_tool.calib.distributed import world as dist_world
+
+    rank, world = dist_world()
     mine = list(range(rank, len(windows), world))
     nll = torch.zeros(len(windows), dtype=torch.float64)
     t0 = time.perf_counter()

@@ -42,6 +42,8 @@ class CalibrateReport:
     note: str
     seconds: float
     memory: dict[str, float]
+    world_size: int = 1  # processes the calibration ran on (accelerate launch / torchrun)
+    samples_per_process: list[int] | None = None  # calibration sequences each process ran, in rank order
 
     def meta(self) -> dict[str, Any]:
         """What is saved beside the statistics (stats_index.json's `meta`)."""
@@ -74,6 +76,7 @@ def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Prog
     import torch
 
     from infer_tool.calib.corpora import calibration_batch
+    from infer_tool.calib.distributed import finish, stop_on_sigterm, world
     from infer_tool.calib.layers import peak_memory
     from infer_tool.calib.models import load_model
     from infer_tool.calib.pipeline import collect_stats, plan
@@ -83,13 +86,19 @@ def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Prog
     loaded = load_model(opts.model, device="cpu", allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
     plan(loaded.model, None)
     ids = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
+    rank, world_size = world()
+    if world_size > 1:
+        stop_on_sigterm()
     result = collect_stats(loaded.model, ids, device=dev, progress=progress)
     report = CalibrateReport(
         out=opts.out, model=opts.model, model_path=str(loaded.path), model_type=loaded.model.config.model_type,
         calib=opts.calib, num_samples=opts.num_samples, seq_len=opts.seq_len, seed=opts.seed, tokens=result.tokens,
         measured_on="fp model (no layer quantized)", linears=len(result.stats), note=STATS_NOTE, seconds=0.0, memory={},
+        world_size=world_size, samples_per_process=result.samples_per_process,
     )
-    save_stats(result.stats, Path(opts.out), meta=report.meta(), overwrite=overwrite)
+    if rank == 0:  # every process holds the same statistics
+        save_stats(result.stats, Path(opts.out), meta=report.meta(), overwrite=overwrite)
+    finish()
     report.seconds = time.perf_counter() - t0
     report.memory = peak_memory(torch.device(dev))
     return report

@@ -175,3 +175,15 @@ def check_fits(est: MemoryEstimate, max_memory: str | None, dev: str) -> None:
         raise BadInput(f"this run needs about {est.device / 2**30:.2f} GiB of {dev} memory (estimate), more than the "
                        f"{device_limit / 2**30:.2f} GiB free there; lower --num-samples / --seq-len / --eval-tokens, "
                        "or raise the limit with --max-memory HOST,DEVICE")
+
+
+def check_processes(opts: Any) -> None:
+    """Under several processes (`accelerate launch`), refuse what only one process does."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return
+    for given, flag, why in ((opts.stats, "--stats", "it runs no calibration to split"),
+                             (opts.eval, "--eval", "evaluate the checkpoint with `accelerate launch infer-tool eval ppl`"),
+                             (opts.resume, "--resume", "run it in one process")):
+        if given:
+            raise BadInput(f"{flag} does not work across {world} processes: {why}")

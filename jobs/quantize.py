@@ -44,6 +44,8 @@ class Calibration:
     seed: int | None
     from_stats: str | None = None  # a `calibrate` directory, when reused
     note: str | None = None
+    world_size: int | None = None  # processes the calibration ran on (accelerate launch / torchrun)
+    samples_per_process: list[int] | None = None  # calibration sequences each process ran, in rank order
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k in ("corpus",)}
@@ -141,7 +143,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.common.device import check_device
     from infer_tool.common.outdir import check_out_dir
-    from infer_tool.jobs.preflight import parse_limits
+    from infer_tool.jobs.preflight import check_processes, parse_limits
     from infer_tool.jobs.run_dir import check_progress
     from infer_tool.packers.checkpoint import REPORT_NAME, get_format
     from infer_tool.packers.shards import parse_size
@@ -174,6 +176,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     parse_size(opts.max_shard_size, "--max-shard-size")
     parse_limits(opts.max_memory)
     check_progress(opts.out, opts.resume)
+    check_processes(opts)
     if kind == "dir":  # the architecture table, before the weights are read
         config = read_config(path)
         model_type = config.get("model_type")
@@ -208,7 +211,7 @@ def quantize(
     from infer_tool.calib.quantizers import quantizer_for
     from infer_tool.calib.streaming import open_model
     from infer_tool.jobs import preflight
-    from infer_tool.jobs.run_dir import RunDir, model_fingerprint, run_key
+    from infer_tool.jobs.run_dir import NoRun, RunDir, model_fingerprint, run_key
     from infer_tool.packers.checkpoint import REPORT_NAME
 
     seconds: dict[str, float] = {}
@@ -249,7 +252,13 @@ def quantize(
     key = run_key({"model": model_fingerprint(loaded.path), "device": torch.device(dev).type, "calib_ids": calib_ids,
                    "eval_ids": eval_ids, "torch": torch.__version__,
                    "options": {k: v for k, v in to_dict(opts).items() if k not in UNKEYED_OPTIONS}})
-    run, note = RunDir.open(opts.out, key, len(decoder_layers(lm, arch)), opts.resume)
+    from infer_tool.calib.distributed import finish, stop_on_sigterm, world
+
+    rank, world_size = world()
+    if world_size > 1:
+        stop_on_sigterm()  # under several processes only process 0 keeps progress (and --resume is refused)
+    n_layers = len(decoder_layers(lm, arch))
+    run, note = RunDir.open(opts.out, key, n_layers, opts.resume) if rank == 0 else (NoRun(n_layers), None)
     if note:
         report.notes.append(note)
     from infer_tool.jobs.quantize_run import kv_scales_of, kv_tensors, run_layers, write_output
@@ -259,7 +268,8 @@ def quantize(
                                                    eval_ids, dev, progress, seconds)
         seconds["quantize"] -= seconds.get("stream.eval_layers", 0.0)
         if stats_meta is None:
-            report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
+            report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed,
+                                             world_size=world_size, samples_per_process=result.samples_per_process)
         else:
             meta = stats_meta
             if meta.get("model_path") not in (None, str(loaded.path)):
@@ -290,20 +300,25 @@ def quantize(
         report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
         report.seconds = seconds
         t = time.perf_counter()
-        write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
-                     extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name),
-                     rename=arch.checkpoint_name, unquantized=routers(lm, arch))
+        if rank == 0:
+            write_output(run, lm, result.quantized, fmt, scheme, opts, loaded.path, overwrite, store_dtype,
+                         extra_files={REPORT_NAME: _to_json(report)}, extra_tensors=kv_tensors(result.kv_amax, fmt.name),
+                         rename=arch.checkpoint_name, unquantized=routers(lm, arch))
     except BadInput:
         run.remove()  # the input must change: nothing to resume
         raise
     except BaseException as e:
-        if run.path.exists():
+        if world_size > 1:
+            run.remove()  # a run across processes does not resume
+        elif run.path.exists():
             e.__notes__ = [*getattr(e, "__notes__", []), resume_hint(run)]
         raise
     seconds["write"] = time.perf_counter() - t
     seconds["total"] = time.perf_counter() - t_start
     report.memory = {**peak_memory(torch.device(dev)), **estimate.to_dict()}
-    (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
+    if rank == 0:
+        (Path(opts.out) / REPORT_NAME).write_text(_to_json(report))  # the final timings, write included
+    finish()  # the other processes wait until the checkpoint is written
     return report
 
 

@@ -145,6 +145,27 @@ class RunDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+class NoRun(RunDir):
+    """A run directory that writes nothing: every process but the first under `accelerate
+    launch` (process 0 keeps the parts and writes the checkpoint)."""
+
+    def __init__(self, n_layers: int) -> None:
+        super().__init__(Path(f".infer-tool-nothing-written-{os.getpid()}"),
+                         {"key": "", "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False})
+
+    def write_tensors(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def rest_written(self) -> None:
+        self.state["rest"] = True
+
+    def layer_finished(self, index: int, inputs: dict[str, torch.Tensor], result: dict[str, Any]) -> None:
+        self.state["layers_done"] = index + 1
+
+    def remove(self) -> None:
+        pass
+
+
 def check_progress(out: str | os.PathLike[str], resume: bool) -> None:
     """Refuse to start over an interrupted run's progress without --resume."""
     path = partial_dir(out)

@@ -4,6 +4,8 @@ block (`awq_fold.fold_scales`, the one apply step), then the clip search and RTN
 The searches are `packers/awq`'s.
 
 - The searches run on the first `search_chunks` chunks; the activation statistics use all.
+  Across processes, the searches run on process 0 (which holds those chunks) and their
+  scales and clip thresholds are broadcast (`calib/distributed.on_first`).
 - Where the inspected block is the balanced linear itself (up -> down, v -> o), the
   output MSE comes from the Gram matrix XᵀX instead of re-running the linear for each
   candidate: the same losses, fewer flops.
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodule
+from infer_tool.calib.distributed import on_first
 from infer_tool.calib.layers import (
     LayerCall,
     capturing_calls,
@@ -112,7 +115,8 @@ class AWQQuantizer(LayerQuantizer):
         for group in arch.groups:
             for n in group:
                 result.stats[ctx.full(n)] = stats[group[0]]
-        x_sub = {k: torch.cat([x.reshape(-1, x.shape[-1]) for x in v]) for k, v in keep.items()}  # (t, K) per group
+        # (t, K) per group; None on a process without search chunks (the searches run on process 0)
+        x_sub = {k: torch.cat([x.reshape(-1, x.shape[-1]) for x in v]) if v else None for k, v in keep.items()}
 
         # 1. scale search for every mapping on the fp block, then fold them all (as AutoAWQ).
         found: list[tuple[AWQMapping, torch.Tensor]] = []
@@ -126,7 +130,8 @@ class AWQQuantizer(LayerQuantizer):
         for m, s in found:
             fold_scales(get_submodule(layer, m.smooth), [get_submodule(layer, b) for b in m.balance], s, m, arch)
             key = group_of(arch, m.balance[0])
-            x_sub[key] = x_sub[key] / s.to(x_sub[key].device).view(1, -1)
+            if x_sub[key] is not None:
+                x_sub[key] = x_sub[key] / s.to(x_sub[key].device).view(1, -1)
         if experts:
             experts.fold()
 
@@ -170,18 +175,21 @@ class AWQQuantizer(LayerQuantizer):
             with torch.no_grad():
                 return torch.cat([first(module(*c.args, **c.kwargs)) for c in icalls[m.inspect]])
 
-        gram = None
-        if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
-            T = sum(c.args[0].numel() // K for c in icalls[m.inspect])
-            N, n = sum(int(o.shape[0]) for o in originals), scheme.grid + 1
-            if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
-                x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
-                gram = (x.T @ x, T)
-        try:
-            found_scale = awq_search_scale(
+        def search() -> Any:
+            gram = None
+            if m.balance == (m.inspect,):  # the block is the linear: its output MSE from XᵀX
+                T = sum(c.args[0].numel() // K for c in icalls[m.inspect])
+                N, n = sum(int(o.shape[0]) for o in originals), scheme.grid + 1
+                if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
+                    x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
+                    gram = (x.T @ x, T)
+            return awq_search_scale(
                 x_abs_mean().to(originals[0].device),
                 originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram,
             )
+
+        try:
+            found_scale = on_first(search)  # process 0 holds the search chunks
         finally:
             for b, w in zip(balance, originals):
                 set_weight_nk(b, w, arch.conv1d)
@@ -195,8 +203,10 @@ class AWQQuantizer(LayerQuantizer):
         empty: RTN only."""
         module = ctx.module(n)
         W = weight_nk(module, ctx.arch.conv1d).detach().float()
-        if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0]:
-            W = apply_awq_clip(W, awq_search_clip(W, x, scheme))
+        clip = on_first(lambda: awq_search_clip(W, x, scheme).cpu()
+                        if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0] else None)
+        if clip is not None:
+            W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_rtn(W, None, scheme), ctx.arch, None)
 
 

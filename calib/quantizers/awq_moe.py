@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from infer_tool.calib.architectures import AWQMapping
+from infer_tool.calib.distributed import on_first
 from infer_tool.calib.layers import LayerCall, StopForward, capturing_inputs
 from infer_tool.calib.moe import Routing, all_tokens, capturing_routing
 from infer_tool.calib.quantizers.awq_fold import fold_scales
@@ -65,7 +66,7 @@ class ExpertsAWQ:
                 all_tokens(self.moe, self.moe.calibration.mode == "all"):
             yield
         self.routing = routing
-        self.stats = {k: a.result() for k, a in accs.items() if a.tokens}
+        self.stats = {k: st for k, a in accs.items() if (st := a.result(empty_ok=True)) is not None}
         ctx.count_tokens(routing)
 
     def rows(self, j: int | None) -> list[torch.Tensor]:
@@ -77,7 +78,19 @@ class ExpertsAWQ:
 
     def search(self, search_mapping: Callable[..., torch.Tensor | None], icalls: dict[str, list[LayerCall]],
                iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]]) -> None:
-        """The norm -> every gate/up search, then each expert's up -> down (fp weights)."""
+        """The norm -> every gate/up search, then each expert's up -> down (fp weights); on
+        process 0, which holds the search chunks: the scales and entries reach every process."""
+        before = len(entries)
+
+        def run() -> tuple[list[tuple[AWQMapping, torch.Tensor, int | None]], list[dict[str, Any]]]:
+            self._search(search_mapping, icalls, iouts, entries)
+            return self.found, entries[before:]
+
+        self.found, found_entries = on_first(run)
+        entries[before:] = found_entries
+
+    def _search(self, search_mapping: Callable[..., torch.Tensor | None], icalls: dict[str, list[LayerCall]],
+                iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]]) -> None:
         ctx = self.ctx
         if self.moe.smooth:
             s = search_mapping(ctx, self.mapping, self.scheme, lambda: self.stats["in"].act_abs_mean, icalls, iouts, entries)
@@ -117,11 +130,11 @@ class ExpertsAWQ:
         """Fold every scale found; the norm's also into the router (and the shared gate)."""
         ctx = self.ctx
         for m, s, j in self.found:
-            extra = [ctx.module(n) for n in self.moe.unquantized] if m is self.mapping else []
+            extra = [ctx.module(n) for n in self.moe.unquantized] if m == self.mapping else []
             fold_scales(ctx.module(m.smooth), [ctx.module(b) for b in m.balance] + extra, s, m, ctx.arch)
-            if m is self.mapping:
+            if m == self.mapping:
                 self.s_in = s
-            else:
+            elif j in self.x_down:  # process 0 only
                 self.x_down[j] = self.x_down[j] / s.to(self.x_down[j].device).view(1, -1)
 
     def quantize(self, clip_and_record: Callable[[LayerContext, str, Any, torch.Tensor | None], None]) -> None:

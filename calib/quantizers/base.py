@@ -73,8 +73,7 @@ class LayerContext:
 
     def count_tokens(self, routing: Routing) -> None:
         """Report the tokens routed to each expert (`routing` saw every chunk of X)."""
-        tokens = sum(x.numel() // x.shape[-1] for x in self.X)
-        self.result.expert_tokens.append(ExpertTokens.of(self.prefix, routing.counts, tokens, self.moe.calibration.min_tokens))
+        self.result.expert_tokens.append(ExpertTokens.of(self.prefix, routing.counts, routing.total, self.moe.calibration.min_tokens))
 
     def starved(self, routing: Routing, j: int) -> str | None:
         """Why expert j falls back to RTN (routed mode, too few tokens), or None."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from infer_tool.calib.distributed import all_max, all_sum, chunks
 from infer_tool.calib.kv_scales import recording_kv
 from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, weight_nk
 from infer_tool.calib.moe import Routing, capturing_routing
@@ -113,7 +114,7 @@ class Fp8Quantizer(LayerQuantizer):
         if scheme.kv_cache == "fp8":
             with recording_kv(layer, f"{ctx.prefix}.") as kv:
                 run_layer(layer, ctx.X, ctx.calls)
-            ctx.result.kv_amax.update(kv)
+            ctx.result.kv_amax.update(_over_processes(kv))
         return Y, run_counting(ctx) if ctx.moe is not None and routing is None else run_layer(layer, ctx.X, ctx.calls)
 
     def _quantize_experts(self, ctx: LayerContext, scheme: Fp8Scheme, routing: Routing | None) -> None:
@@ -141,7 +142,7 @@ def _expert_stats(ctx: LayerContext, names: tuple[str, str, str], rows: list[tor
     acc = {"in": StatsAccumulator(ctx.module(gate).in_features, hessian=hessian), "down": StatsAccumulator(head.in_features, hessian=hessian)}
     expert = ctx.module(down.rpartition(".")[0])
     with capturing_inputs({"down": head}, accs=acc, stop=True):
-        for x in rows:
+        for x in chunks(rows):
             acc["in"].add(x)
             try:
                 expert(x)
@@ -149,6 +150,16 @@ def _expert_stats(ctx: LayerContext, names: tuple[str, str, str], rows: list[tor
                 pass
     st = acc["in"].result()
     return {gate: st, up: st, down: acc["down"].result()}
+
+
+def _over_processes(kv: dict[str, Any]) -> dict[str, Any]:
+    """Each attention's KV amax (MAX) and tokens (sum) over every process."""
+    names = sorted(kv)
+    amax = all_max([a for n in names for a in (kv[n].k_amax, kv[n].v_amax)])
+    tokens = all_sum(torch.tensor([kv[n].tokens for n in names], dtype=torch.int64)).tolist()
+    for i, n in enumerate(names):
+        kv[n].k_amax, kv[n].v_amax, kv[n].tokens = amax[2 * i], amax[2 * i + 1], tokens[i]
+    return kv
 
 
 QUANTIZER = Fp8Quantizer()

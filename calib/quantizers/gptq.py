@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from infer_tool.calib.distributed import chunks
 from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, run_until, weight_nk
 from infer_tool.calib.moe import Routing, capturing_routing
 from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record, record_rtn_fallback
@@ -43,7 +44,9 @@ class GPTQQuantizer(LayerQuantizer):
 
     def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
-        Y, points = replay_points(layer, arch, X[: ctx.error_chunks], calls[: ctx.error_chunks])
+        e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
+        Y, points = replay_points(layer, arch, X[:e], calls[:e])
+        Y = Y[: ctx.error_chunks]
         cached: dict[int, list[torch.Tensor]] = {}  # group index -> its quantized linear's outputs, per chunk
         for g, group in enumerate(arch.groups):
             todo = [n for n in group if ctx.is_target(n)]
@@ -107,7 +110,7 @@ class GPTQQuantizer(LayerQuantizer):
             expert, head = ctx.module(down.rpartition(".")[0]), ctx.module(down)
             acc = {"down": StatsAccumulator(head.in_features, hessian=True)}
             with capturing_inputs({"down": head}, accs=acc, stop=True):
-                for x in routing.x if every_row(j) else routing.rows(j, mode):
+                for x in chunks(routing.x if every_row(j) else routing.rows(j, mode)):
                     try:
                         expert(x)
                     except StopForward:
@@ -136,7 +139,7 @@ class GPTQQuantizer(LayerQuantizer):
 
 def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
     acc = StatsAccumulator(gate.in_features, hessian=True)
-    for x in rows:
+    for x in chunks(rows):
         acc.add(x)
     return acc.result()
 

@@ -67,12 +67,15 @@ def _quantize_command() -> Any:
             opts = apply_demo(opts, given)
             if opts.out is None:
                 opts.out = fresh_dir(f"{DEMO_MODEL}-{opts.method}-w4g{opts.group_size}")
+        from infer_tool.jobs.eval_ppl import rank0
         from infer_tool.jobs.quantize import check, quantize as run
 
-        check(opts, overwrite)  # before any progress bar or library noise
+        _checked(lambda: check(opts, overwrite))  # before any progress bar or library noise
         quiet_libraries()
-        with progress_bar(not no_progress) as bar:
+        with progress_bar(rank0() and not no_progress) as bar:
             report = run(opts, overwrite=overwrite, recipe=recipe, progress=bar)
+        if not rank0():  # under accelerate launch, process 0 reports
+            return
         if json_:
             emit_json(report)
             if report.unmatched_ignore:  # the table's notes say it otherwise
@@ -87,6 +90,20 @@ def _quantize_command() -> Any:
             )
 
     return with_parameters(quantize, params)
+
+
+def _checked(check: Any) -> None:
+    """Run the option checks; under accelerate launch every process finds the same bad
+    option, and only process 0 says so (the others exit 2 silently)."""
+    from infer_tool.common.errors import BadInput
+    from infer_tool.jobs.eval_ppl import rank0
+
+    try:
+        check()
+    except BadInput:
+        if not rank0():
+            raise typer.Exit(2) from None
+        raise
 
 
 def _print_report(report: Any) -> None:
@@ -142,6 +159,7 @@ def _calibrate_command() -> Any:
         from infer_tool.calib.recipe import merge
         from infer_tool.common.errors import BadInput
         from infer_tool.jobs.calibrate import CalibrateOptions, calibrate as run
+        from infer_tool.jobs.eval_ppl import rank0
 
         overwrite, json_, no_progress = (kwargs.pop(k) for k in ("overwrite", "json_", "no_progress"))
         for name in ("model", "out"):
@@ -150,8 +168,10 @@ def _calibrate_command() -> Any:
         opts = merge({}, kwargs)
         copts = CalibrateOptions(**{k: getattr(opts, k) for k in CALIBRATE_OPTIONS})
         quiet_libraries()
-        with progress_bar(not no_progress) as bar:
+        with progress_bar(rank0() and not no_progress) as bar:
             report = run(copts, overwrite=overwrite, progress=bar)
+        if not rank0():  # under accelerate launch, process 0 reports
+            return
         if json_:
             emit_json(report)
             return
