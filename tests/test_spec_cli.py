@@ -1,6 +1,7 @@
 """`infer-tool spec-profile` end to end on tiny saved models with a word-level tokenizer."""
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def test_json_contract(files) -> None:
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["target"] == str(files["target"]) and report["basis"] == "measured"
-    assert report["tokens_decoded"] == 3 * 7 and report["verify_costs"]["0"] == pytest.approx(1, abs=0.5)
+    # v(0) is a ratio of two timings (about 1 on a quiet machine): only its sanity is a contract here
+    v0 = report["verify_costs"]["0"]
+    assert report["tokens_decoded"] == 3 * 7 and math.isfinite(v0) and v0 > 0
     assert [d["name"] for d in report["drafts"]] == ["truncated:1", "ngram:3", str(files["draft"])]
     for d in report["drafts"]:
         assert {"name", "alpha", "alpha_ci", "cost_ratio", "per_k", "best_k", "best_k_basis"} <= set(d)
