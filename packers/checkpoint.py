@@ -256,6 +256,19 @@ def publish(tmp: Path, out: Path) -> None:
         tmp.rename(out)
 
 
+def assemble(
+    tmp: Path, out: Path, specs: Sequence[Any], load: Callable[[str], torch.Tensor], model: nn.Module,
+    config: Mapping[str, Any], src_dir: str | os.PathLike[str] | None, extra_files: Mapping[str, str | bytes] | None,
+    max_shard_bytes: int,
+) -> None:
+    """The checkpoint's shards from `specs` / `load(name)`, its config and copied files, all in
+    `tmp`, then renamed to `out` (the caller removes `tmp` on failure)."""
+    write_shards(tmp, specs, load, max_shard_bytes,
+                 total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None)
+    fill_directory(tmp, model, config, src_dir, extra_files)
+    publish(tmp, out)
+
+
 def write_checkpoint(
     model: nn.Module,
     quantized: Mapping[str, Any],
@@ -298,10 +311,8 @@ def write_checkpoint(
         tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
         if rename is not None:
             tensors = {rename(k): v for k, v in tensors.items()}
-        write_shards(tmp, *in_memory(tensors), max_shard_bytes, total_parameters=model.num_parameters()
-                     if hasattr(model, "num_parameters") else None)
-        fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)
-        publish(tmp, out)
+        assemble(tmp, out, *in_memory(tensors), model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype),
+                 src_dir, extra_files, max_shard_bytes)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -20,14 +20,13 @@ from infer_tool.common.outdir import check_out_dir
 from infer_tool.packers.checkpoint import (
     DEFAULT_SHARD_BYTES,
     REPORT_NAME,
+    assemble,
     checkpoint_config,
-    fill_directory,
     get_format,
     ignored_linears,
-    publish,
 )
 from infer_tool.packers.safetensors_stream import spec_of
-from infer_tool.packers.shards import PartFiles, write_shards
+from infer_tool.packers.shards import PartFiles
 
 
 def write_from_parts(
@@ -63,10 +62,8 @@ def write_from_parts(
     tmp.mkdir(parents=True)
     try:
         specs = [replace(s, name=n) for n, s in zip(stored, source.specs())] + [spec_of(n, t) for n, t in extra.items()]
-        write_shards(tmp, specs, lambda n: extra[n] if n in extra else source.load(stored[n]), max_shard_bytes,
-                     total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None)
-        fill_directory(tmp, model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files)
-        publish(tmp, out)
+        assemble(tmp, out, specs, lambda n: extra[n] if n in extra else source.load(stored[n]), model,
+                 checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files, max_shard_bytes)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
