@@ -1,13 +1,15 @@
-"""AWQ's fast ratio search against the full grid, in the same run: the choices per mapping,
-how often the loss over alpha is unimodal, the evaluations spent, and the time.
+"""AWQ's cheaper ratio searches against the full grid, in the same run: the choices per
+mapping, how often the loss over alpha is unimodal, the float32 evaluations spent, and the time.
 
     python benchmarks/awq_search.py                      # the demo job's calibration (32 x 512), asym and sym
     python benchmarks/awq_search.py --num-samples 128    # the README protocol's calibration
     python benchmarks/awq_search.py --tiny               # the tiny models of every architecture in tests/test_pipeline.py
+    python benchmarks/awq_search.py --search screen      # the bfloat16-screened search (the default) instead of fast
 
 Each configuration quantizes a fresh copy of the model twice on the same calibration ids,
-`search="full"` (every ratio) then `search="fast"` (coarse to fine; `packers/awq.search_grid`),
-alternating which goes first over `--runs`. Per mapping it prints the ratio each chose;
+`search="full"` (every ratio) then `--search` ("fast": coarse to fine, `packers/awq.search_grid`;
+"screen": bfloat16 screen, float32 near the minimum, `packers/awq.screen_grid`; called "fast"
+in the table's columns), alternating which goes first over `--runs`. Per mapping it prints the ratio each chose;
 where they differ, the loss of the fast choice above the full grid's minimum (on the full
 run's losses: comparable while the layer's inputs are the same, i.e. up to the first
 difference). It checks whether every quantized tensor is bit-identical between the two
@@ -66,19 +68,19 @@ def same_weights(a: Any, b: Any) -> bool:
 
 
 def compare(label: str, model: torch.nn.Module, ids: torch.Tensor, scheme_args: dict, runs: int, batch_size: int | None,
-            table: list[dict]) -> dict:
+            table: list[dict], other: str = "fast") -> dict:
     from infer_tool.packers.scheme import make_scheme
 
-    times: dict[str, list[tuple[float, float]]] = {"full": [], "fast": []}
+    times: dict[str, list[tuple[float, float]]] = {"full": [], other: []}
     results: dict[str, Any] = {}
     for r in range(runs):
-        for search in (("full", "fast") if r % 2 == 0 else ("fast", "full")):
+        for search in (("full", other) if r % 2 == 0 else (other, "full")):
             result, total, search_s = quantize(copy.deepcopy(model), ids, make_scheme("awq", search=search, **scheme_args),
                                                batch_size)
             times[search].append((total, search_s))
             results[search] = result
     full = [e for e in results["full"].method_report["awq"] if "skipped" not in e]
-    fast = [e for e in results["fast"].method_report["awq"] if "skipped" not in e]
+    fast = [e for e in results[other].method_report["awq"] if "skipped" not in e]
     diverged = False
     for a, b in zip(full, fast):
         losses = a["losses"]
@@ -88,17 +90,17 @@ def compare(label: str, model: torch.nn.Module, ids: torch.Tensor, scheme_args: 
             excess = mine - a["loss"]
         table.append({"config": label, "layer": a["layer"], "smooth": a["smooth"], "full": a["ratio"], "fast": b["ratio"],
                       "losses": losses, "rtn_loss": a["rtn_loss"], "fast_losses": b["losses"],
-                      "simulated": a["fast_ratio"], "evaluated": b["evaluated"], "fell_back": b["fell_back"],
+                      "simulated": a["fast_ratio"], "evaluated": b["evaluated"], "fell_back": b.get("fell_back", False),
                       "unimodal": unimodal(losses), "excess": excess, "diverged": diverged})
         diverged = diverged or a["ratio"] != b["ratio"]
     med = {k: (statistics.median(t for t, _ in v), statistics.median(s for _, s in v)) for k, v in times.items()}
     return {"config": label, "mappings": len(full), "unimodal": sum(unimodal(e["losses"]) for e in full),
             "same": sum(a["ratio"] == b["ratio"] for a, b in zip(full, fast)),
             "simulated_same": sum(a["ratio"] == a["fast_ratio"] for a in full),
-            "fell_back": sum(b["fell_back"] for b in fast),
+            "fell_back": sum(b.get("fell_back", False) for b in fast),
             "evaluated_full": sum(a["evaluated"] for a in full), "evaluated_fast": sum(b["evaluated"] for b in fast),
-            "identical": same_weights(results["full"], results["fast"]),
-            "full_s": med["full"][0], "fast_s": med["fast"][0], "full_search_s": med["full"][1], "fast_search_s": med["fast"][1]}
+            "identical": same_weights(results["full"], results[other]),
+            "full_s": med["full"][0], "fast_s": med[other][0], "full_search_s": med["full"][1], "fast_search_s": med[other][1]}
 
 
 def fmt_ratio(r: float | None) -> str:
@@ -117,6 +119,7 @@ def main() -> None:
     ap.add_argument("--mappings", action="store_true", help="print every mapping, not only those that differ")
     ap.add_argument("--threads", type=int, help="torch threads (default torch's; 1 is steadier on a shared machine)")
     ap.add_argument("--layers", type=int, help="keep only the first N decoder layers of --model (a quicker look)")
+    ap.add_argument("--search", choices=("fast", "screen"), default="fast", help="the search compared with the full grid")
     ap.add_argument("--dump", help="write every mapping's entries (both searches, grid losses) to this JSON file")
     args = ap.parse_args()
 
@@ -136,7 +139,7 @@ def main() -> None:
                 continue  # Conv1D: quantize refuses it for INT4 formats
             for sym in args.symmetry:
                 summaries.append(compare(f"{model_type} {sym}", tiny_model(model_type), ids(), dict(group_size=32, symmetric=sym == "sym"),
-                                         args.runs, 4, table))
+                                         args.runs, 4, table, args.search))
                 print(summaries[-1], file=sys.stderr, flush=True)
     else:
         from infer_tool.calib.corpora import calibration_batch
@@ -152,7 +155,8 @@ def main() -> None:
         for sym in args.symmetry:
             layers = f", first {args.layers} layers" if args.layers else ""
             summaries.append(compare(f"{args.model}{layers} {sym} g{args.group_size} {args.num_samples}x{args.seq_len}", loaded.model,
-                                     calib, dict(group_size=args.group_size, symmetric=sym == "sym"), args.runs, None, table))
+                                     calib, dict(group_size=args.group_size, symmetric=sym == "sym"), args.runs, None, table,
+                                     args.search))
             print(summaries[-1], file=sys.stderr, flush=True)
     load1 = os.getloadavg()
     if args.dump:
@@ -161,8 +165,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores; load average "
           f"{load0[0]:.2f} at the start, {load1[0]:.2f} at the end; median of {args.runs} run(s) per search")
     print()
-    print("| config | mappings | unimodal | fast = full | simulated fast = full | fell back | evaluations full / fast "
-          "| weights identical | full s (search) | fast s (search) | search time fast / full |")
+    o = args.search
+    print(f"| config | mappings | unimodal | {o} = full | simulated fast = full | fell back | float32 evaluations full / {o} "
+          f"| weights identical | full s (search) | {o} s (search) | search time {o} / full |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
     for s in summaries:
         print(f"| {s['config']} | {s['mappings']} | {s['unimodal']} | {s['same']} | {s['simulated_same']} | {s['fell_back']} | "
@@ -172,7 +177,7 @@ def main() -> None:
     rows = [t for t in table if args.mappings or t["full"] != t["fast"] or not t["unimodal"]]
     if rows:
         print()
-        print("| config | layer | smooth | alpha full | alpha fast | evaluated | fell back | unimodal | fast loss - full loss |")
+        print(f"| config | layer | smooth | alpha full | alpha {o} | evaluated | fell back | unimodal | {o} loss - full loss |")
         print("|---|---|---|---:|---:|---:|---|---|---:|")
         for t in rows:
             excess = "" if t["full"] == t["fast"] else ("(inputs differ upstream)" if t["diverged"] else f"{t['excess']:.3e}")

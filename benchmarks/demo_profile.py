@@ -2,7 +2,7 @@
 AWQ asym g64, 32 x 512 calibration tokens, ppl on 8,192 tokens before and after), run
 in-process with timers around its stages.
 
-    python benchmarks/demo_profile.py [--num-samples 32] [--layers N] [--awq-search full|fast]
+    python benchmarks/demo_profile.py [--num-samples 32] [--layers N] [--awq-search full|fast|screen]
 
 Timers are inclusive and wrap the library functions the job calls (nothing in the job is
 changed): the model load, tokenizing, the two perplexity runs, the whole layer loop, and
@@ -66,6 +66,9 @@ def instrument() -> None:
     def search_with_timed_forward(x_abs_mean: Any, weights: Any, forward: Any, *args: Any, **kwargs: Any) -> Any:
         if forward is not None:
             forward = timed("    block forwards of candidates", forward)
+        if kwargs.get("screen") is not None:
+            forward_lo, reference_lo = kwargs["screen"]
+            kwargs["screen"] = (timed("    bfloat16 block forwards (the screen)", forward_lo), reference_lo)
         return search(x_abs_mean, weights, forward, *args, **kwargs)
 
     qawq.awq_search_scale = timed("  scale search", search_with_timed_forward)
@@ -75,7 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-samples", type=int, default=None, help="default: the demo's")
     ap.add_argument("--layers", type=int, default=None, help="quantize only the first N decoder layers")
-    ap.add_argument("--awq-search", choices=("full", "fast"), default=None, help="default: the scheme's")
+    ap.add_argument("--awq-search", choices=("full", "fast", "screen"), default=None, help="default: the scheme's")
     args = ap.parse_args()
 
     instrument()

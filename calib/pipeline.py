@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -160,6 +161,7 @@ def quantize_model(
     moe: MoeCalibration = MoeCalibration(),
     progress: Progress | None = None,
     layer_io: LayerIO | None = None,
+    spill: Path | None = None,
 ) -> PipelineResult:
     """Quantize `model`'s decoder linears in place (their weights become the dequantized
     values, AWQ scales folded) layer by layer on `input_ids` (B, T) calibration tokens.
@@ -170,6 +172,8 @@ def quantize_model(
     batch_size: sequences per layer forward; None: BATCH_SIZE, or CPU_BATCH_TOKENS' worth on a CPU.
     layer_io: where the layers come from and go (`calib/layer_io.py`); default: all in memory.
     moe: how MoE experts are calibrated (every expert on every token, or routed only).
+    spill: a directory where a quantizer keeps the activations it only reads back in order
+        (GPTQ's replayed outputs), on a CPU run; None: in memory.
     """
     dev = _device(device)
     bs = _batch_size(batch_size, dev, input_ids.shape[1])
@@ -190,7 +194,7 @@ def quantize_model(
 
         def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
                     moe_block: MoeLayer | None) -> LayerContext:
-            return LayerContext(layer, prefix, X, calls, view, targets, result, errors, searches, moe_block)
+            return LayerContext(layer, prefix, X, calls, view, targets, result, errors, searches, moe_block, spill)
 
         with sharding(shard):
             X, calls = _capture(model, arch, ids, bs, dev, shard, result)

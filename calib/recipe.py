@@ -72,8 +72,9 @@ class QuantizeOptions:
                                     bool, flag="--act-order/--no-act-order", scheme="act_order")
     damp: float | None = option(None, "GPTQ dampening, fraction of mean diag(H).", float, scheme="damp")
     awq_search: str | None = option(
-        None, "AWQ ratio search: full (every ratio of the grid) or fast (coarse to fine; exact where the loss over "
-              "alpha is unimodal, the full grid where the ratios it looked at are not).", str, scheme="search")
+        None, "AWQ ratio search: full (every ratio of the grid, in float32), screen (every ratio with the block in "
+              "bfloat16, the close ones again in float32) or fast (coarse to fine; exact where the loss over alpha is "
+              "unimodal, the full grid where the ratios it looked at are not).", str, scheme="search")
     fp8_granularity: str | None = option(None, "FP8 weight scales: tensor, channel or block (128x128).", str, scheme="granularity")
     fp8_activations: str | None = option(
         None, "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).", str,

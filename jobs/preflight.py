@@ -10,8 +10,9 @@ width D, the MLP's width I):
   copy); loaded whole, every parameter in float32;
 - calibration: the layer inputs X and outputs Ŷ (2·T·D), the rotary tables, one chunk's
   way through a layer (the attention's and MLP's intermediates), the solver's copies of
-  the largest weight, and what the method keeps: with a Hessian (GPTQ) the replayed
-  attention and MLP outputs and the down_proj input (2·T·D + T·I) and H with its factors;
+  the largest weight, and what the method keeps: with a Hessian (GPTQ) H with its
+  factors and, unless a streamed CPU run keeps them in a file (`calib/spill.py`), the
+  replayed attention and MLP outputs and the down_proj input (2·T·D + T·I);
   with activation statistics (AWQ) the fp block outputs Y (T·D); a data-free method (RTN)
   runs only the ERROR_SAMPLES sequences;
 - eval (--eval): the fp and quantized hidden states of every window (2·E·D), and the
@@ -99,7 +100,7 @@ def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str
              "calibration.forward": F32 * chunk * (6 * D + 4 * inter) + 2 * F32 * chunk * heads * opts.seq_len,
              # the solver's copies of the largest weight (W, its rounding, the dequantized values)
              "calibration.solve": 6 * F32 * D * inter}
-    if needs.hessian:
+    if needs.hessian and (loaded.stream_plan is None or dev.startswith("cuda")):  # a streamed CPU run spills them
         calib["calibration.replayed+down_input"] = 2 * act + F32 * T * inter
         calib["calibration.hessian"] = 4 * F32 * inter * inter  # H, its inverse and Cholesky factor, a copy
     if needs.activation_stats or needs.live_blocks:

@@ -13,8 +13,8 @@ scores, and the checkpoint assembled from the finished layers' parts.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,6 +56,15 @@ def kv_tensors(kv_amax: dict[str, Any], fmt_name: str) -> dict[str, Any] | None:
     from infer_tool.packers.fp8_formats import kv_scale_tensors
 
     return kv_scale_tensors(kv_amax, fmt_name)
+
+
+def spill_dir(loaded: Any, run: Any, dev: str) -> Path | None:
+    """Where a streamed CPU run keeps the activations it only reads back (GPTQ's replayed
+    outputs, `calib/spill.py`): its run directory; None (in memory) when the model is loaded
+    whole or the activations live on an accelerator."""
+    if loaded.stream_plan is None or not dev.startswith("cpu") or not run.path.is_dir():
+        return None
+    return run.path
 
 
 def run_layers(
@@ -131,7 +140,7 @@ def run_layers(
         from infer_tool.jobs.moe_report import moe_calibration
 
         result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, moe=moe_calibration(opts),
-                                progress=progress, layer_io=stream)
+                                progress=progress, layer_io=stream, spill=spill_dir(loaded, run, dev))
     seconds["quantize"] = time.perf_counter() - t
     seconds.update({f"quantize.{k}": v for k, v in result.seconds.items()})
     seconds.update({f"stream.{k}": v for k, v in stream.seconds_spent.items()})

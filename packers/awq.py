@@ -26,7 +26,9 @@ class AWQScaleResult:
     rtn_loss: float  # block-output MSE with plain RTN weights (s = 1)
     losses: list[float | None] = field(default_factory=list)  # MSE per alpha on the grid; None: not evaluated
     search: str = "full"  # the grid search that ran (`scheme.AWQ_SEARCHES`)
-    fell_back: bool = False  # the fast search saw a loss curve that is not unimodal and ran the full grid
+    fell_back: bool = False  # fast: a loss curve that is not unimodal; screen: so inexact that every ratio was scored
+    screen_losses: list[float] | None = None  # screen: the low-precision MSE per alpha (every grid point)
+    screen_error: float | None = None  # screen: the spread of L_lo / L where both were measured (`screen_grid`)
     # With the full grid: the ratio the fast search picks on the same losses, and its loss.
     fast_ratio: float | None = None
     fast_loss: float | None = None
@@ -47,6 +49,8 @@ class AWQScaleResult:
         out: dict[str, object] = {"search": self.search, "evaluated": self.evaluated, "losses": self.losses}
         if self.search == "fast":
             out["fell_back"] = self.fell_back
+        elif self.search == "screen":
+            out.update(fell_back=self.fell_back, screen_losses=self.screen_losses, screen_error=self.screen_error)
         else:
             out["fast_ratio"] = self.fast_ratio
             out["fast_loss_excess"] = self.fast_loss - self.best_loss
@@ -123,6 +127,43 @@ def search_grid(loss_at: Callable[[int], float], n: int, search: str, step: int)
     return True
 
 
+def screen_grid(
+    loss_at: Callable[[int], float], screen_at: Callable[[int], float], n: int, margin: float, at_least: int = 3
+) -> tuple[list[float], float, float]:
+    """Find the grid index of the smallest `loss_at` while calling it on few indices: screen
+    every index with the cheap, approximate `screen_at` (e.g. the block in bfloat16), then
+    call `loss_at` on the `at_least` smallest screened losses L̃ and on every index whose L̃
+    is within (1 + m) of the smallest, m starting at `margin`.
+
+    Write the screen as L̃ = c·L·(1 + δ) with a common factor c (only ratios of screened
+    losses are compared, so c does not matter). While |δ| ≤ ε = m / (2 + m), an index left
+    out is not the minimum: L ≥ L̃/(c(1+ε)) > (1+m)·min L̃/(c(1+ε)) ≥ (1+m)(1-ε)/(1+ε)·min L
+    = min L. δ is measured where it matters, on the indices scored exactly (the smallest
+    losses): the spread of their L̃/L, (max - min)/(max + min). While that spread exceeds
+    ε/2, m grows to the margin it calls for, 4·spread/(1 - 2·spread), and the indices it
+    adds are scored exactly; at worst every index is (the full grid). Returns (the
+    screened losses, the final spread, the final m; m = inf: the full grid).
+    """
+    screened = [screen_at(i) for i in range(n)]
+    low = min(screened)
+    ratio: dict[int, float] = {}
+    todo = set(sorted(range(n), key=screened.__getitem__)[:at_least])
+    m = margin
+    while True:
+        todo |= set(range(n)) if m == float("inf") else {i for i in range(n) if screened[i] <= (1 + m) * low}
+        for i in sorted(todo - ratio.keys()):
+            loss = loss_at(i)
+            ratio[i] = screened[i] / loss if loss > 0 else (1.0 if screened[i] == 0 else float("inf"))
+        hi, lo = max(ratio.values()), min(ratio.values())
+        spread = (hi - lo) / (hi + lo) if hi < float("inf") and hi + lo > 0 else float("inf")
+        need = 4 * spread / (1 - 2 * spread) if spread < 0.5 else float("inf")  # spread = need / (2 + need) / 2
+        if need <= m:
+            return screened, spread, m
+        if len(ratio) == n:
+            return screened, spread, float("inf")
+        m = need  # the next round adds a point, or stops here: the same spread then meets need <= m
+
+
 def awq_search_scale(
     x_abs_mean: torch.Tensor,
     weights: Sequence[torch.Tensor],
@@ -131,6 +172,7 @@ def awq_search_scale(
     scheme: AWQScheme = AWQScheme(),
     *,
     gram: tuple[torch.Tensor, int] | None = None,
+    screen: tuple[Callable[[list[torch.Tensor]], torch.Tensor], torch.Tensor] | None = None,
 ) -> AWQScaleResult:
     """Search the per-input-channel scale s (K,) shared by the balanced linears over the grid
     alpha in {0, 1/grid, ..., (grid-1)/grid} (`scheme.search`: every point, or coarse to
@@ -145,21 +187,30 @@ def awq_search_scale(
     gram: (H = XᵀX (K, K), T) when the inspected block is the one balanced linear itself
         (up -> down, v -> o): the loss is then `linear_output_mse`, the same MSE (a bias
         cancels) without running the block; forward and reference_output may be None.
+    screen: (forward_lo, reference_lo): the inspected block in a lower precision (e.g.
+        bfloat16) and its output with the original weights, for `scheme.search == "screen"`
+        (`screen_grid`: every ratio scored by it, the close ones again by `forward`). Without
+        it, or with `gram` (already cheap), "screen" runs the full grid.
     Plain RTN (s = 1) is also measured and kept when no alpha beats it; among equal losses
     the smallest alpha wins, so both searches choose alike whenever they see the minimum.
     """
     w_mean = weight_magnitude(weights, scheme.group_size) if scheme.duo_scaling else None
     ref = None if gram is not None else reference_output.float()
 
+    def effective_weights(s: torch.Tensor) -> list[torch.Tensor]:
+        return [(fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype) / s).to(w.dtype)
+                for w in weights]
+
     def loss_with(s: torch.Tensor) -> float:
-        effective = [
-            (fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype) / s).to(w.dtype)
-            for w in weights
-        ]
+        effective = effective_weights(s)
         if gram is not None:
             (w,), (e,) = weights, effective
             return linear_output_mse(e.float() - w.float(), *gram)
         return float((forward(effective).float() - ref).pow(2).mean())
+
+    def screened_loss(s: torch.Tensor) -> float:
+        forward_lo, reference_lo = screen
+        return float((forward_lo(effective_weights(s)).float() - reference_lo.float()).pow(2).mean())
 
     ones = torch.ones(x_abs_mean.shape[0], device=weights[0].device)
     x = x_abs_mean.to(ones.device)
@@ -170,12 +221,21 @@ def awq_search_scale(
         return losses[i]
 
     rtn_loss = loss_with(ones)
-    fell_back = search_grid(loss_at, scheme.grid, scheme.search, scheme.search_step)
+    screened, screen_error = None, None
+    search = scheme.search
+    if search == "screen" and (screen is None or gram is not None):
+        search = "full"
+    if search == "screen":
+        screened, screen_error, margin = screen_grid(
+            loss_at, lambda i: screened_loss(candidate_scales(x, i / scheme.grid, w_mean)), scheme.grid, scheme.screen_margin)
+        fell_back = margin == float("inf")
+    else:
+        fell_back = search_grid(loss_at, scheme.grid, search, scheme.search_step)
     best = choose(losses, rtn_loss)
     ratio = None if best is None else best / scheme.grid
     s = ones if best is None else candidate_scales(x, ratio, w_mean)  # elementwise, deterministic: the tensor scored
-    found = AWQScaleResult(s.cpu(), ratio, rtn_loss, losses, scheme.search, fell_back)
-    if scheme.search == "full":  # what the fast search would choose on these very losses
+    found = AWQScaleResult(s.cpu(), ratio, rtn_loss, losses, search, fell_back, screened, screen_error)
+    if search == "full":  # what the fast search would choose on these very losses
         fast: list[float | None] = [None] * scheme.grid
 
         def seen(i: int) -> float:

@@ -26,7 +26,7 @@ SCALE_DTYPES = ("float32", "bfloat16", "float16")
 GRANULARITIES = ("tensor", "channel", "block")
 ACTIVATION_SCHEMES = ("dynamic", "static")
 KV_CACHE_SCHEMES = ("fp8",)
-AWQ_SEARCHES = ("fast", "full")
+AWQ_SEARCHES = ("fast", "full", "screen")
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,11 @@ class AWQScheme(QuantScheme):
         neighbours; exact where the loss over alpha is unimodal, the full grid where the
         points it saw are not). See `packers/awq.search_grid`. Full by default: on the demo
         model the loss over alpha is unimodal on few mappings, so the fast search mostly
-        falls back and saves little (README, "How calibration runs").
+        falls back and saves little (README, "How calibration runs"). "screen": every ratio
+        scored with the block in bfloat16, then the three best and those within a margin
+        (from `screen_margin`, widened to what the screen's measured error calls for) scored
+        again in float32: the full grid's choice while the screen errs alike near the
+        minimum (`packers/awq.screen_grid`).
     duo_scaling: also divide by mean|w|^(1-alpha) (AutoAWQ's default).
     clip: run the weight-clipping search after scaling.
     clip_grid / max_shrink: clip thresholds max*(1 - i/clip_grid) for i < max_shrink*clip_grid.
@@ -144,8 +148,10 @@ class AWQScheme(QuantScheme):
     method: ClassVar[str] = "awq"
     symmetric: bool = False
     grid: int = 20
-    search: str = "full"
+    search: str = "screen"
     search_step: int = 4
+    screen_margin: float = 0.01
+    screen_fraction: float = 1.0
     duo_scaling: bool = True
     clip: bool = True
     clip_grid: int = 20
@@ -159,6 +165,8 @@ class AWQScheme(QuantScheme):
             raise BadInput(f"grid={self.grid}, clip_grid={self.clip_grid}: use at least 1 point")
         if self.search not in AWQ_SEARCHES:
             raise BadInput(f"AWQ search {self.search!r} is not supported; use one of {', '.join(AWQ_SEARCHES)}")
+        if not self.screen_margin > 0:
+            raise BadInput(f"screen_margin={self.screen_margin} is not supported; use a positive fraction such as 0.1")
         if self.search_step < 2:
             raise BadInput(f"search_step={self.search_step} is not supported; use 2 or more grid points")
         if not 0.0 <= self.max_shrink < 1.0:

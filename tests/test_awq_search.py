@@ -17,7 +17,7 @@ import torch
 
 from infer_tool.calib.architectures import ARCHITECTURES
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.awq import awq_search_scale, choose, search_grid, unimodal
+from infer_tool.packers.awq import awq_search_scale, choose, screen_grid, search_grid, unimodal
 from infer_tool.packers.scheme import AWQScheme, make_scheme
 
 
@@ -103,12 +103,99 @@ def test_unimodal() -> None:
 
 
 def test_scheme_refuses_unknown_search() -> None:
-    assert AWQScheme().search == "full"
+    assert AWQScheme().search == "screen"
     assert make_scheme("awq", search="full").search == "full"
-    with pytest.raises(BadInput, match="fast, full"):
+    with pytest.raises(BadInput, match="fast, full, screen"):
         make_scheme("awq", search="golden")
     with pytest.raises(BadInput, match="search_step"):
         make_scheme("awq", search_step=1)
+    with pytest.raises(BadInput, match="screen_margin"):
+        make_scheme("awq", screen_margin=0.0)
+
+
+def screened(curve: list[float], noise: list[float], margin: float) -> tuple[int | None, set[int], bool, float]:
+    """(chosen index with RTN at +inf, indices evaluated exactly, fell back, error seen) of the
+    screened search when the screen returns curve[i]·(1 + noise[i])."""
+    seen: dict[int, float] = {}
+
+    def loss_at(i: int) -> float:
+        seen[i] = curve[i]
+        return curve[i]
+
+    _, error, final = screen_grid(loss_at, lambda i: curve[i] * (1 + noise[i]), len(curve), margin)
+    return choose([seen.get(i) for i in range(len(curve))], float("inf")), set(seen), final == float("inf"), error
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_screen_finds_the_exact_minimum_while_its_error_is_within_the_bound(seed: int) -> None:
+    """Any curve (not only unimodal ones) and a screen erring by up to ε/2 = margin/(2+margin)/2
+    at every point: the exact minimum is always among the points scored again, the search
+    does not fall back, and it scores only the points within the margin."""
+    rng = random.Random(seed)
+    n, margin = 20, rng.choice([0.02, 0.1, 0.3])
+    curve = [rng.uniform(1.0, 1.5) for _ in range(n)]
+    bound = margin / (2 + margin) / 2
+    noise = [rng.uniform(-bound, bound) * 0.999 for _ in range(n)]
+    chosen, looked, fell_back, error = screened(curve, noise, margin)
+    assert chosen == min(range(n), key=curve.__getitem__) and not fell_back
+    assert error <= bound
+    lo = [c * (1 + e) for c, e in zip(curve, noise)]
+    three = set(sorted(range(n), key=lo.__getitem__)[:3])
+    assert looked == three | {i for i in range(n) if lo[i] <= (1 + margin) * min(lo)}
+
+
+def test_a_screen_erring_more_than_assumed_falls_back_to_the_full_grid() -> None:
+    """The screen puts the true minimum (index 3) 40% too high, out of the margin, and index
+    0 30% too low: the three smallest screened losses (0, 1, 2) scored again disagree with
+    the screen by a spread of (1 - 0.7)/(1 + 0.7), which calls for a margin wider than the
+    whole grid: every point is then scored exactly. A constant factor on every screened
+    loss is no error at all."""
+    curve = [1.0 + 0.01 * i for i in range(20)]
+    curve[3] = 0.9
+    noise = [0.0] * 20
+    noise[3], noise[0] = 0.4, -0.3
+    chosen, looked, fell_back, error = screened(curve, noise, 0.1)
+    assert fell_back and looked == set(range(20)) and chosen == 3 and error == pytest.approx(0.7 / 2.1)
+    chosen, looked, fell_back, error = screened(curve, [0.5] * 20, 0.03)
+    assert chosen == 3 and not fell_back and error == pytest.approx(0.0, abs=1e-15) and looked == {0, 1, 3}
+
+
+def test_the_margin_widens_to_the_error_measured_near_the_minimum() -> None:
+    """A screen erring +1.5% at the minimum (index 10) and -1.5% at its neighbours, with a 1%
+    starting margin: the spread measured on the three best screened points (0.015) calls
+    for a margin of 4·0.015/0.97 ≈ 6.2% around the smallest screened loss (0.99485), which
+    takes in indices 5..15 and stops there, short of the full grid."""
+    curve = [1.0 + 0.01 * abs(i - 10) for i in range(20)]
+    noise = [0.0] * 20
+    noise[10], noise[9], noise[11] = 0.015, -0.015, -0.015
+    chosen, looked, fell_back, error = screened(curve, noise, 0.01)
+    assert chosen == 10 and not fell_back and looked == set(range(5, 16))
+    assert error == pytest.approx(0.015, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_screened_and_full_choose_the_same_scales(seed: int, symmetric: bool) -> None:
+    """On a real block search with the block screened in bfloat16: the same ratio and
+    bit-identical scales as the full grid, the losses it scored exactly are the full grid's
+    bit for bit, and it scores fewer of them in float32 when it does not fall back."""
+    x_mean, weights, block, ref = _block_problem(seed)
+
+    def block_lo(ws: list[torch.Tensor]) -> torch.Tensor:
+        return block([w.to(torch.bfloat16).float() for w in ws]).to(torch.bfloat16)
+
+    full = awq_search_scale(x_mean, weights, block, ref, AWQScheme(group_size=32, symmetric=symmetric, search="full"))
+    scheme = AWQScheme(group_size=32, symmetric=symmetric, search="screen")
+    fast = awq_search_scale(x_mean, weights, block, ref, scheme, screen=(block_lo, block_lo(weights)))
+    assert fast.ratio == full.ratio and torch.equal(fast.scales, full.scales)
+    assert all(v is None or v == full.losses[i] for i, v in enumerate(fast.losses))
+    assert fast.search == "screen" and len(fast.screen_losses) == 20
+    assert fast.evaluated == 20 if fast.fell_back else fast.evaluated < 20
+    summary = fast.summary()
+    assert summary["search"] == "screen" and summary["screen_error"] == fast.screen_error
+    # Without a screen (or with a Gram matrix), "screen" is the full grid.
+    plain = awq_search_scale(x_mean, weights, block, ref, scheme)
+    assert plain.search == "full" and plain.evaluated == 20 and plain.ratio == full.ratio
 
 
 def _block_problem(seed: int):
@@ -157,7 +244,7 @@ def test_tiny_architectures_fast_equals_full(model_type: str) -> None:
     from infer_tool.calib.quantizers.awq import QUANTIZER
 
     runs = {}
-    for search in ("full", "fast"):
+    for search in ("full", "fast", "screen"):
         scheme = make_scheme("awq", group_size=32, search=search)
         runs[search] = (quantize_model(tiny_model(model_type), ids(), scheme, batch_size=4, device="cpu"), scheme)
     (full, full_scheme), (fast, fast_scheme) = runs["full"], runs["fast"]
@@ -170,5 +257,21 @@ def test_tiny_architectures_fast_equals_full(model_type: str) -> None:
     for x, y in zip(a, b):
         assert x["search"] == "full" and y["search"] == "fast" and x["ratio"] == y["ratio"] == x["fast_ratio"]
         assert x["evaluated"] == 20 and y["evaluated"] <= 20 and x["fast_loss_excess"] == 0.0
+    screen, screen_scheme = runs["screen"]
+    for name, qw in full.quantized.items():
+        assert torch.equal(qw.dequantize(torch.float32), screen.quantized[name].dequantize(torch.float32)), name
+    c = [e for e in screen.method_report["awq"] if "losses" in e]
+    assert [x["ratio"] for x in a] == [z["ratio"] for z in c]
+    assert {z["search"] for z in c} == {"screen", "full"}  # up -> down: the exact Gram-matrix loss, the full grid
+    assert "screened in bfloat16" in QUANTIZER.notes(screen, screen_scheme)[0]
     assert "would choose the same ratio on" in QUANTIZER.notes(full, full_scheme)[0]
     assert "grid evaluations" in QUANTIZER.notes(fast, fast_scheme)[0]
+
+
+def test_screen_edge_cases_end() -> None:
+    """Zero and infinite screened losses, and a screen that is all zeros: the search ends,
+    and scores everything exactly when the screen tells it nothing."""
+    curve = [1.0 + 0.01 * i for i in range(20)]
+    assert screened(curve, [-1.0] * 20, 0.01)[2]  # every screened loss 0: the full grid
+    chosen, looked, fell_back, _ = screened([0.0] * 20, [0.0] * 20, 0.01)
+    assert chosen == 0 and len(looked) == 20  # every screened loss ties with the smallest: all scored, the first wins

@@ -17,6 +17,7 @@ The searches are `packers/awq`'s.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs
 from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale, unimodal
 from infer_tool.packers.rtn import quantize_rtn
+
+SCREEN_DTYPE = torch.bfloat16  # the screened search's block precision (`--awq-search screen`)
 
 
 @dataclass
@@ -88,7 +91,12 @@ class AWQQuantizer(LayerQuantizer):
             return [f"AWQ full grid search: the loss over alpha was unimodal on {curves} of {n} mappings; the fast "
                     f"search (--awq-search fast) would choose the same ratio on {same} of {n}"]
         spent = sum(e["evaluated"] for e in searched)
-        fell = sum(e["fell_back"] for e in searched)
+        fell = sum(e.get("fell_back", False) for e in searched)
+        if scheme.search == "screen":
+            screened = [e for e in searched if e["search"] == "screen"]
+            return [f"AWQ screened search: {len(screened)} of {n} mappings screened in bfloat16 (the others were "
+                    f"scored in full, exactly); {spent} of {n * grid} grid points scored in float32; the full grid on "
+                    f"{fell} whose screen erred more than the margin allows"]
         return [f"AWQ fast search: {spent} of {n * grid} grid evaluations; the full grid on the {fell} of {n} mappings "
                 "whose loss over alpha was not unimodal where it looked"]
 
@@ -183,9 +191,16 @@ class AWQQuantizer(LayerQuantizer):
                 if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
                     x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
                     gram = (x.T @ x, T)
+            screen = None
+            if gram is None and scheme.search == "screen":
+                calls = icalls[m.inspect]
+                calls = calls[: max(1, round(len(calls) * scheme.screen_fraction))]
+                forward_lo = low_precision_block(module, balance, calls, arch.conv1d)
+                if forward_lo is not None:
+                    screen = (forward_lo, forward_lo(originals))
             return awq_search_scale(
                 x_abs_mean().to(originals[0].device),
-                originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram,
+                originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram, screen=screen,
             )
 
         try:
@@ -208,6 +223,43 @@ class AWQQuantizer(LayerQuantizer):
         if clip is not None:
             W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_rtn(W, None, scheme), ctx.arch, None)
+
+
+def _to(obj: Any, dtype: torch.dtype) -> Any:
+    """Every floating tensor in a nest of tuples, lists and dicts cast to `dtype`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _to(v, dtype) for k, v in obj.items()}
+    return obj
+
+
+def low_precision_block(
+    module: nn.Module, balance: list[nn.Module], calls: list[LayerCall], conv1d: bool
+) -> Callable[[list[torch.Tensor]], torch.Tensor] | None:
+    """The inspected block in bfloat16, for AWQ's screened search: a copy of `module` and of
+    its calls cast to SCREEN_DTYPE; forward(effective) puts the effective weights (the
+    order of `balance`) into the copy's balanced linears and returns the block outputs of
+    every call, concatenated. None where the device has no native bfloat16 matmul or a
+    balanced linear is not inside the block."""
+    device = next(module.parameters()).device
+    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    names = {id(sub): name for name, sub in module.named_modules()}
+    if not native or any(id(b) not in names for b in balance):
+        return None
+    low = copy.deepcopy(module).to(SCREEN_DTYPE)
+    targets = [low.get_submodule(names[id(b)]) for b in balance]
+    cast = [LayerCall(_to(c.args, SCREEN_DTYPE), _to(c.kwargs, SCREEN_DTYPE)) for c in calls]
+
+    def forward(effective: list[torch.Tensor]) -> torch.Tensor:
+        for b, w in zip(targets, effective):
+            set_weight_nk(b, w.to(SCREEN_DTYPE), conv1d)
+        with torch.no_grad():
+            return torch.cat([first(low(*c.args, **c.kwargs)) for c in cast])
+
+    return forward
 
 
 QUANTIZER = AWQQuantizer()

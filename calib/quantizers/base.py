@@ -16,6 +16,7 @@ one expert at a time (`calib/moe.py`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ class LayerContext:
     error_chunks: int  # chunks the reported error is measured on
     search_chunks: int  # chunks searches (AWQ) run on
     moe: MoeLayer | None = None  # the layer's MoE block; None for a dense layer
+    spill: Path | None = None  # a directory for activations kept only to be read back (`calib/spill.py`)
 
     @property
     def linears(self) -> tuple[str, ...]:

@@ -5,7 +5,9 @@ solver is `packers/gptq.quantize_gptq`.
 
 A sub-block whose output is its last linear's output (attention -> o_proj, MLP ->
 down_proj) is final once that linear is quantized: later runs replay its cached output
-(`calib/replay.py`), so each linear runs once over the calibration tokens.
+(`calib/replay.py`), so each linear runs once over the calibration tokens. With
+`ctx.spill` (a directory), those outputs and the linears' kept inputs live in files there
+instead of in memory (`calib/spill.py`): the same bytes, read back in order.
 
 MoE layers: once the attention is quantized, the MoE block's input and the router's
 choices are captured once; then the gate/up of every expert, then every down, one Hessian
@@ -28,6 +30,7 @@ from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, ru
 from infer_tool.calib.moe import Routing, capturing_routing
 from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record, record_rtn_fallback
 from infer_tool.calib.replay import replay_points, replaying
+from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
@@ -54,7 +57,7 @@ class GPTQQuantizer(LayerQuantizer):
                 continue
             head = ctx.module(group[0])
             acc = {group[0]: StatsAccumulator(weight_nk(head, arch.conv1d).shape[1], hessian=True)}
-            keep: dict[str, list[torch.Tensor]] | None = {group[0]: []} if g in points else None
+            keep = {group[0]: chunk_store(ctx.spill, X[0].device)} if g in points else None
             with replaying(points, cached), capturing_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True):
                 run_until(layer, X, calls, head)
             stats = acc[group[0]].result()
@@ -63,8 +66,9 @@ class GPTQQuantizer(LayerQuantizer):
             for n in todo:
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), arch, stats, scheme)
             if keep is not None:  # the sub-block's output is now final; each kept input is freed once used
-                inputs = keep.pop(group[0])
-                cached[g] = [points[g].linear(inputs.pop(0)) for _ in range(len(inputs))]
+                cached[g] = chunk_store(ctx.spill, X[0].device)
+                for x in drain(keep.pop(group[0])):
+                    cached[g].append(points[g].linear(x))
         if ctx.moe is not None:
             with replaying(points, cached), capturing_routing(ctx.moe, keep_chunks=len(X)) as routing:
                 run_until(layer, X, calls, ctx.moe.experts)
