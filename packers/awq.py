@@ -23,19 +23,20 @@ from infer_tool.packers.scheme import AWQScheme
 class AWQScaleResult:
     scales: torch.Tensor  # (K,) fp32: balanced linears' inputs are divided by s, weights multiplied
     ratio: float | None  # the best alpha; None when no scaling beat plain RTN (s = 1)
-    rtn_loss: float  # block-output MSE with plain RTN weights (s = 1)
+    rtn_loss: float | None  # block-output MSE with plain RTN weights (s = 1); None: screened out (not the minimum)
     losses: list[float | None] = field(default_factory=list)  # MSE per alpha on the grid; None: not evaluated
     search: str = "full"  # the grid search that ran (`scheme.AWQ_SEARCHES`)
     fell_back: bool = False  # fast: a loss curve that is not unimodal; screen: so inexact that every ratio was scored
     screen_losses: list[float] | None = None  # screen: the low-precision MSE per alpha (every grid point)
     screen_error: float | None = None  # screen: the spread of L_lo / L where both were measured (`screen_grid`)
+    screen_rtn_loss: float | None = None  # screen: plain RTN's low-precision MSE
     # With the full grid: the ratio the fast search picks on the same losses, and its loss.
     fast_ratio: float | None = None
     fast_loss: float | None = None
 
     @property
     def best_loss(self) -> float:
-        return min([self.rtn_loss, *(v for v in self.losses if v is not None)])
+        return min(v for v in [self.rtn_loss, *self.losses] if v is not None)
 
     @property
     def evaluated(self) -> int:
@@ -50,7 +51,8 @@ class AWQScaleResult:
         if self.search == "fast":
             out["fell_back"] = self.fell_back
         elif self.search == "screen":
-            out.update(fell_back=self.fell_back, screen_losses=self.screen_losses, screen_error=self.screen_error)
+            out.update(fell_back=self.fell_back, screen_losses=self.screen_losses, screen_rtn_loss=self.screen_rtn_loss,
+                       screen_error=self.screen_error)
         else:
             out["fast_ratio"] = self.fast_ratio
             out["fast_loss_excess"] = self.fast_loss - self.best_loss
@@ -193,6 +195,8 @@ def awq_search_scale(
         it, or with `gram` (already cheap), "screen" runs the full grid.
     Plain RTN (s = 1) is also measured and kept when no alpha beats it; among equal losses
     the smallest alpha wins, so both searches choose alike whenever they see the minimum.
+    The screened search screens RTN like any ratio and scores it exactly only when it may be
+    the minimum (`rtn_loss` None otherwise: it is not).
     """
     w_mean = weight_magnitude(weights, scheme.group_size) if scheme.duo_scaling else None
     ref = None if gram is not None else reference_output.float()
@@ -220,21 +224,33 @@ def awq_search_scale(
         losses[i] = loss_with(candidate_scales(x, i / scheme.grid, w_mean))
         return losses[i]
 
-    rtn_loss = loss_with(ones)
-    screened, screen_error = None, None
     search = scheme.search
     if search == "screen" and (screen is None or gram is not None):
         search = "full"
-    if search == "screen":
-        screened, screen_error, margin = screen_grid(
-            loss_at, lambda i: screened_loss(candidate_scales(x, i / scheme.grid, w_mean)), scheme.grid, scheme.screen_margin)
+    screened, screen_error, screen_rtn = None, None, None
+    if search == "screen":  # plain RTN is one more candidate (index grid), scored exactly only if it may be the minimum
+        rtn: list[float] = []
+
+        def exact(i: int) -> float:
+            if i < scheme.grid:
+                return loss_at(i)
+            rtn.append(loss_with(ones))
+            return rtn[0]
+
+        def approx(i: int) -> float:
+            return screened_loss(ones if i == scheme.grid else candidate_scales(x, i / scheme.grid, w_mean))
+
+        every, screen_error, margin = screen_grid(exact, approx, scheme.grid + 1, scheme.screen_margin)
+        *screened, screen_rtn = every
         fell_back = margin == float("inf")
+        rtn_loss = rtn[0] if rtn else None
     else:
+        rtn_loss = loss_with(ones)
         fell_back = search_grid(loss_at, scheme.grid, search, scheme.search_step)
-    best = choose(losses, rtn_loss)
+    best = choose(losses, float("inf") if rtn_loss is None else rtn_loss)
     ratio = None if best is None else best / scheme.grid
     s = ones if best is None else candidate_scales(x, ratio, w_mean)  # elementwise, deterministic: the tensor scored
-    found = AWQScaleResult(s.cpu(), ratio, rtn_loss, losses, search, fell_back, screened, screen_error)
+    found = AWQScaleResult(s.cpu(), ratio, rtn_loss, losses, search, fell_back, screened, screen_error, screen_rtn)
     if search == "full":  # what the fast search would choose on these very losses
         fast: list[float | None] = [None] * scheme.grid
 

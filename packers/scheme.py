@@ -151,7 +151,6 @@ class AWQScheme(QuantScheme):
     search: str = "screen"
     search_step: int = 4
     screen_margin: float = 0.01
-    screen_fraction: float = 1.0
     duo_scaling: bool = True
     clip: bool = True
     clip_grid: int = 20

@@ -193,9 +193,7 @@ class AWQQuantizer(LayerQuantizer):
                     gram = (x.T @ x, T)
             screen = None
             if gram is None and scheme.search == "screen":
-                calls = icalls[m.inspect]
-                calls = calls[: max(1, round(len(calls) * scheme.screen_fraction))]
-                forward_lo = low_precision_block(module, balance, calls, arch.conv1d)
+                forward_lo = low_precision_block(module, balance, icalls[m.inspect], arch.conv1d)
                 if forward_lo is not None:
                     screen = (forward_lo, forward_lo(originals))
             return awq_search_scale(
