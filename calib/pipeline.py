@@ -107,20 +107,27 @@ def _chunks(samples: int, batch_size: int) -> int:
 
 
 def _capture(model: nn.Module, arch: Architecture, ids: torch.Tensor, bs: int, dev: torch.device, shard: Shard,
-             result: PipelineResult) -> tuple[list[torch.Tensor], list[list[LayerCall]]]:
-    """This process's chunks through the embeddings; the samples each process runs go in `result`."""
+             result: PipelineResult, t0: float) -> tuple[list[torch.Tensor], list[list[LayerCall]]]:
+    """This process's chunks through the embeddings; the samples each process runs, and the
+    seconds since t0, go in `result`. Pass the pair straight to `_run_layers`: a name kept
+    for it would hold the first layer's inputs through the whole loop."""
     mine = ids[shard.first * bs : shard.stop * bs]
     result.samples_per_process = gather_counts(int(mine.shape[0]))
-    return capture_inputs(model, arch, mine, bs, dev)
+    captured = capture_inputs(model, arch, mine, bs, dev)
+    result.seconds["capture"] = time.perf_counter() - t0
+    return captured
 
 
 def _run_layers(
-    model: nn.Module, arch: Architecture, X: list[torch.Tensor], calls: list[list[LayerCall]], step: LayerStep,
+    model: nn.Module, arch: Architecture, captured: tuple[list[torch.Tensor], list[list[LayerCall]]], step: LayerStep,
     make_context: MakeContext, moe: MoeCalibration, result: PipelineResult, dev: torch.device, task: str,
     progress: Progress, io: LayerIO,
 ) -> None:
     """The layer loop: each layer brought in by `io`, `step` gives (Y, Ŷ), Ŷ feeds the next layer.
-    A layer's context holds the table's entry as it applies to that layer, and its MoE block."""
+    A layer's context holds the table's entry as it applies to that layer, and its MoE block.
+    `captured` (X, calls): the first layer's inputs are freed once the second's exist."""
+    X, calls = captured
+    del captured
     layers = decoder_layers(model, arch)
     t_layers = time.perf_counter()
     start, X = io.start(X, len(layers), result)
@@ -197,10 +204,9 @@ def quantize_model(
             return LayerContext(layer, prefix, X, calls, view, targets, result, errors, searches, moe_block, spill)
 
         with sharding(shard):
-            X, calls = _capture(model, arch, ids, bs, dev, shard, result)
-            result.seconds["capture"] = time.perf_counter() - t0
-            _run_layers(model, arch, X, calls, lambda ctx: quantizer.quantize_layer(ctx, scheme), context, moe,
-                        result, dev, "quantize", progress or no_progress, layer_io or LayerIO())
+            _run_layers(model, arch, _capture(model, arch, ids, bs, dev, shard, result, t0),
+                        lambda ctx: quantizer.quantize_layer(ctx, scheme), context, moe, result, dev, "quantize",
+                        progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 
@@ -248,10 +254,8 @@ def collect_stats(
             return LayerContext(layer, prefix, X, calls, view, set(), result, len(X), 0, moe_block)
 
         with sharding(shard):
-            X, calls = _capture(model, arch, input_ids, bs, dev, shard, result)
-            result.seconds["capture"] = time.perf_counter() - t0
-            _run_layers(model, arch, X, calls, _measure_stats, context, MoeCalibration(), result, dev, "calibrate",
-                        progress or no_progress, layer_io or LayerIO())
+            _run_layers(model, arch, _capture(model, arch, input_ids, bs, dev, shard, result, t0), _measure_stats, context,
+                        MoeCalibration(), result, dev, "calibrate", progress or no_progress, layer_io or LayerIO())
         result.seconds["total"] = time.perf_counter() - t0
         return result
 
