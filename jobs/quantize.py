@@ -234,8 +234,7 @@ def quantize(
     if not names:
         raise BadInput(f"--ignore {' '.join(opts.ignore)} matches every quantizable linear: nothing would be quantized")
     quantizer = quantizer_for(scheme)
-    estimate = preflight.estimate(lm, arch, loaded, opts, quantizer.needs(scheme), dev)
-    preflight.check_fits(estimate, opts.max_memory, dev)
+    estimate, spill_note = preflight.plan(lm, arch, loaded, opts, quantizer.needs(scheme), dev)
     eval_ids = tokenize(load_text(opts.eval), loaded.tokenizer, opts.eval_tokens) if opts.eval is not None else None
     calib_ids = None
     if opts.stats is None:
@@ -249,6 +248,8 @@ def quantize(
     )
     if unmatched:
         report.notes.append(f"--ignore patterns that match no linear: {', '.join(unmatched)}")
+    if spill_note:
+        report.notes.append(spill_note)
     key = run_key({"model": model_fingerprint(loaded.path), "device": torch.device(dev).type, "calib_ids": calib_ids,
                    "eval_ids": eval_ids, "torch": torch.__version__,
                    "options": {k: v for k, v in to_dict(opts).items() if k not in UNKEYED_OPTIONS}})
@@ -265,7 +266,7 @@ def quantize(
 
     try:
         result, evaluated, stats_meta = run_layers(lm, arch, loaded, run, opts, scheme, fmt, store_dtype, calib_ids,
-                                                   eval_ids, dev, progress, seconds)
+                                                   eval_ids, dev, progress, seconds, spill_note is not None)
         seconds["quantize"] -= seconds.get("stream.eval_layers", 0.0)
         if stats_meta is None:
             report.calibration = Calibration(result.tokens, opts.calib, opts.num_samples, opts.seq_len, opts.seed,

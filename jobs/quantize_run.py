@@ -58,23 +58,17 @@ def kv_tensors(kv_amax: dict[str, Any], fmt_name: str) -> dict[str, Any] | None:
     return kv_scale_tensors(kv_amax, fmt_name)
 
 
-def spill_dir(loaded: Any, run: Any, dev: str) -> Path | None:
-    """Where a streamed CPU run keeps the activations it only reads back (GPTQ's replayed
-    outputs, `calib/spill.py`): its run directory; None (in memory) when the model is loaded
-    whole or the activations live on an accelerator."""
-    if loaded.stream_plan is None or not dev.startswith("cpu") or not run.path.is_dir():
-        return None
-    return run.path
-
-
 def run_layers(
     lm: nn.Module, arch: Any, loaded: Any, run: Any, opts: Any, scheme: Any, fmt: Any, store_dtype: torch.dtype,
     calib_ids: torch.Tensor | None, eval_ids: torch.Tensor | None, dev: str, progress: Any, seconds: dict[str, float],
+    spill: bool = False,
 ) -> tuple[Any, tuple[Any, Any] | None, dict[str, Any] | None]:
     """Steps 1-3 (module docstring). Returns (the pipeline result, (ppl before, its `CacheUse`,
     ppl after) or None, the saved statistics' metadata with --stats or None). The fp baseline
     comes from the ppl cache when this model, text and window protocol were evaluated before
-    (`jobs/baseline.py`); its windows then skip the fp layers."""
+    (`jobs/baseline.py`); its windows then skip the fp layers. `spill`: GPTQ's replayed
+    activations go to a file in the run directory (`jobs/preflight.plan` decides; a process
+    without one keeps them in memory)."""
     from infer_tool.calib.layers import capture_inputs, decoder_layers
     from infer_tool.calib.pipeline import quantize_from_stats, quantize_model
     from infer_tool.evals.ppl import make_windows
@@ -140,7 +134,8 @@ def run_layers(
         from infer_tool.jobs.moe_report import moe_calibration
 
         result = quantize_model(lm, calib_ids, scheme, ignore=opts.ignore, device=dev, moe=moe_calibration(opts),
-                                progress=progress, layer_io=stream, spill=spill_dir(loaded, run, dev))
+                                progress=progress, layer_io=stream,
+                                spill=run.path if spill and run.path.is_dir() else None)
     seconds["quantize"] = time.perf_counter() - t
     seconds.update({f"quantize.{k}": v for k, v in result.seconds.items()})
     seconds.update({f"stream.{k}": v for k, v in stream.seconds_spent.items()})
