@@ -101,8 +101,9 @@ def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str
              "calibration.forward": F32 * chunk * (6 * D + 4 * inter) + 2 * F32 * chunk * heads * opts.seq_len,
              # the solver's copies of the largest weight (W, its rounding, the dequantized values)
              "calibration.solve": 6 * F32 * D * inter}
-    if needs.hessian and not spill:
-        calib["calibration.replayed+down_input"] = 2 * act + F32 * T * inter
+    if needs.hessian:
+        if not spill:
+            calib["calibration.replayed+down_input"] = 2 * act + F32 * T * inter
         calib["calibration.hessian"] = 4 * F32 * inter * inter  # H, its inverse and Cholesky factor, a copy
     if needs.activation_stats or needs.live_blocks:
         calib["calibration.block_outputs"] = act

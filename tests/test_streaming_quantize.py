@@ -143,6 +143,7 @@ def test_short_of_memory_gptq_keeps_its_replayed_activations_in_a_file(work, mon
     spilled = _quantize(work, "model", "spill", *args)
     assert hosts[True] < hosts[False] and written
     assert "calibration.replayed+down_input" not in spilled["memory"]["estimate_terms_mib"]
+    assert "calibration.hessian" in spilled["memory"]["estimate_terms_mib"]
     assert any("replayed activations are kept in a file" in n for n in spilled["notes"])
     assert (work / "spill/model.safetensors").read_bytes() == (work / "spill-ref/model.safetensors").read_bytes()
     # Not even that fits: refused with both numbers, nothing written.
