@@ -240,12 +240,13 @@ def low_precision_block(
     """The inspected block in bfloat16, for AWQ's screened search: a copy of `module` and of
     its calls cast to SCREEN_DTYPE; forward(effective) puts the effective weights (the
     order of `balance`) into the copy's balanced linears and returns the block outputs of
-    every call, concatenated. None where the device has no native bfloat16 matmul or a
-    balanced linear is not inside the block."""
+    every call, concatenated. None where the device has no native bfloat16 matmul, a
+    balanced linear is not inside the block, or a submodule's forward is patched on the
+    instance (an accelerate hook, a test's mask): a copy would still call the original."""
     device = next(module.parameters()).device
     native = torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
     names = {id(sub): name for name, sub in module.named_modules()}
-    if not native or any(id(b) not in names for b in balance):
+    if not native or any(id(b) not in names for b in balance) or any("forward" in m.__dict__ for m in module.modules()):
         return None
     low = copy.deepcopy(module).to(SCREEN_DTYPE)
     targets = [low.get_submodule(names[id(b)]) for b in balance]
