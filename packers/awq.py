@@ -212,9 +212,10 @@ def awq_search_scale(
             return linear_output_mse(e.float() - w.float(), *gram)
         return float((forward(effective).float() - ref).pow(2).mean())
 
+    forward_lo, ref_lo = (screen[0], screen[1].float()) if screen is not None else (None, None)
+
     def screened_loss(s: torch.Tensor) -> float:
-        forward_lo, reference_lo = screen
-        return float((forward_lo(effective_weights(s)).float() - reference_lo.float()).pow(2).mean())
+        return float((forward_lo(effective_weights(s)).float() - ref_lo).pow(2).mean())
 
     ones = torch.ones(x_abs_mean.shape[0], device=weights[0].device)
     x = x_abs_mean.to(ones.device)
