@@ -98,3 +98,24 @@ def test_cache_dir_is_overridable(monkeypatch, tmp_path):
     monkeypatch.delenv("INFER_TOOL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert models.cache_dir() == tmp_path / "x" / "infer-tool"
+
+
+def test_gguf_conversion_parses_the_file_once_and_restores_gguf():
+    """Inside `_gguf_parsed_once` every GGUFReader of one file is the same parse and the
+    tensor-name map is built once per (architecture, layers); after it (an error
+    included) the gguf package's own functions are back. (That the converted weights are
+    the same: tests/test_ppl_demo.py reproduces the CLI's ppl from transformers' own load.)"""
+    import gguf
+
+    path = models.demo_gguf_path("smollm2-135m")
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(RuntimeError, match="inside"):
+        with models._gguf_parsed_once():
+            a = gguf.GGUFReader(path)
+            assert gguf.GGUFReader(str(path)) is a and isinstance(a, reader)
+            assert len(a.tensors) == 272
+            arch = gguf.MODEL_ARCH.LLAMA
+            assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+            raise RuntimeError("inside")
+    assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is not gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30)
