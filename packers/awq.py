@@ -213,9 +213,14 @@ def awq_search_scale(
         return float((forward(effective).float() - ref).pow(2).mean())
 
     forward_lo, ref_lo = (screen[0], screen[1].float()) if screen is not None else (None, None)
+    diff: list[torch.Tensor] = []  # one float32 buffer for every screened candidate's output error
 
     def screened_loss(s: torch.Tensor) -> float:
-        return float((forward_lo(effective_weights(s)).float() - ref_lo).pow(2).mean())
+        out = forward_lo(effective_weights(s))
+        if not diff:
+            diff.append(torch.empty_like(ref_lo))
+        d = torch.sub(out, ref_lo, out=diff[0])  # in float32, as out.float() - ref_lo: one pass, no allocation
+        return float(torch.linalg.vector_norm(d)) ** 2 / d.numel()
 
     ones = torch.ones(x_abs_mean.shape[0], device=weights[0].device)
     x = x_abs_mean.to(ones.device)

@@ -278,3 +278,65 @@ def test_screen_edge_cases_end() -> None:
     assert screened(curve, [-1.0] * 20, 0.01)[2]  # every screened loss 0: the full grid
     chosen, looked, fell_back, _ = screened([0.0] * 20, [0.0] * 20, 0.01)
     assert chosen == 0 and len(looked) == 20  # every screened loss ties with the smallest: all scored, the first wins
+
+
+@pytest.mark.parametrize("model_type", TINY_TYPES + ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
+def test_screen_attention_is_sdpa(model_type: str) -> None:
+    """The screen's attention (plain matmuls and a softmax) computes what transformers' sdpa
+    attention does, on the tiny model of every architecture (GQA, MLA, sliding windows,
+    biases) in float32: the same logits to 1e-5 relative, padded batches included (their
+    mask is a tensor, not is_causal). What sdpa refuses (gemma2's softcap) it refuses too."""
+    from test_pipeline import ids, tiny_model
+    from tiny_moe import make_moe
+
+    from infer_tool.calib.quantizers.awq_screen import screen_attention_name
+
+    model = make_moe(model_type) if model_type in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3") else tiny_model(model_type)
+    x = ids()
+    mask = torch.ones_like(x)
+    mask[0, :5] = 0  # left padding
+    logits, errors = {}, {}
+    for impl in ("sdpa", screen_attention_name()):
+        model.config._attn_implementation = impl
+        try:
+            with torch.no_grad():
+                logits[impl] = [model(input_ids=x, use_cache=False).logits,
+                                model(input_ids=x, attention_mask=mask, use_cache=False).logits[:, 5:]]
+        except ValueError as e:  # gemma2's softcap: sdpa refuses it, and the screen hands it to sdpa
+            errors[impl] = str(e)
+    if errors:
+        assert len(set(errors.values())) == 1 and len(errors) == 2 and "softcap" in errors["sdpa"], errors
+        return
+    for a, b in zip(*logits.values()):
+        assert torch.isfinite(b).all()
+        assert (a - b).norm() <= 1e-5 * a.norm(), (a - b).norm() / a.norm()
+
+
+def test_screen_block_runs_its_attention_as_screen_attention(monkeypatch) -> None:
+    """On a CPU the bfloat16 copy of an sdpa attention block runs `screen_attention`; the
+    model's own block keeps sdpa (the copy has its own config); the copy's output is the
+    float32 block's to bfloat16 precision (3% relative)."""
+    from test_pipeline import tiny_model
+    from transformers import AttentionInterface
+
+    from infer_tool.calib.layers import LayerCall
+    from infer_tool.calib.quantizers import awq_screen
+
+    model = tiny_model("llama")
+    model.config._attn_implementation = "sdpa"
+    attn = model.model.layers[0].self_attn
+    h = torch.randn(3, 16, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    calls = [LayerCall((h[:2],), {"position_embeddings": model.model.rotary_emb(h, torch.arange(16)[None]),
+                                  "attention_mask": None}),
+             LayerCall((h[2:],), {"position_embeddings": model.model.rotary_emb(h, torch.arange(16)[None]),
+                                  "attention_mask": None})]
+    balance = [attn.q_proj, attn.k_proj, attn.v_proj]
+    forward = awq_screen.low_precision_block(attn, balance, calls, conv1d=False)
+    seen = []
+    name = awq_screen.screen_attention_name()
+    monkeypatch.setitem(AttentionInterface._global_mapping, name, lambda *a, **k: seen.append(1) or awq_screen.screen_attention(*a, **k))
+    out = forward([b.weight.detach() for b in balance])
+    assert len(seen) == 2 and model.config._attn_implementation == "sdpa"
+    with torch.no_grad():
+        ref = torch.cat([attn(c.args[0], **c.kwargs)[0] for c in calls])
+    assert out.dtype == torch.bfloat16 and (out.float() - ref).norm() <= 0.03 * ref.norm()

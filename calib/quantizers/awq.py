@@ -17,7 +17,6 @@ The searches are `packers/awq`'s.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -41,13 +40,11 @@ from infer_tool.calib.layers import (
 )
 from infer_tool.calib.quantizers.awq_fold import fold_scales, smooth_channels
 from infer_tool.calib.quantizers.awq_moe import ExpertsAWQ
+from infer_tool.calib.quantizers.awq_screen import low_precision_block
 from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record
 from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale, unimodal
 from infer_tool.packers.rtn import quantize_rtn
-
-SCREEN_DTYPE = torch.bfloat16  # the screened search's block precision (`--awq-search screen`)
-
 
 @dataclass
 class MappingResult:
@@ -221,44 +218,6 @@ class AWQQuantizer(LayerQuantizer):
         if clip is not None:
             W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_rtn(W, None, scheme), ctx.arch, None)
-
-
-def _to(obj: Any, dtype: torch.dtype) -> Any:
-    """Every floating tensor in a nest of tuples, lists and dicts cast to `dtype`."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to(v, dtype) for k, v in obj.items()}
-    return obj
-
-
-def low_precision_block(
-    module: nn.Module, balance: list[nn.Module], calls: list[LayerCall], conv1d: bool
-) -> Callable[[list[torch.Tensor]], torch.Tensor] | None:
-    """The inspected block in bfloat16, for AWQ's screened search: a copy of `module` and of
-    its calls cast to SCREEN_DTYPE; forward(effective) puts the effective weights (the
-    order of `balance`) into the copy's balanced linears and returns the block outputs of
-    every call, concatenated. None where the device has no native bfloat16 matmul, a
-    balanced linear is not inside the block, or a submodule's forward is patched on the
-    instance (an accelerate hook, a test's mask): a copy would still call the original."""
-    device = next(module.parameters()).device
-    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    names = {id(sub): name for name, sub in module.named_modules()}
-    if not native or any(id(b) not in names for b in balance) or any("forward" in m.__dict__ for m in module.modules()):
-        return None
-    low = copy.deepcopy(module).to(SCREEN_DTYPE)
-    targets = [low.get_submodule(names[id(b)]) for b in balance]
-    cast = [LayerCall(_to(c.args, SCREEN_DTYPE), _to(c.kwargs, SCREEN_DTYPE)) for c in calls]
-
-    def forward(effective: list[torch.Tensor]) -> torch.Tensor:
-        for b, w in zip(targets, effective):
-            set_weight_nk(b, w.to(SCREEN_DTYPE), conv1d)
-        with torch.no_grad():
-            return torch.cat([first(low(*c.args, **c.kwargs)) for c in cast])
-
-    return forward
 
 
 QUANTIZER = AWQQuantizer()
