@@ -83,7 +83,12 @@ def candidate_scales(x_abs_mean: torch.Tensor, ratio: float, w_mean: torch.Tenso
 
 def linear_output_mse(delta: torch.Tensor, H: torch.Tensor, tokens: int) -> float:
     """mean((X ΔWᵀ)²) over T tokens and N outputs, from the Gram matrix H = XᵀX (K, K):
-    sum((ΔW H) ∘ ΔW) / (T·N). delta: ΔW (N, K). Costs N·K² instead of T·N·K flops."""
+    sum((ΔW H) ∘ ΔW) / (T·N). delta: ΔW (N, K). Costs N·K² instead of T·N·K flops. In
+    float32, or, with ΔW and H both in a lower precision (the screen), its product in that
+    precision and the rest in float32."""
+    if delta.dtype == H.dtype and H.dtype != torch.float32:
+        d = delta.float()
+        return float(((delta @ H).float() * d).sum()) / (tokens * d.shape[0])
     d = delta.float()
     return float(((d @ H.float()) * d).sum()) / (tokens * d.shape[0])
 
@@ -175,6 +180,7 @@ def awq_search_scale(
     *,
     gram: tuple[torch.Tensor, int] | None = None,
     screen: tuple[Callable[[list[torch.Tensor]], torch.Tensor], torch.Tensor] | None = None,
+    gram_lo: torch.Tensor | None = None,
 ) -> AWQScaleResult:
     """Search the per-input-channel scale s (K,) shared by the balanced linears over the grid
     alpha in {0, 1/grid, ..., (grid-1)/grid} (`scheme.search`: every point, or coarse to
@@ -191,8 +197,10 @@ def awq_search_scale(
         cancels) without running the block; forward and reference_output may be None.
     screen: (forward_lo, reference_lo): the inspected block in a lower precision (e.g.
         bfloat16) and its output with the original weights, for `scheme.search == "screen"`
-        (`screen_grid`: every ratio scored by it, the close ones again by `forward`). Without
-        it, or with `gram` (already cheap), "screen" runs the full grid.
+        (`screen_grid`: every ratio scored by it, the close ones again by `forward`).
+    gram_lo: with `gram`, H in a lower precision (e.g. bfloat16): the screen of a Gram-matrix
+        loss (`linear_output_mse` with ΔW and H in that precision). Without a screen for the
+        kind of loss at hand, "screen" runs the full grid.
     Plain RTN (s = 1) is also measured and kept when no alpha beats it; among equal losses
     the smallest alpha wins, so both searches choose alike whenever they see the minimum.
     The screened search screens RTN like any ratio and scores it exactly only when it may be
@@ -216,6 +224,9 @@ def awq_search_scale(
     diff: list[torch.Tensor] = []  # one float32 buffer for every screened candidate's output error
 
     def screened_loss(s: torch.Tensor) -> float:
+        if gram is not None:
+            (w,), (e,) = weights, effective_weights(s)
+            return linear_output_mse((e.float() - w.float()).to(gram_lo.dtype), gram_lo, gram[1])
         out = forward_lo(effective_weights(s))
         if not diff:
             diff.append(torch.empty_like(ref_lo))
@@ -231,7 +242,7 @@ def awq_search_scale(
         return losses[i]
 
     search = scheme.search
-    if search == "screen" and (screen is None or gram is not None):
+    if search == "screen" and (gram is None and screen is None or gram is not None and gram_lo is None):
         search = "full"
     screened, screen_error, screen_rtn = None, None, None
     if search == "screen":  # plain RTN is one more candidate (index grid), scored exactly only if it may be the minimum

@@ -265,7 +265,7 @@ def test_tiny_architectures_fast_equals_full(model_type: str) -> None:
         assert torch.equal(qw.dequantize(torch.float32), screen.quantized[name].dequantize(torch.float32)), name
     c = [e for e in screen.method_report["awq"] if "losses" in e]
     assert [x["ratio"] for x in a] == [z["ratio"] for z in c]
-    assert {z["search"] for z in c} == {"screen", "full"}  # up -> down: the exact Gram-matrix loss, the full grid
+    assert {z["search"] for z in c} == {"screen"}  # up -> down too: its Gram-matrix loss screened with H in bfloat16
     assert "screened in bfloat16" in QUANTIZER.notes(screen, screen_scheme)[0]
     assert "would choose the same ratio on" in QUANTIZER.notes(full, full_scheme)[0]
     assert "grid evaluations" in QUANTIZER.notes(fast, fast_scheme)[0]
@@ -340,3 +340,24 @@ def test_screen_block_runs_its_attention_as_screen_attention(monkeypatch) -> Non
     with torch.no_grad():
         ref = torch.cat([attn(c.args[0], **c.kwargs)[0] for c in calls])
     assert out.dtype == torch.bfloat16 and (out.float() - ref).norm() <= 0.03 * ref.norm()
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_gram_loss_screened_in_bfloat16_chooses_as_the_full_grid(seed: int, symmetric: bool) -> None:
+    """up -> down (a Gram-matrix loss): screened with ΔW and H in bfloat16, the same ratio and
+    scales as the full grid, its float32 losses the full grid's bit for bit, fewer of them."""
+    gen = torch.Generator().manual_seed(seed)
+    K, T = 128, 512
+    x = torch.randn(T, K, generator=gen) @ (torch.eye(K) + 0.3 * torch.randn(K, K, generator=gen))
+    x[:, ::16] *= 10
+    w = torch.randn(48, K, generator=gen)
+    gram = (x.T @ x, T)
+    full = awq_search_scale(x.abs().mean(0), [w], None, None, AWQScheme(group_size=32, symmetric=symmetric, search="full"),
+                            gram=gram)
+    scheme = AWQScheme(group_size=32, symmetric=symmetric, search="screen")
+    fast = awq_search_scale(x.abs().mean(0), [w], None, None, scheme, gram=gram, gram_lo=gram[0].to(torch.bfloat16))
+    assert fast.search == "screen" and fast.ratio == full.ratio and torch.equal(fast.scales, full.scales)
+    assert all(v is None or v == full.losses[i] for i, v in enumerate(fast.losses))
+    assert fast.evaluated == 20 if fast.fell_back else fast.evaluated < 20
+    assert awq_search_scale(x.abs().mean(0), [w], None, None, scheme, gram=gram).search == "full"  # no bfloat16 H

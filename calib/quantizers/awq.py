@@ -40,7 +40,7 @@ from infer_tool.calib.layers import (
 )
 from infer_tool.calib.quantizers.awq_fold import fold_scales, smooth_channels
 from infer_tool.calib.quantizers.awq_moe import ExpertsAWQ
-from infer_tool.calib.quantizers.awq_screen import low_precision_block
+from infer_tool.calib.quantizers.awq_screen import SCREEN_DTYPE, low_precision_block, native_low_precision
 from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record
 from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale, unimodal
@@ -188,14 +188,17 @@ class AWQQuantizer(LayerQuantizer):
                 if n * T * N * K > n * N * K * K + T * K * K:  # flops: running X·Wᵀ vs forming XᵀX once
                     x = torch.cat([c.args[0].reshape(-1, K) for c in icalls[m.inspect]]).float()
                     gram = (x.T @ x, T)
-            screen = None
+            screen, gram_lo = None, None
             if gram is None and scheme.search == "screen":
                 forward_lo = low_precision_block(module, balance, icalls[m.inspect], arch.conv1d)
                 if forward_lo is not None:
                     screen = (forward_lo, forward_lo(originals))
+            elif gram is not None and scheme.search == "screen" and native_low_precision(gram[0].device):
+                gram_lo = gram[0].to(SCREEN_DTYPE)
             return awq_search_scale(
                 x_abs_mean().to(originals[0].device),
                 originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram, screen=screen,
+                gram_lo=gram_lo,
             )
 
         try:

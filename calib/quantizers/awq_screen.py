@@ -22,6 +22,11 @@ SCREEN_DTYPE = torch.bfloat16  # the screened search's block precision
 SCREEN_ATTENTION = "infer_tool_bf16_screen"  # its name among transformers' attention functions
 
 
+def native_low_precision(device: torch.device) -> bool:
+    """Whether `device` multiplies SCREEN_DTYPE matrices natively (a CPU: oneDNN's bf16)."""
+    return torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _to(obj: Any, dtype: torch.dtype) -> Any:
     """Every floating tensor in a nest of tuples, lists and dicts cast to `dtype`."""
     if isinstance(obj, torch.Tensor):
@@ -43,9 +48,8 @@ def low_precision_block(
     balanced linear is not inside the block, or a submodule's forward is patched on the
     instance (an accelerate hook, a test's mask): a copy would still call the original."""
     device = next(module.parameters()).device
-    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else torch.ops.mkldnn._is_mkldnn_bf16_supported()
     names = {id(sub): name for name, sub in module.named_modules()}
-    if not native or any(id(b) not in names for b in balance) or any("forward" in m.__dict__ for m in module.modules()):
+    if not native_low_precision(device) or any(id(b) not in names for b in balance) or any("forward" in m.__dict__ for m in module.modules()):
         return None
     low = copy.deepcopy(module).to(SCREEN_DTYPE)
     for sub in low.modules():  # the copy's own config (deepcopy): its attention runs as `screen_attention`
