@@ -91,9 +91,10 @@ class AWQQuantizer(LayerQuantizer):
         fell = sum(e.get("fell_back", False) for e in searched)
         if scheme.search == "screen":
             screened = [e for e in searched if e["search"] == "screen"]
-            return [f"AWQ screened search: {len(screened)} of {n} mappings screened in bfloat16 (the others were "
-                    f"scored in full, exactly); {spent} of {n * grid} grid points scored in float32; the whole grid on "
-                    f"{fell} whose screen erred too much near the minimum"]
+            others = " (the others were scored in full, exactly)" if len(screened) < n else ""
+            return [f"AWQ screened search: {len(screened)} of {n} mappings screened in bfloat16{others}; {spent} of "
+                    f"{n * grid} grid points scored in float32; the whole grid on {fell} whose screen erred too much "
+                    "near the minimum"]
         return [f"AWQ fast search: {spent} of {n * grid} grid evaluations; the full grid on the {fell} of {n} mappings "
                 "whose loss over alpha was not unimodal where it looked"]
 
