@@ -30,6 +30,8 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--asym", action="store_true")
     p.add_argument("--act-order", choices=("static", "none"), default="static", help="GPTQ only")
+    p.add_argument("--ignore", nargs="*", default=[],
+                   help="more modules to leave unquantized besides lm_head (llm-compressor patterns, e.g. MoE routers)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -53,16 +55,17 @@ def main() -> None:
     weights = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=args.group_size,
                                symmetric=not args.asym)
     scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+    ignore = ["lm_head", *args.ignore]
     if args.method == "awq":
         from llmcompressor.modifiers.quantization import QuantizationModifier
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
-        recipe = [AWQModifier(), QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])]
+        recipe = [AWQModifier(), QuantizationModifier(config_groups={"group_0": scheme}, ignore=ignore)]
     else:
         from llmcompressor.modifiers.gptq import GPTQModifier
 
         kw = {} if args.act_order == "static" else {"actorder": None}
-        recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"], **kw)]
+        recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=ignore, **kw)]
 
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)

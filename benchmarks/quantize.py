@@ -105,8 +105,9 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
     kind, flags, eval_flags = ROWS[label]
     out = workdir / label.replace(" ", "-").replace("+", "").replace("(", "").replace(")", "").lower()
     if kind == LLMC:
+        routers = ["--ignore", *ROUTER_PATTERNS] if expert_linears(Path(model_dir)) else []
         cmd = [args.llmcompressor, str(Path(__file__).with_name("llmcompressor_oneshot.py")), "--model-dir", model_dir,
-               "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags]
+               "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags, *routers]
         r, wall = run_json(cmd, label)
         quantize_s, rss, err = r["oneshot_s"], r["peak_rss_mib"], None
     else:
@@ -125,16 +126,31 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
 
 
 EXPERT = re.compile(r"\.experts\.\d+\.[^.]+$")  # a per-expert linear's module name
+# llm-compressor's MoE examples leave the routers unquantized (ours never quantize them)
+ROUTER_PATTERNS = ["re:.*mlp\\.gate$", "re:.*block_sparse_moe\\.gate$", "re:.*shared_expert_gate$"]
 
 
 def expert_linears(model_dir: Path) -> set[str]:
-    """The per-expert linears of a checkpoint (module names, from its safetensors keys)."""
+    """The per-expert linears of a checkpoint, as transformers' module names from its
+    safetensors keys: Mixtral's files say `block_sparse_moe.experts.{j}.w1`, a checkpoint
+    written from the linearized modules (llm-compressor's) `mlp.experts.{j}.gate_proj`."""
     from safetensors import safe_open
 
+    from infer_tool.calib.architectures import architecture_for
+    from infer_tool.calib.models import read_config
+
+    try:
+        arch = architecture_for(read_config(model_dir).get("model_type", ""))
+    except Exception:  # not a model type of the table: names as they are
+        arch = None
     names = set()
     for f in model_dir.glob("*.safetensors"):
         with safe_open(str(f), "pt") as st:
-            names |= {k.rsplit(".", 1)[0] for k in st.keys() if EXPERT.search(k.rsplit(".", 1)[0])}
+            for k in st.keys():
+                name = k.rsplit(".", 1)[0]
+                name = arch.module_name(name) if arch else name
+                if EXPERT.search(name):
+                    names.add(name)
     return names
 
 
