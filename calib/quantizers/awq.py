@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodule
 from infer_tool.calib.distributed import on_first
