@@ -86,11 +86,9 @@ def linear_output_mse(delta: torch.Tensor, H: torch.Tensor, tokens: int) -> floa
     sum((ΔW H) ∘ ΔW) / (T·N). delta: ΔW (N, K). Costs N·K² instead of T·N·K flops. In
     float32, or, with ΔW and H both in a lower precision (the screen), its product in that
     precision and the rest in float32."""
-    if delta.dtype == H.dtype and H.dtype != torch.float32:
-        d = delta.float()
-        return float(((delta @ H).float() * d).sum()) / (tokens * d.shape[0])
     d = delta.float()
-    return float(((d @ H.float()) * d).sum()) / (tokens * d.shape[0])
+    product = delta @ H if delta.dtype == H.dtype != torch.float32 else d @ H.float()
+    return float((product.float() * d).sum()) / (tokens * d.shape[0])
 
 
 def unimodal(values: Sequence[float]) -> bool:

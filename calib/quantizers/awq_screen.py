@@ -49,7 +49,8 @@ def low_precision_block(
     instance (an accelerate hook, a test's mask): a copy would still call the original."""
     device = next(module.parameters()).device
     names = {id(sub): name for name, sub in module.named_modules()}
-    if not native_low_precision(device) or any(id(b) not in names for b in balance) or any("forward" in m.__dict__ for m in module.modules()):
+    patched = any("forward" in m.__dict__ for m in module.modules())
+    if not native_low_precision(device) or patched or any(id(b) not in names for b in balance):
         return None
     low = copy.deepcopy(module).to(SCREEN_DTYPE)
     for sub in low.modules():  # the copy's own config (deepcopy): its attention runs as `screen_attention`
