@@ -4,6 +4,7 @@ one-line exit-2 errors, real weight bytes from files, and the start-up import ru
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -47,10 +48,20 @@ def test_json_contract_llama_8b():
         used = r["weight_bytes_per_gpu"] + r["kv_bytes_per_gpu"] + r["reserve_bytes_per_gpu"]
         assert r["fits"] == (used <= r["usable_bytes_per_gpu"])
     assert set(doc["max_concurrency"]) == {"8192", "32768"} and set(doc["max_context"]) == {"1", "2", "4"}
-    # independent: (0.9 x 81559 MiB - bf16 weights - 3 GiB reserve) // 1 GiB per 8K sequence
-    budget = int(0.9 * 81559 * 2**20) - 2 * 8_030_261_248 - 3 * GiB
-    assert doc["max_concurrency"]["8192"] == budget // GiB
+    # independent: (ceil(0.92 x 79.22 GiB, the H100's CUDA total) - bf16 weights - the modelled
+    # overhead) in 1 GiB sequences of 8K, one 16-token block held back (the null block)
+    mem = doc["memory"]
+    assert doc["gpu"]["memory_bytes"] == round(79.22 * GiB) and doc["gpu"]["driver_memory_bytes"] == 81559 * 2**20
+    assert mem["requested_bytes"] == math.ceil(0.92 * round(79.22 * GiB))
+    budget = mem["requested_bytes"] - 2 * 8_030_261_248 - mem["overhead_bytes"]
+    assert mem["available_kv_bytes"] == budget
+    assert doc["max_concurrency"]["8192"] == (budget // (16 * 131072) - 1) // 512
     assert doc["weights"]["bytes_total"] == 2 * 8_030_261_248
+    # a flat --reserve and --mem-util replace the profile: the arithmetic of the plain budget
+    flat = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--mem-util", "0.9", "--reserve", "3GiB")
+    flat_budget = math.ceil(0.9 * round(79.22 * GiB)) - 2 * 8_030_261_248 - 3 * GiB
+    assert flat["memory"]["source"] == "--reserve" and flat["rows"][0]["reserve_bytes_per_gpu"] == 3 * GiB
+    assert flat["rows"][0]["plain"]["max_concurrency"] == flat_budget // GiB
 
 
 def test_issue_example_70b_int4_fp8_two_h100():
@@ -63,7 +74,8 @@ def test_issue_example_70b_int4_fp8_two_h100():
     # request, one null block kept back
     block = 16 * 80 * 4 * 256
     assert row["kv_bytes_per_gpu"] == (16 * 2048 + 1) * block
-    per_gpu_budget = doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"] - 3 * GiB
+    per_gpu_budget = (doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"]
+                      - doc["memory"]["overhead_bytes"])
     assert doc["vllm"]["32768"]["num_blocks"] == per_gpu_budget // block
     assert doc["max_concurrency"]["32768"] == (per_gpu_budget // block - 1) // 2048
     assert doc["rows"][1]["plain"]["max_concurrency"] == per_gpu_budget // (32768 * 163840 // 2)
