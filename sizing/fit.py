@@ -58,23 +58,42 @@ class Fit:
         self.policy = engine.policy
         self.stages = [range(a, b) for a, b in pp_stages(shape.num_layers, dep.pp)]
         self.gpu_name = gpu.name if gpu else ""
+        self.stage_weights = self._stage_weights(weight_total, weights_per_gpu)
         self.profiles: list[vllm_memory.MemoryProfile] | None = None
         reserve = dep.reserve_bytes
         if reserve is None:
-            weights = weights_per_gpu if weights_per_gpu is not None else ceil_div(weight_total, dep.tp * dep.pp)
             cc = gpu.compute_capability if gpu else ""
             self.profiles = [
                 vllm_memory.profile(shape, self.profile_engine(), self.policy, total=dep.gpu_memory_bytes,
                                     mem_util=dep.mem_util, weights=weights, compute_capability=cc, tp=dep.tp,
                                     layers=stage, last_stage=i == len(self.stages) - 1)
-                for i, stage in enumerate(self.stages)
+                for i, (stage, weights) in enumerate(zip(self.stages, self.stage_weights))
             ]
             reserve = max(p.overhead for p in self.profiles)
-        self.planner = Planner(shape, dep, weight_total, reserve=reserve, weights_per_gpu=weights_per_gpu)
+        self.planner = Planner(shape, dep, weight_total, reserve=reserve, weights_per_gpu=max(self.stage_weights))
         self.layout = (
             vllm_kv.layout(shape, dep.kv, tp=dep.tp, block_size=dep.block_size) if accounting == "vllm" else None
         )
         self.vllm = lru_cache(maxsize=4096)(self._vllm)
+
+    def _stage_weights(self, total: int, per_gpu: int | None) -> list[int]:
+        """Weight bytes on one GPU of each pipeline stage: its share of the decoder layers,
+        the embedding on the first stage and the LM head on the last (a second copy of a
+        tied embedding there, as vLLM builds it); each split over the TP ranks."""
+        d = self.dep
+        if per_gpu is not None:
+            return [per_gpu] * len(self.stages)
+        params = self.shape.params
+        if d.pp == 1 or params is None:
+            return [ceil_div(total, d.tp * d.pp)] * len(self.stages)
+        edge = self.shape.vocab_size * self.shape.hidden_size * 2  # 16-bit embedding / head
+        head_in_total = edge if not params.tied_head else 0
+        per_layer = max(0, total - edge - head_in_total) / self.shape.num_layers
+        out = []
+        for i, stage in enumerate(self.stages):
+            b = per_layer * len(stage) + (edge if i == 0 else 0) + (edge if i == len(self.stages) - 1 else 0)
+            out.append(ceil_div(int(b), d.tp))
+        return out
 
     # --- vLLM ---------------------------------------------------------------------
     def max_num_batched_tokens(self, max_model_len: int | None = None) -> int:
@@ -98,7 +117,11 @@ class Fit:
     def stage_budgets(self) -> list[int]:
         """KV-cache bytes each pipeline stage's workers have (vLLM sizes them apart)."""
         if self.profiles is None or self.dep.kv_cache_memory_bytes is not None:
-            return [self.planner.kv_budget_per_gpu] * len(self.stages)
+            spare = self.planner.kv_budget_per_gpu
+            if self.dep.kv_cache_memory_bytes is None:  # a flat reserve: each stage's own weights
+                spare += self.planner.weight_bytes_per_gpu
+                return [spare - w for w in self.stage_weights]
+            return [spare] * len(self.stages)
         return [p.available for p in self.profiles]
 
     def num_blocks(self) -> int:

@@ -58,7 +58,7 @@ def estimate_params(cfg: ConfigView, layers: tuple[LayerSpec, ...]) -> ParamCoun
 def _attention(cfg: ConfigView, layer: LayerSpec, h: int, n_heads: int, out: list[LinearShape]) -> int:
     q_dim = n_heads * layer.head_dim
     kv_dim = layer.kv_heads * layer.head_dim
-    gate = 2 if cfg.model_type == "qwen3_next" else 1  # Qwen3-Next gates the attention output
+    gate = 2 if cfg.model_type in ("qwen3_next", "qwen3_5_text") else 1  # gated attention output
     out += [
         LinearShape(h, q_dim * gate),
         LinearShape(h, kv_dim, count=2),
@@ -67,7 +67,7 @@ def _attention(cfg: ConfigView, layer: LayerSpec, h: int, n_heads: int, out: lis
     extra = 0
     if cfg.get("attention_bias", "qkv_bias", default=False):
         extra += q_dim + 2 * kv_dim + (h if cfg.model_type == "gpt2" else 0)
-    if cfg.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text"):
+    if cfg.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "gemma3_text"):
         extra += 2 * layer.head_dim  # q_norm, k_norm
     return extra
 

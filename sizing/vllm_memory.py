@@ -33,8 +33,8 @@ What the code does not fix, and where the number comes from instead:
   `parseChosenWorkspaceSize`): 32 MiB on compute capability 9.x, 10.x, 12.x, else
   4096 KiB x 2 + 16 KiB x 8; ROCm 128 MiB on gfx94x/95x, else 32 MiB; one each.
 - the cost of one more captured graph, `GRAPH_BYTES_PER_LAYER`: vLLM measures it (the
-  second capture's free-memory drop); here it is a constant per decoder layer, taken from
-  two public logs (see its comment), not derived.
+  second capture's free-memory drop); here it is a constant per decoder layer (attention
+  or recurrent), taken from two public logs (see its comment), not derived.
 - NCCL communicator buffers before 0.11 (TP > 1): not modelled (a note says so).
 Activations are counted in 16-bit (vLLM serves float32 checkpoints in bf16).
 """
@@ -46,16 +46,18 @@ from dataclasses import dataclass, field
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.kv import ceil_div
-from infer_tool.sizing.shape import FULL, MLA, SLIDING, LayerSpec, ModelShape
+from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, ModelShape
 from infer_tool.sizing.vllm_versions import VllmPolicy
 
 ACT_BYTES = 2
 MiB = 2**20
-# One more CUDA graph (PIECEWISE or FULL) costs about 24 MiB on a 64-layer model: the
-# per-graph cost vllm-project/vllm#50780 measured for FULL graphs, and 0.36 GiB for 16
-# graphs in gpustack/runner#251 (vLLM 0.27.1). Calibrated from those two; held-out
-# comparisons in docs/kv-budget-memory.md.
-GRAPH_BYTES_PER_LAYER = 3 * MiB // 8
+# One more captured CUDA graph (PIECEWISE or FULL) costs about this much per decoder layer
+# it spans: vLLM measures it (the second capture's free-memory drop), it is not derived
+# here. Calibrated on two logs: 0.52 GiB for 51 + 35 graphs of Qwen3-8B (36 attention
+# layers, LMCache/LMCache#3430, vLLM 0.21.0) and 0.09 GiB for 3 + 2 graphs of a Qwen3.5-27B
+# (16 attention + 48 Gated DeltaNet layers, noonghunna/club-3090#434); the other logged
+# estimates are held out (docs/kv-budget-memory.md).
+GRAPH_BYTES_PER_LAYER = {"attention": 160 * 1024, "state": 330 * 1024}
 SAMPLER_SM_ROWS = 132  # rows of the Triton top-k/top-p buffer: one per SM (an H100's 132)
 # Bytes per logit the sort-based top-k/top-p pass holds beyond its float32 input: sorted
 # values 4 + indices 8 + the source iota 8 + radix double buffers 4 + 8 + softmax 4 +
@@ -270,7 +272,7 @@ def cudagraphs(
     if not sizes:
         return CudaGraphs(0, 0, 0, 0, 0, policy.cudagraph_in_budget)
     full = [s for s in sizes if s <= engine.max_num_seqs]
-    per_graph = GRAPH_BYTES_PER_LAYER * len(layers)
+    per_graph = sum(GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"] for i in layers)
     first = forward_bytes(shape, sizes[-1], layers, tp) + per_graph
     return CudaGraphs(len(sizes), len(full), sizes[-1], first, per_graph, policy.cudagraph_in_budget)
 
