@@ -231,13 +231,13 @@ def plan(req: PlanRequest) -> Report:
     gpu = resolve_gpu(req)
     dep = _deployment(req, gpu, req.mem_util if req.mem_util is not None else release.default_mem_util)
     resolved = resolve_model(req.model)
+    contexts = req.contexts or default_contexts(resolved.shape.max_position_embeddings)
+    _validate(req, contexts)
     shape = _with_ssm_dtype(resolved.shape, req.mamba_ssm_cache_dtype)
     notes = list(shape.notes)
     if gpu.cuda_memory_bytes is None:
         notes.append(f"{gpu.key}: no CUDA-reported total found; planning with the driver's {gpu.memory_bytes / 2**30:.2f} "
                      "GiB (vLLM sees a few hundred MiB less)")
-    contexts = req.contexts or default_contexts(shape.max_position_embeddings)
-    _validate(req, contexts)
     limit = shape.max_position_embeddings
     if limit and max(contexts) > limit:
         notes.append(f"context {max(contexts)} exceeds the model's max_position_embeddings {limit}")

@@ -136,11 +136,20 @@ class Fit:
         return max(vllm_kv.bytes_per_block(self.layout, s, self.shape, d.kv, d.tp) for s in self.stages)
 
     def _vllm(self, max_model_len: int) -> vllm_kv.Capacity:
+        return self.vllm_at(self.stage_budgets(), max_model_len)
+
+    def vllm_at(self, budgets: list[int], max_model_len: int) -> vllm_kv.Capacity:
+        """vLLM's capacity with the given KV bytes per GPU of each pipeline stage (as its
+        workers log "Available KV cache memory")."""
         assert self.layout is not None
+        d = self.dep
+        if len(budgets) != len(self.stages):
+            raise BadInput(f"{len(budgets)} KV budgets given for {len(self.stages)} pipeline stages")
+        blocks = vllm_kv.num_blocks(self.layout, self.stages, budgets, self.shape, d.kv, d.tp)
         in_flight = vllm_kv.in_flight_tokens(self.engine, self.max_num_batched_tokens(max_model_len), self.dep.pp)
         return vllm_kv.capacity(
             self.layout,
-            self.num_blocks(),
+            blocks,
             max_model_len,
             in_flight=in_flight,
             prefix_caching=self.engine.enable_prefix_caching,

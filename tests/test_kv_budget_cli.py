@@ -297,3 +297,77 @@ def test_more_bad_inputs_exit_2_one_line(args, needle):
     assert r.exit_code == 2, r.output
     assert needle in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+# --- issue 31: vLLM's start-up memory, term by term --------------------------------------
+def test_memory_terms_each_a_row_and_summing():
+    doc = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1")
+    mem = doc["memory"]
+    (stage,) = mem["stages"]
+    assert mem["source"] == "vllm profile" and doc["vllm_version"] == "0.32.0"
+    assert stage["overhead_bytes"] == (stage["activation_peak_bytes"] + stage["non_torch_bytes"]
+                                       + stage["cudagraph_bytes"])
+    assert sum(stage["non_torch"].values()) == stage["non_torch_bytes"]
+    assert mem["available_kv_bytes"] == mem["requested_bytes"] - mem["weights_bytes"] - mem["overhead_bytes"]
+    assert stage["cudagraphs"] == {**stage["cudagraphs"], "piecewise": 51, "full": 51, "largest": 512}
+    assert doc["engine"]["max_num_seqs"] == 1024 and doc["engine"]["max_num_batched_tokens"] == 8192
+    human = run("llama-3.1-8b", "--context", "8k", "--concurrency", "1")
+    for term in ("x 0.92 requested", "- weights", "- activation peak", "- non-torch", "- CUDA graphs",
+                 "= available KV"):
+        assert term in human.stdout, term
+
+
+def test_engine_flags_move_the_terms():
+    base = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1")["memory"]["stages"][0]
+    eager = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--enforce-eager")
+    assert eager["memory"]["stages"][0]["cudagraph_bytes"] == 0 and eager["engine"]["enforce_eager"] is True
+    few = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--max-num-seqs", "16")
+    s = few["memory"]["stages"][0]
+    assert s["sampler_peak_bytes"] < base["sampler_peak_bytes"]
+    assert (s["cudagraphs"]["piecewise"], s["cudagraphs"]["full"]) == (7, 5)  # 1, 2, 4, 8..32; FULL <= 16
+    sizes = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--cudagraph-capture-sizes", "1,2,4")
+    assert sizes["memory"]["stages"][0]["cudagraphs"]["piecewise"] == 3
+    old = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--vllm-version", "0.20")
+    assert old["memory"]["stages"][0]["cudagraph_bytes"] == 0 and old["memory"]["mem_util"] == 0.9
+    assert old["vllm_version"] == "0.20"
+    weights = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--weights-memory", "15.27GiB")
+    assert weights["memory"]["weights_bytes"] == round(15.27 * GiB)
+
+
+def test_help_readable_at_80_columns():
+    import os
+    import re
+
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-c", "from infer_tool.cli.app import main; main()", "kv-budget", "--help"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for panel in ("Model", "Deployment", "Output"):
+        assert panel in out
+    for flag in ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--cudagraph-capture-sizes",
+                 "--max-cudagraph-capture-size", "--vllm-version", "--mem-util", "--kv-cache-memory", "--reserve"):
+        assert re.search(re.escape(flag) + r"(?![\w-])", out), flag  # whole, not cut
+    assert not re.search(r"--[\w-]*…", out)  # no flag name ends in an ellipsis
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["llama-3.1-8b", "--vllm-version", "0.9"], "accepted: 0.10 to 0.32"),
+        (["llama-3.1-8b", "--vllm-version", "0.33.0"], "--vllm-version '0.33.0' is not modelled"),
+        (["llama-3.1-8b", "--vllm-version", "latest"], "--vllm-version 'latest'"),
+        (["llama-3.1-8b", "--max-num-seqs", "0"], "--max-num-seqs 0"),
+        (["llama-3.1-8b", "--cudagraph-capture-sizes", "1,x"], "--cudagraph-capture-sizes 'x'"),
+        (["llama-3.1-8b", "--max-cudagraph-capture-size", "0"], "--max-cudagraph-capture-size 0"),
+        (["qwen3.5-27b", "--mamba-ssm-cache-dtype", "int8"], "--mamba-ssm-cache-dtype 'int8'"),
+        (["llama-3.1-8b", "--weights-memory", "10GB", "--weights", "int4"], "not both"),
+        (["llama-3.1-8b", "--weights-memory", "0GB"], "--weights-memory '0GB'"),
+    ],
+)
+def test_issue31_bad_inputs_exit_2_one_line(args, needle):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
