@@ -68,9 +68,7 @@ def _total_label(case: dict, r: Report) -> str:
 
 
 def available_table(cases: list[dict]) -> list[tuple[str, str, float]]:
-    print(
-        "### Available KV cache memory per GPU (the default path: vLLM's profile, modelled)\n"
-    )
+    print("### Available KV cache memory per GPU (the default path: vLLM's profile, modelled)\n")
     print(
         "| case | role | GPU (CUDA total) | vLLM | stage | requested | weights | activation peak | non-torch "
         "| CUDA graphs | predicted available | logged | error |"
@@ -85,9 +83,7 @@ def available_table(cases: list[dict]) -> list[tuple[str, str, float]]:
         assert r.profiles is not None
         for i, (p, lg) in enumerate(zip(r.profiles, logged)):
             stage = f"{i + 1}/{len(r.profiles)}"
-            weights = _gib(p.weights) + (
-                "" if case.get("weights_gib") is not None else " (predicted)"
-            )
+            weights = _gib(p.weights) + ("" if case.get("weights_gib") is not None else " (predicted)")
             graphs = _gib(p.cudagraphs.subtracted_bytes)
             if not p.cudagraphs.in_budget and p.cudagraphs.estimate_bytes:
                 graphs += " (not subtracted)"
@@ -97,17 +93,13 @@ def available_table(cases: list[dict]) -> list[tuple[str, str, float]]:
                 f"| {p.non_torch_bytes / 2**20:.0f} MiB | {graphs} | {_gib(p.available)} | {lg:.2f} "
                 f"| {_err(p.available / GiB, lg)} ({p.available / GiB - lg:+.2f} GiB) |"
             )
-            errors.append(
-                (case["role"], case["vllm_version"], (p.available / GiB - lg) / abs(lg))
-            )
+            errors.append((case["role"], case["vllm_version"], (p.available / GiB - lg) / abs(lg)))
     print()
     return errors
 
 
 def concurrency_table(cases: list[dict]) -> list[tuple[str, float]]:
-    print(
-        "### KV cache size and maximum concurrency at the logged KV memory (block accounting)\n"
-    )
+    print("### KV cache size and maximum concurrency at the logged KV memory (block accounting)\n")
     print(
         "| case | family | vLLM | logged KV GiB / GPU | max model len | predicted tokens | logged tokens | error "
         "| predicted concurrency | logged | error |"
@@ -137,8 +129,7 @@ def concurrency_table(cases: list[dict]) -> list[tuple[str, float]]:
         errors.append(
             (
                 case["id"],
-                (cap.max_concurrency_log - lg["max_concurrency"])
-                / lg["max_concurrency"],
+                (cap.max_concurrency_log - lg["max_concurrency"]) / lg["max_concurrency"],
             )
         )
     print()
@@ -147,9 +138,7 @@ def concurrency_table(cases: list[dict]) -> list[tuple[str, float]]:
 
 def graph_table(cases: list[dict]) -> list[tuple[str, float]]:
     print("### CUDA-graph estimate at the logged graph counts\n")
-    print(
-        "| case | role | TP | graphs (PIECEWISE + FULL, largest) | predicted GiB | logged GiB | error |"
-    )
+    print("| case | role | TP | graphs (PIECEWISE + FULL, largest) | predicted GiB | logged GiB | error |")
     print("|---|---|---|---|---|---|---|")
     errors = []
     for case in cases:
@@ -158,9 +147,7 @@ def graph_table(cases: list[dict]) -> list[tuple[str, float]]:
             continue
         shape = resolve_model(case["model"]).shape
         tp = case["engine"].get("tp", 1)
-        est = vllm_memory.graph_estimate(
-            shape, range(shape.num_layers), tp, g["piecewise"], g["full"], g["largest"]
-        )
+        est = vllm_memory.graph_estimate(shape, range(shape.num_layers), tp, g["piecewise"], g["full"], g["largest"])
         pred = est.estimate_bytes / GiB
         print(
             f"| {case['id']} | {case['role']} | {tp} | {g['piecewise']} + {g['full']}, {g['largest']} "
@@ -172,11 +159,7 @@ def graph_table(cases: list[dict]) -> list[tuple[str, float]]:
 
 
 def _worst(values: list[float]) -> str:
-    return (
-        f"{max(abs(v) for v in values) * 100:.1f}% (n={len(values)})"
-        if values
-        else "none"
-    )
+    return f"{max(abs(v) for v in values) * 100:.1f}% (n={len(values)})" if values else "none"
 
 
 def main() -> None:
@@ -195,16 +178,10 @@ def main() -> None:
     print(
         f"- available KV, vLLM >= 0.21, calibration logs: {_worst([e for role, v, e in avail if new(v) and role == 'calibration'])}"
     )
-    print(
-        f"- available KV, vLLM < 0.21, held out: {_worst([e for role, v, e in avail if not new(v)])}"
-    )
+    print(f"- available KV, vLLM < 0.21, held out: {_worst([e for role, v, e in avail if not new(v)])}")
     print(f"- max concurrency at the logged KV size: {_worst([e for _, e in conc])}")
-    print(
-        f"- CUDA-graph estimate, held out: {_worst([e for role, e in graphs if role != 'calibration'])}"
-    )
-    print(
-        f"- CUDA-graph estimate, calibration logs: {_worst([e for role, e in graphs if role == 'calibration'])}"
-    )
+    print(f"- CUDA-graph estimate, held out: {_worst([e for role, e in graphs if role != 'calibration'])}")
+    print(f"- CUDA-graph estimate, calibration logs: {_worst([e for role, e in graphs if role == 'calibration'])}")
 
 
 if __name__ == "__main__":

@@ -60,9 +60,7 @@ MiB = 2**20
 # (16 attention + 48 Gated DeltaNet layers, noonghunna/club-3090#434); the other logged
 # estimates are held out (docs/kv-budget-memory.md).
 GRAPH_BYTES_PER_LAYER = {"attention": 160 * 1024, "state": 330 * 1024}
-SAMPLER_SM_ROWS = (
-    132  # rows of the Triton top-k/top-p buffer: one per SM (an H100's 132)
-)
+SAMPLER_SM_ROWS = 132  # rows of the Triton top-k/top-p buffer: one per SM (an H100's 132)
 # Bytes per logit the sort-based top-k/top-p pass (`apply_top_k_top_p`) holds at its peak
 # beyond its float32 input, inside PyTorch's radix sort: the sorted values 4 + indices 8 +
 # the source iota 8 + the radix sort's alternate key and value buffers 4 + 8; they are
@@ -103,9 +101,7 @@ class CudaGraphs:
     @property
     def estimate_bytes(self) -> int:
         graphs = self.piecewise + self.full
-        return (
-            0 if graphs == 0 else self.first_bytes + (graphs - 1) * self.per_graph_bytes
-        )
+        return 0 if graphs == 0 else self.first_bytes + (graphs - 1) * self.per_graph_bytes
 
     @property
     def subtracted_bytes(self) -> int:
@@ -135,11 +131,7 @@ class MemoryProfile:
     @property
     def overhead(self) -> int:
         """Everything but weights and KV cache inside the requested memory."""
-        return (
-            self.activation.bytes
-            + self.non_torch_bytes
-            + self.cudagraphs.subtracted_bytes
-        )
+        return self.activation.bytes + self.non_torch_bytes + self.cudagraphs.subtracted_bytes
 
     @property
     def available(self) -> int:
@@ -164,9 +156,7 @@ def mixer_elements(shape: ModelShape, layer: LayerSpec, tp: int) -> int:
     if layer.kind == MLA:
         q = q_heads * (f.qk_nope_head_dim + layer.qk_rope_head_dim)
         return f.q_lora_rank + q + layer.latent_dim + q_heads * f.v_head_dim
-    if (
-        f.linear_value_dim
-    ):  # Gated DeltaNet: qkvz + ba projections, conv output, core output
+    if f.linear_value_dim:  # Gated DeltaNet: qkvz + ba projections, conv output, core output
         k, v, nv = (
             f.linear_key_dim // tp,
             f.linear_value_dim // tp,
@@ -184,16 +174,12 @@ def mlp_elements(shape: ModelShape, moe: bool, tp: int) -> int:
     h = shape.hidden_size
     if not moe:
         width = f.intermediate_size // tp
-        return (
-            3 * width if f.gated_mlp else 2 * width
-        )  # gate_up + activation out (or fc1 + act)
+        return 3 * width if f.gated_mlp else 2 * width  # gate_up + activation out (or fc1 + act)
     i = f.moe_intermediate_size // tp
     k = f.experts_per_token
     routed = k * max(i, h) + k * max(2 * i, h) + h  # the two workspaces + output
     shared = f.shared_intermediate_size // tp
-    return (
-        h + routed + (3 * shared + h if shared else 0)
-    )  # + the normed input, shared experts
+    return h + routed + (3 * shared + h if shared else 0)  # + the normed input, shared experts
 
 
 def layer_elements(shape: ModelShape, layers: range, tp: int) -> int:
@@ -214,26 +200,14 @@ def forward_bytes(shape: ModelShape, tokens: int, layers: range, tp: int) -> int
     return tokens * layer_elements(shape, layers, tp) * ACT_BYTES
 
 
-def sampler_bytes(
-    shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy
-) -> int:
+def sampler_bytes(shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy) -> int:
     """`_dummy_sampler_run`'s peak over `rows` rows of logits, with the forward's hidden
     states still held by `profile_run`."""
     vocab = shape.vocab_size
-    logits = rows * vocab * ACT_BYTES + rows * ceil_div(vocab, tp) * ACT_BYTES * (
-        tp > 1
-    )  # + the TP shard
+    logits = rows * vocab * ACT_BYTES + rows * ceil_div(vocab, tp) * ACT_BYTES * (tp > 1)  # + the TP shard
     f32 = rows * vocab * 4
-    after = (
-        rows * vocab * (SORT_BYTES_PER_LOGIT if policy.sampler_sort else 4 + 4)
-    )  # probs + noise
-    return (
-        tokens * shape.hidden_size * ACT_BYTES
-        + rows * shape.hidden_size * ACT_BYTES
-        + logits
-        + f32
-        + after
-    )
+    after = rows * vocab * (SORT_BYTES_PER_LOGIT if policy.sampler_sort else 4 + 4)  # probs + noise
+    return tokens * shape.hidden_size * ACT_BYTES + rows * shape.hidden_size * ACT_BYTES + logits + f32 + after
 
 
 def activation(
@@ -251,9 +225,7 @@ def activation(
     rows = min(tokens, engine.max_num_seqs)
     smp = sampler_bytes(shape, rows, tokens, tp, policy)
     if smp >= fwd:
-        return Activation(
-            smp, f"sampler: {rows:,} x {shape.vocab_size:,} logits", fwd, smp
-        )
+        return Activation(smp, f"sampler: {rows:,} x {shape.vocab_size:,} logits", fwd, smp)
     return Activation(fwd, f"forward at {tokens:,} tokens", fwd, smp)
 
 
@@ -274,14 +246,10 @@ def non_torch(
     last_stage: bool,
     policy: VllmPolicy,
 ) -> tuple[dict[str, int], list[str]]:
-    parts = {
-        "cuBLAS + cuBLASLt workspaces": 2 * cublas_workspace_bytes(compute_capability)
-    }
+    parts = {"cuBLAS + cuBLASLt workspaces": 2 * cublas_workspace_bytes(compute_capability)}
     notes = []
     if last_stage and not policy.sampler_sort and shape.vocab_size:
-        rows = min(
-            SAMPLER_SM_ROWS, min(engine.max_num_batched_tokens, engine.max_num_seqs)
-        )
+        rows = min(SAMPLER_SM_ROWS, min(engine.max_num_batched_tokens, engine.max_num_seqs))
         parts["Triton top-k/top-p buffer"] = rows * shape.vocab_size * 4
     if policy.nccl_in_budget and tp > 1:
         notes.append(
@@ -353,10 +321,7 @@ def graph_estimate(
     the per-graph cost for each further one."""
     if piecewise + full == 0:
         return CudaGraphs(0, 0, 0, 0, 0, in_budget)
-    per_graph = sum(
-        GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"]
-        for i in layers
-    )
+    per_graph = sum(GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"] for i in layers)
     first = forward_bytes(shape, largest, layers, tp) + per_graph
     return CudaGraphs(piecewise, full, largest, first, per_graph, in_budget)
 

@@ -83,7 +83,5 @@ def policy(version: str = VLLM_VERSION) -> VllmPolicy:
     """The policies of vLLM `version` ("0.21", "0.21.1", "v0.32.0"); BadInput otherwise."""
     m = re.fullmatch(r"\s*v?0\.(\d+)(?:\.\d+)?(?:\.post\d+)?\s*", version)
     if not m or not OLDEST <= int(m.group(1)) <= NEWEST:
-        raise BadInput(
-            f"--vllm-version {version!r} is not modelled; accepted: {modelled()}"
-        )
+        raise BadInput(f"--vllm-version {version!r} is not modelled; accepted: {modelled()}")
     return VllmPolicy(version.strip().lstrip("v"), int(m.group(1)))
