@@ -25,7 +25,7 @@ ALLOWED = {
     "packers": {"common", "kernels"},
     "calib": {"common", "packers"},
     "evals": {"common", "kernels", "packers", "calib"},
-    "jobs": {"common", "kernels", "packers", "calib", "evals"},
+    "jobs": {"common", "sizing", "kernels", "packers", "calib", "evals"},
     "cli": {"common", "sizing", "kernels", "packers", "calib", "evals", "jobs"},
 }
 # package -> third-party libraries it must not import
