@@ -192,12 +192,12 @@ def test_spec_bench_turns_field(files) -> None:
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Fail the test if the command gets as far as loading a model."""
-    import infer_tool.evals.loading as loading
+    import infer_tool.evals.load_model as load_model
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was refused")
 
-    monkeypatch.setattr(loading, "load_for_eval", refuse)
+    monkeypatch.setattr(load_model, "load_for_eval", refuse)
 
 
 @pytest.mark.parametrize(

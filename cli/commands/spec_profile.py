@@ -121,7 +121,7 @@ def served_models(target: str, target_dir: Path, specs: list[Any], model_dirs: d
     """The target and each draft as the projection serves them, from their config.json
     (a truncated draft: the target's first N layers; prompt lookup: None, free)."""
     from infer_tool.sizing.hf_config import load_config
-    from infer_tool.sizing.spec_roofline import served_model, truncated
+    from infer_tool.spec.roofline import served_model, truncated
 
     def read(name: str, directory: Path) -> Any:
         return served_model(load_config(directory), name, str(directory / "config.json"))
@@ -168,7 +168,7 @@ def spec_profile(
         raise BadInput("give at least one --draft")
     projecting = check_projection(gpu, concurrency, {"hbm_efficiency": hbm_efficiency, "mfu": mfu})
     from infer_tool.common.device import pick_device, torch_dtype
-    from infer_tool.evals.spec_inputs import check_model_spec, load_prompt_texts, parse_draft
+    from infer_tool.spec.inputs import check_model_spec, load_prompt_texts, parse_draft
 
     dt = torch_dtype(dtype)
     dev = pick_device(device)
@@ -177,10 +177,10 @@ def spec_profile(
     specs = [parse_draft(spec, allow_pickle) for spec in draft]
     texts = load_prompt_texts(prompts, num_prompts, text_field)
 
-    from infer_tool.evals.loading import load_for_eval
-    from infer_tool.evals.spec_drafts import ModelDraft, NgramDraft
-    from infer_tool.evals.spec_inputs import make_draft, same_weights, tokenize_prompts
-    from infer_tool.evals.spec_profile import profile
+    from infer_tool.evals.load_model import load_for_eval
+    from infer_tool.spec.drafts import ModelDraft, NgramDraft
+    from infer_tool.spec.inputs import make_draft, same_weights, tokenize_prompts
+    from infer_tool.spec.profile import profile
 
     if threads is not None:
         import torch
@@ -205,8 +205,8 @@ def spec_profile(
     ids = [p.to(dev) for p in ids]
     projection = None
     if projecting is not None:  # sized now, so a config the roofline cannot read fails before the profile
-        from infer_tool.evals.spec_projection import ProjectionRequest
-        from infer_tool.sizing.spec_roofline import Serving, batch_times, describe
+        from infer_tool.spec.projection import ProjectionRequest
+        from infer_tool.spec.roofline import Serving, batch_times, describe
 
         preset, counts, eff = projecting
         t, ds = served_models(target, loaded.path, specs, model_dirs)

@@ -1,5 +1,5 @@
 """Output of `spec-profile`: the --json document and the rich tables, from an
-`evals.spec_profile.SpecProfile`. Imported only when the command runs."""
+`spec.profile.SpecProfile`. Imported only when the command runs."""
 
 from __future__ import annotations
 
