@@ -35,7 +35,6 @@ from typing import Callable, Protocol
 
 import torch
 
-from infer_tool.common.progress import Progress, no_progress
 from infer_tool.spec.cached_lm import CachedLM
 from infer_tool.spec.decode import Clock, gc_paused
 from infer_tool.spec.drafts import Draft

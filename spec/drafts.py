@@ -12,7 +12,7 @@ Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
   nothing and the target takes a plain step.
 
 What this module does not know: how tokens are verified (`sampling`) or timed
-(`decode`), or where models come from (the CLI resolves specs).
+(`decode`), or where models come from (`jobs/spec_profile.py` resolves specs).
 """
 
 from __future__ import annotations
