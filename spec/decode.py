@@ -57,9 +57,9 @@ class SpecRun:
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for a timed section (it runs again between
-    sections). Its pauses, up to a good part of a second with everything torch and
-    transformers hold, would otherwise land at random in one timed pass or another;
-    servers keep it out of their step loop too (vLLM calls `gc.freeze()` after start-up)."""
+    sections). Its pauses, which grow with everything torch and transformers hold, would
+    otherwise land at random in one timed pass or another; servers keep it out of their
+    step loop too (vLLM calls `gc.freeze()` after start-up)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
