@@ -57,7 +57,7 @@ PREDICTION_NOTE = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SpecProfileOptions:
     """What `infer-tool spec-profile` takes, as the user gives it (the CLI's defaults are these)."""
 
@@ -102,7 +102,7 @@ class Projecting:
     eff: Efficiency
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Checked:
     """Everything `check` resolved from the options, before any model is loaded."""
 
@@ -208,7 +208,7 @@ def check(opts: SpecProfileOptions) -> Checked:
     check_model_spec(opts.target, "target", opts.allow_pickle)
     specs = [parse_draft(spec, opts.allow_pickle) for spec in opts.drafts]
     texts = load_prompt_texts(opts.prompts, opts.num_prompts, opts.text_field)
-    return Checked(ks, projecting, dtype, device, clock, specs, texts)
+    return Checked(ks=ks, projecting=projecting, dtype=dtype, device=device, clock=clock, specs=specs, texts=texts)
 
 
 def served_models(
@@ -242,7 +242,7 @@ def projection_request(
                              describe(serving, target, drafts, names, p.counts))
 
 
-def notes_for(opts: SpecProfileOptions, loaded: LoadedModel, drafts: list[Draft], prompts: int) -> list[str]:
+def notes_for(opts: SpecProfileOptions, loaded: LoadedModel, drafts: list[Draft], n_prompts: int) -> list[str]:
     """What the report says about its own figures: the loader's notes, the definitions, and
     what is special about these drafts and prompts."""
     from infer_tool.spec.drafts import ModelDraft, NgramDraft
@@ -255,8 +255,8 @@ def notes_for(opts: SpecProfileOptions, loaded: LoadedModel, drafts: list[Draft]
                          "(alpha = 1) at the target's cost, so it can only show the loop's overhead")
     if any(isinstance(d, NgramDraft) for d in drafts):
         notes.append(NGRAM_NOTE)
-    if prompts < opts.num_prompts:
-        notes.append(f"only {prompts} prompts available in {opts.prompts}")
+    if n_prompts < opts.num_prompts:
+        notes.append(f"only {n_prompts} prompts available in {opts.prompts}")
     notes.append("generation ignores end-of-sequence tokens so every run emits the same number of tokens")
     return notes
 
