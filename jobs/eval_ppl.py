@@ -32,7 +32,7 @@ def check(opts: EvalOptions) -> None:
     from infer_tool.calib.corpora import check_corpus
     from infer_tool.calib.models import classify_model_spec
     from infer_tool.common.device import check_device, torch_dtype
-    from infer_tool.evals.quantized import KV_CACHE_DTYPES
+    from infer_tool.evals.load_quantized import KV_CACHE_DTYPES
 
     if opts.seq_len < 2:
         raise BadInput(f"--seq-len must be >= 2 (got {opts.seq_len})")
@@ -61,7 +61,7 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
     progress = progress or no_progress
     from infer_tool.calib.corpora import load_text, tokenize
     from infer_tool.common.device import pick_device, torch_dtype
-    from infer_tool.evals.loading import backend_of, load_for_eval
+    from infer_tool.evals.load_model import backend_of, load_for_eval
     from infer_tool.evals.ppl import PROTOCOL, evaluate_ppl, finish_distributed
 
     dt, dev = torch_dtype(opts.dtype), pick_device(opts.device)

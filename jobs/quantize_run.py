@@ -33,7 +33,7 @@ def as_deployed(module: nn.Module, quantized: dict[str, Any], scheme: Any,
     as deployed (kernels' Fp8Linear W8A8, FP8 KV cache rounded with the calibrated scales);
     for INT, the module as it is (its weights are exactly the checkpoint's dequantized values)."""
     if scheme.kind == "fp8":
-        from infer_tool.evals.fp8_runtime import fp8_runtime
+        from infer_tool.evals.fp8_in_memory import fp8_runtime
 
         return fp8_runtime(module, quantized, kv_scales or None)
     return nullcontext(module)

@@ -8,7 +8,7 @@ import torch
 from typer.testing import CliRunner
 
 from infer_tool.cli.app import app
-from infer_tool.evals.loading import backend_of, load_for_eval
+from infer_tool.evals.load_model import backend_of, load_for_eval
 from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Scheme, quantize_fp8_weight

@@ -2,7 +2,7 @@
 
 - the module import graph (top-level and function-level imports alike) has no cycle;
 - each top-level package imports only the packages below it:
-  cli -> jobs -> evals -> calib -> packers -> kernels, with sizing and common beside them;
+  cli -> jobs -> spec -> evals -> calib -> packers -> kernels, with sizing and common beside them;
 - packages stay free of the libraries they must not use (no typer/rich below cli; sizing
   is standard-library only);
 - every module imports on its own, in a fresh set of `infer_tool` modules.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "sizing", "kernels", "packers", "calib", "evals", "jobs", "cli")
+PACKAGES = ("common", "sizing", "kernels", "packers", "calib", "evals", "spec", "jobs", "cli")
 # package -> the infer_tool packages it may import
 ALLOWED = {
     "common": set(),
@@ -25,8 +25,9 @@ ALLOWED = {
     "packers": {"common", "kernels"},
     "calib": {"common", "packers"},
     "evals": {"common", "kernels", "packers", "calib"},
-    "jobs": {"common", "sizing", "kernels", "packers", "calib", "evals"},
-    "cli": {"common", "sizing", "kernels", "packers", "calib", "evals", "jobs"},
+    "spec": {"common", "sizing", "calib", "evals"},
+    "jobs": {"common", "sizing", "kernels", "packers", "calib", "evals", "spec"},
+    "cli": {"common", "sizing", "kernels", "packers", "calib", "evals", "spec", "jobs"},
 }
 # package -> third-party libraries it must not import
 BANNED = {
@@ -36,6 +37,7 @@ BANNED = {
     "packers": {"transformers", "datasets", "typer", "rich"},
     "calib": {"typer", "rich", "triton"},
     "evals": {"typer", "rich"},
+    "spec": {"typer", "rich"},
     "jobs": {"typer", "rich"},
 }
 

@@ -98,7 +98,7 @@ kv_budget.__doc__ = (f"Fits, smallest deployment and speed of MODEL per context 
 def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """CLI option -> (PlanRequest field, parser of its text)."""
     from infer_tool.sizing import units
-    from infer_tool.sizing.spec_report import parse_spec
+    from infer_tool.spec.report import parse_spec
 
     return {
         "gpu_mem": ("gpu_mem_bytes", lambda t: units.parse_bytes(t, "--gpu-mem")),
@@ -128,7 +128,7 @@ def build_request(opts: dict[str, Any]) -> tuple[Any, list[str]]:
     """PlanRequest from the given CLI options (absent ones keep the library defaults)."""
     from infer_tool.common.errors import BadInput
     from infer_tool.jobs.kv_budget import PlanRequest
-    from infer_tool.sizing.spec_report import from_report
+    from infer_tool.spec.report import from_report
 
     opts, notes = dict(opts), []
     report = opts.pop("spec_profile", None)
