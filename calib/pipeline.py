@@ -64,8 +64,9 @@ from infer_tool.calib.result import LayerError, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.schemes.base import Scheme
 
-# How the pipeline runs (not algorithm defaults: those live in packers/scheme.py).
+# How the pipeline runs (not algorithm defaults: those live in the schemes, `schemes/`).
 BATCH_SIZE = 16  # sequences per layer forward on an accelerator
 CPU_BATCH_TOKENS = 2048  # tokens per layer forward on a CPU: activations stay in cache (AWQ ~10% faster than 8192)
 AWQ_SEARCH_SAMPLES = 16  # sequences the searches (AWQ's scale/clip) run on
@@ -75,7 +76,7 @@ LayerStep = Callable[[LayerContext], tuple[list[torch.Tensor], list[torch.Tensor
 MakeContext = Callable[[nn.Module, str, list[torch.Tensor], list[LayerCall], Architecture, "MoeLayer | None"], LayerContext]
 
 
-def plan(model: nn.Module, scheme: object | None, ignore: tuple[str, ...] = ()) -> tuple[Architecture, list[str]]:
+def plan(model: nn.Module, scheme: Scheme | None, ignore: tuple[str, ...] = ()) -> tuple[Architecture, list[str]]:
     """Check the model against the table and the scheme's shape constraints (the group size
     against every K), before any work; MoE experts become one linear each
     (`unfuse_experts`, idempotent). Returns (architecture, names of the linears to quantize)."""
@@ -159,7 +160,7 @@ def _with_flushed_denormals(fn: Callable[[], PipelineResult]) -> PipelineResult:
 def quantize_model(
     model: nn.Module,
     input_ids: torch.Tensor,
-    scheme: object,
+    scheme: Scheme,
     *,
     ignore: tuple[str, ...] = (),
     device: str | torch.device | None = None,
@@ -271,7 +272,7 @@ def _refuse_moe(arch: Architecture, what: str) -> None:
 def quantize_from_stats(
     model: nn.Module,
     stats: dict[str, LayerStats],
-    scheme: object,
+    scheme: Scheme,
     *,
     ignore: tuple[str, ...] = (),
     device: str | torch.device | None = None,

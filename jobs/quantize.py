@@ -147,7 +147,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Any, Any]:
     from infer_tool.jobs.run_dir import check_progress
     from infer_tool.packers.checkpoint import REPORT_NAME, get_format
     from infer_tool.packers.shards import parse_size
-    from infer_tool.packers.scheme import SCALE_DTYPES
+    from infer_tool.schemes.base import SCALE_DTYPES
 
     scheme = scheme_from_options(opts)
     fmt = get_format(opts.format, scheme.kind)
@@ -361,7 +361,7 @@ def checkpoint_dtype(requested: str, model_dir: Path) -> str:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return "float32"
-    from infer_tool.packers.scheme import SCALE_DTYPES
+    from infer_tool.schemes.base import SCALE_DTYPES
 
     name = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
     return name if name in SCALE_DTYPES else "float32"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infer_tool.packers.rtn import fake_quantize
-from infer_tool.packers.scheme import AWQScheme
+from infer_tool.schemes.integer import AWQScheme
 
 
 @dataclass

@@ -19,7 +19,7 @@ from infer_tool.calib.pipeline import collect_stats, quantize_from_stats, quanti
 from infer_tool.calib.quantizers.awq import fold_scales, smooth_channels
 from infer_tool.calib.stats import StatsAccumulator, load_stats, relative_output_error, save_stats
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.scheme import make_scheme
+from infer_tool.schemes.registry import make_scheme
 
 V, T, B = 96, 24, 6
 

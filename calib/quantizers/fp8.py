@@ -31,14 +31,16 @@ from infer_tool.calib.distributed import all_max, all_sum, chunks
 from infer_tool.calib.kv_scales import recording_kv
 from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, weight_nk
 from infer_tool.calib.moe import Routing, capturing_routing
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, run_counting
+from infer_tool.calib.quantizers import register_quantizer
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, run_counting
 from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.fp8 import Fp8Weight, check_finite, quantize_fp8_weight, search_fp8_clip, static_input_scale
-from infer_tool.packers.scheme import Fp8Scheme
+from infer_tool.schemes.fp8 import Fp8Scheme
 
 
-class Fp8Quantizer(LayerQuantizer):
+@register_quantizer(Fp8Scheme)
+class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
     def needs(self, scheme: Fp8Scheme) -> Needs:
         return Needs(hessian=scheme.needs_hessian, activation_stats=scheme.needs_activation_stats,
                      layer_pass=scheme.kv_cache == "fp8")
@@ -87,7 +89,7 @@ class Fp8Quantizer(LayerQuantizer):
             fw.info["clip_loss_ratio"] = search.loss_chosen / max(search.loss_unclipped, 1e-30)
         return fw
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Fp8Scheme) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def quantize_layer(self, ctx: LayerContext, scheme: Fp8Scheme) -> LayerOutputs:
         layer, arch, e = ctx.layer, ctx.arch, ctx.error_chunks
         Y = run_layer(layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
         groups = [g for g in arch.groups if any(ctx.is_target(n) for n in g)]
@@ -115,7 +117,7 @@ class Fp8Quantizer(LayerQuantizer):
             with recording_kv(layer, f"{ctx.prefix}.") as kv:
                 run_layer(layer, ctx.X, ctx.calls)
             ctx.result.kv_amax.update(_over_processes(kv))
-        return Y, run_counting(ctx) if ctx.moe is not None and routing is None else run_layer(layer, ctx.X, ctx.calls)
+        return LayerOutputs(Y, run_counting(ctx) if ctx.moe is not None and routing is None else run_layer(layer, ctx.X, ctx.calls))
 
     def _quantize_experts(self, ctx: LayerContext, scheme: Fp8Scheme, routing: Routing | None) -> None:
         """The shared expert, then every expert, one at a time; `routing` None: no statistics."""
@@ -161,5 +163,3 @@ def _over_processes(kv: dict[str, Any]) -> dict[str, Any]:
         kv[n].k_amax, kv[n].v_amax, kv[n].tokens = amax[2 * i], amax[2 * i + 1], tokens[i]
     return kv
 
-
-QUANTIZER = Fp8Quantizer()

@@ -21,31 +21,33 @@ quantized gate/up. Starved experts (routed mode) fall back to RTN.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from infer_tool.calib.distributed import chunks
 from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, run_until, weight_nk
 from infer_tool.calib.moe import Routing, capturing_routing
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record, record_rtn_fallback
+from infer_tool.calib.quantizers import register_quantizer
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, record, record_rtn_fallback
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.schemes.integer import GPTQScheme
 
 SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the solver keeps ~3 copies)
 
 
-class GPTQQuantizer(LayerQuantizer):
-    def needs(self, scheme: Any) -> Needs:
+@register_quantizer(GPTQScheme)
+class GPTQQuantizer(LayerQuantizer[GPTQScheme]):
+    def needs(self, scheme: GPTQScheme) -> Needs:
         return Needs(hessian=True)
 
-    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Any, name: str) -> QuantizedWeight:
+    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: GPTQScheme, name: str) -> QuantizedWeight:
         return quantize_gptq(W, stats, scheme)
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def quantize_layer(self, ctx: LayerContext, scheme: GPTQScheme) -> LayerOutputs:
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
         e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
         Y, points = replay_points(layer, arch, X[:e], calls[:e])
@@ -77,9 +79,9 @@ class GPTQQuantizer(LayerQuantizer):
             del routing
         with replaying(points, cached):
             Y_hat = run_layer(layer, X, calls)
-        return Y, Y_hat
+        return LayerOutputs(Y, Y_hat)
 
-    def _quantize_experts(self, ctx: LayerContext, scheme: Any, routing: Routing) -> None:
+    def _quantize_experts(self, ctx: LayerContext, scheme: GPTQScheme, routing: Routing) -> None:
         """Gate/up of the shared expert and of every expert, then every down (see above)."""
         moe, mode = ctx.moe, ctx.moe.calibration.mode
         jobs: list[int | None] = []  # None: the shared expert
@@ -121,7 +123,7 @@ class GPTQQuantizer(LayerQuantizer):
                         pass
             self.quantize_linear(ctx.result, ctx.full(down), head, ctx.arch, acc["down"].result(), scheme)
 
-    def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: Any) -> None:
+    def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: GPTQScheme) -> None:
         """GPTQ of linears that share one Hessian as one solve over their stacked rows: GPTQ's
         updates are row-wise given H, so this is each linear's own solve (up to rounding),
         with one factorisation and one column loop instead of one per linear."""
@@ -147,5 +149,3 @@ def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
         acc.add(x)
     return acc.result()
 
-
-QUANTIZER = GPTQQuantizer()
