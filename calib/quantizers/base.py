@@ -15,7 +15,7 @@ one expert at a time (`calib/moe.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -67,6 +67,7 @@ class LayerContext:
     prefix: str  # its full name, e.g. model.layers.3
     X: list[torch.Tensor]  # input chunks (b, T, D)
     calls: list[LayerCall]  # the layer's other arguments per chunk
+    _: KW_ONLY
     arch: Architecture
     targets: set[str]  # full names of the linears to quantize
     result: PipelineResult
@@ -166,7 +167,8 @@ class LayerQuantizer(Generic[S]):
         raise NotImplementedError
 
     def quantize_linear(
-        self, result: PipelineResult, full: str, module: nn.Module, arch: Architecture, stats: LayerStats | None, scheme: S
+        self, result: PipelineResult, full: str, module: nn.Module, arch: Architecture, stats: LayerStats | None,
+        scheme: S,
     ) -> None:
         """Solve one linear and record it."""
         weight = self.solve(weight_nk(module, arch.conv1d).detach(), stats, scheme, full)
