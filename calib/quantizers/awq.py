@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodule
+from infer_tool.calib.architectures import AWQMapping, get_submodule
 from infer_tool.calib.distributed import on_first
 from infer_tool.calib.layers import (
     LayerCall,
@@ -108,7 +108,7 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
 
     def _search_fold_quantize(self, ctx: LayerContext, scheme: AWQScheme) -> list[torch.Tensor]:
         """AWQ on one block; returns the fp block outputs Y (measured before any change)."""
-        layer, arch, prefix, result = ctx.layer, ctx.arch, ctx.prefix, ctx.result
+        layer, arch, result = ctx.layer, ctx.arch, ctx.result
         heads = group_modules(layer, arch)
         accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=False) for k, m in heads.items()}
         keep: dict[str, list[torch.Tensor]] = {k: [] for k in heads}
@@ -132,7 +132,8 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         found: list[tuple[AWQMapping, torch.Tensor]] = []
         entries = result.method_report.setdefault("awq", [])
         for m in arch.mappings:
-            s = self.search_mapping(ctx, m, scheme, lambda: stats[group_of(arch, m.balance[0])].act_abs_mean, icalls, iouts, entries)
+            s = self.search_mapping(ctx, m, scheme, lambda: stats[group_of(arch, m.balance[0])].act_abs_mean, icalls,
+                                    iouts, entries=entries)
             if s is not None:
                 found.append((m, s))
         if experts:
@@ -156,7 +157,7 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
 
     def search_mapping(
         self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme, x_abs_mean: Callable[[], torch.Tensor],
-        icalls: dict[str, list[LayerCall]], iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]],
+        icalls: dict[str, list[LayerCall]], iouts: dict[str, list[torch.Tensor]], *, entries: list[dict[str, Any]],
     ) -> torch.Tensor | None:
         """The scale search of one mapping on the fp block (its entry appended to `entries`):
         s (K,), or None when the mapping is skipped. `icalls` / `iouts`: the inspected
