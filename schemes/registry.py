@@ -32,7 +32,7 @@ writer, plus the pure solver they meet at and a few-line quantizer that calls it
    goes in the `method` option's help.
 6. `--eval` measures ppl "as deployed": a kind whose runtime is not its dequantized weights
    (FP8's W8A8 kernels) adds its runtime to `jobs/quantize_run.as_deployed` and a line to
-   `jobs/quantize.EVALUATED`.
+   `jobs/quantize_report.EVALUATED`.
 
 A new method over an existing format (e.g. `autoround`, `awq+gptq`) is one quantizer
 module, plus the scheme subclass that holds the method's options and defaults:
