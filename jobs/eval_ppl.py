@@ -3,7 +3,6 @@ windows) as a library function, `evaluate(EvalOptions) -> dict` (the report)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,11 +47,6 @@ def check(opts: EvalOptions) -> None:
     for spec in (opts.model, opts.baseline):
         if spec is not None:
             classify_model_spec(spec, opts.allow_pickle)
-
-
-def rank0() -> bool:
-    """Under accelerate launch / torchrun only rank 0 reports."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str, Any]:

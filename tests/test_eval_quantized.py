@@ -13,7 +13,7 @@ from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Scheme, quantize_fp8_weight
 from infer_tool.packers.rtn import quantize_rtn
-from infer_tool.packers.scheme import make_scheme
+from infer_tool.schemes.registry import make_scheme
 from tiny import TEXT, make_llama, make_tokenizer
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

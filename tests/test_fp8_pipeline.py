@@ -19,7 +19,7 @@ from infer_tool.calib.pipeline import quantize_model
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Weight
-from infer_tool.packers.scheme import Fp8Scheme
+from infer_tool.schemes.fp8 import Fp8Scheme
 from infer_tool.packers.fp8_formats import kv_scale_tensors, read_kv_scales
 
 

@@ -16,22 +16,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "sizing", "kernels", "packers", "calib", "evals", "spec", "jobs", "cli")
+PACKAGES = ("common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec", "jobs", "cli")
 # package -> the infer_tool packages it may import
 ALLOWED = {
     "common": set(),
     "sizing": {"common"},
+    "schemes": {"common"},
     "kernels": {"common"},
-    "packers": {"common", "kernels"},
-    "calib": {"common", "packers"},
+    "packers": {"common", "schemes", "kernels"},
+    "calib": {"common", "schemes", "packers"},
     "evals": {"common", "kernels", "packers", "calib"},
     "spec": {"common", "sizing", "calib", "evals"},
-    "jobs": {"common", "sizing", "kernels", "packers", "calib", "evals", "spec"},
-    "cli": {"common", "sizing", "kernels", "packers", "calib", "evals", "spec", "jobs"},
+    "jobs": {"common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec"},
+    "cli": {"common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec", "jobs"},
 }
 # package -> third-party libraries it must not import
 BANNED = {
     "sizing": {"torch", "transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},
+    "schemes": {"transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},  # torch: inside functions only
     "common": {"transformers", "triton", "datasets", "typer", "rich"},  # torch: inside functions only (common/device.py)
     "kernels": {"transformers", "datasets", "typer", "rich"},
     "packers": {"transformers", "datasets", "typer", "rich"},
