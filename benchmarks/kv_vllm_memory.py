@@ -72,10 +72,10 @@ def _total_label(case: dict, r: Report) -> str:
 def available_table(cases: list[dict]) -> list[tuple[str, str, float]]:
     print("### Available KV cache memory per GPU (the default path: vLLM's profile, modelled)\n")
     print(
-        "| case | role | GPU (CUDA total) | vLLM | stage | requested | weights | activation peak | non-torch "
-        "| CUDA graphs | predicted available | logged | error |"
+        "| case | role | GPU (CUDA total) | vLLM | runner | stage | requested | weights | activation peak "
+        "| non-torch | CUDA graphs | predicted available | logged | error |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     errors = []
     for case in cases:
         logged = case["logged"].get("available_kv_gib")
@@ -90,8 +90,8 @@ def available_table(cases: list[dict]) -> list[tuple[str, str, float]]:
             if not p.cudagraphs.in_budget and p.cudagraphs.estimate_bytes:
                 graphs += " (not subtracted)"
             print(
-                f"| {case['id']} | {case['role']} | {_total_label(case, r)} | {case['vllm_version']} | {stage} "
-                f"| {_gib(p.requested)} | {weights} | {_gib(p.activation.bytes)} ({p.activation.where}) "
+                f"| {case['id']} | {case['role']} | {_total_label(case, r)} | {case['vllm_version']} "
+                f"| {'V2' if r.fit.model_runner_v2() else 'V1'} | {stage} | {_gib(p.requested)} | {weights} | {_gib(p.activation.bytes)} ({p.activation.where}) "
                 f"| {p.non_torch_bytes / 2**20:.0f} MiB | {graphs} | {_gib(p.available)} | {lg:.2f} "
                 f"| {_err(p.available / GiB, lg)} ({p.available / GiB - lg:+.2f} GiB) |"
             )

@@ -74,3 +74,25 @@ def test_gpu_totals_cite_a_source_and_sit_under_the_driver_figure():
         if g.cuda_memory_bytes is not None:
             assert g.cuda_source, key
             assert g.cuda_memory_bytes <= g.memory_bytes, key
+
+
+@pytest.mark.parametrize(
+    "case_id, seqs, mnbt, counts",
+    [
+        # hand count: [1, 2, 4] + 8..248 step 8 (31) + 256..512 step 16 (17) = 51 PIECEWISE; <= 256: 35 FULL
+        ("qwen3-8b-a5000", 256, 8192, (51, 35, 512)),
+        # top = min(2 x 128, 512) = 256: [1, 2, 4] + 8..248 (31) + 256 = 35; <= 128: 3 + 16 = 19 FULL
+        ("qwen2.5-7b-v1-0.22", 128, 2048, (35, 19, 256)),
+        # top = 16: [1, 2, 4, 8, 16] = 5; <= 8: 4 FULL
+        ("qwen3.6-27b-nvfp4-dgx-spark", 8, 65536, (5, 4, 16)),
+    ],
+)
+def test_capture_sizes_give_the_logged_graph_counts(case_id, seqs, mnbt, counts):
+    from infer_tool.sizing.vllm_memory import ProfileEngine, capture_sizes
+
+    case = next(c for c in CASES if c["id"] == case_id)
+    assert (case["engine"]["max_num_seqs"], case["engine"]["max_num_batched_tokens"]) == (seqs, mnbt)
+    g = case["logged"]["cudagraphs"]
+    assert (g["piecewise"], g["full"], g["largest"]) == counts
+    sizes = capture_sizes(ProfileEngine(max_num_batched_tokens=mnbt, max_num_seqs=seqs), "8.9")
+    assert (len(sizes), len([s for s in sizes if s <= seqs]), sizes[-1]) == counts
