@@ -2,7 +2,7 @@
 reference model on the windows `eval ppl` scores, as a library function,
 `evaluate(KldOptions) -> KldReport`.
 
-Both models are loaded as `eval ppl` loads a model (`evals.loading.load_for_eval`: whole,
+Both models are loaded as `eval ppl` loads a model (`evals.load_model.load_for_eval`: whole,
 on one device; `eval ppl` does not stream a model larger than memory, and neither does
 this) and stay resident for the window loop; one window's logits of each are held at a
 time. The token ids are the model's tokenizer's, as in `eval ppl`; the reference must have
@@ -126,7 +126,7 @@ def evaluate(opts: KldOptions, *, progress: Progress | None = None) -> KldReport
     from infer_tool.calib.models import load_tokenizer, resolve_model_dir
     from infer_tool.common.device import pick_device, torch_dtype
     from infer_tool.evals.kld import PROTOCOL, evaluate_kld
-    from infer_tool.evals.loading import backend_of, load_for_eval
+    from infer_tool.evals.load_model import backend_of, load_for_eval
     from infer_tool.evals.ppl import finish_distributed
 
     dt, dev = torch_dtype(opts.dtype), pick_device(opts.device)

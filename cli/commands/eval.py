@@ -95,7 +95,7 @@ def kld(
     """KL(reference ‖ MODEL) per token over the full vocabulary, on the positions eval ppl scores: mean (95% interval),
     percentiles, max, same top token, and both perplexities."""
     from infer_tool.jobs.eval_kld import check, evaluate
-    from infer_tool.jobs.eval_ppl import rank0
+    from infer_tool.common.launch import rank0
 
     opts = KldOptions(model, reference, data, text_field, seq_len, max_tokens, stride, dtype, device, kv_cache_dtype,
                       allow_pickle, trust_remote_code)
