@@ -332,15 +332,10 @@ def test_guard_passes_under_other_kernels(tmp_path: Path) -> None:
 
 
 def _awq_scheme() -> type:
-    """The AWQ scheme dataclass (the restructure moves it: its one lookup)."""
-    for module in ("infer_tool.schemes", "infer_tool.schemes.awq", "infer_tool.packers.scheme"):
-        try:
-            cls = getattr(importlib.import_module(module), "AWQScheme", None)
-        except ImportError:
-            continue
-        if cls is not None:
-            return cls
-    raise AssertionError("AWQScheme not found: update _awq_scheme")
+    """The AWQ scheme dataclass (its one lookup, should it move again)."""
+    from infer_tool.schemes.integer import AWQScheme
+
+    return AWQScheme
 
 
 # The one function the dropped-fold change replaces: where AWQ's layer quantizer calls it.
