@@ -63,7 +63,7 @@ def choose_config(M: int, N: int, K: int, num_sms: int) -> Fp4Config:
     # compiles them with ptxas); the gemv accumulator holds BLOCK_M x BLOCK_K x BLOCK_N fp32.
     if M <= 4:
         block_m = triton.next_power_of_2(M)
-        cfg = Fp4Config("gemv", BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=128 // block_m, num_warps=4, num_stages=2)
+        cfg = Fp4Config("gemv", BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=64 // block_m, num_warps=4, num_stages=2)
     elif M <= 64:
         block_m = max(16, triton.next_power_of_2(M))
         cfg = Fp4Config("splitk", BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64,

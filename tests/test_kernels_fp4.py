@@ -182,19 +182,24 @@ def test_every_scale_code_decodes_exactly(fmt, M):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("M", [1, 3, 16, 256], ids=["gemv1", "gemv4", "splitk", "tiled"])
+@pytest.mark.parametrize("M", [1, 3, 16, 2048], ids=["gemv1", "gemv4", "splitk", "tiled"])
 @pytest.mark.parametrize("arch", [80, 90])
 def test_compiles_for_ampere_and_hopper(fmt, M, arch):
-    """Ahead of time through Triton and ptxas (no GPU): the default configurations compile
-    for sm_80 (no fp8 instructions: the scales are decoded with integer arithmetic) and
-    sm_90, the dot paths use tensor cores, and nothing spills to the stack."""
+    """Ahead of time through Triton and ptxas (no GPU), the default configurations for a
+    4096 x 4096 weight on a 132-SM GPU: they compile for sm_80 (no fp8 instructions: the
+    scales are decoded with integer arithmetic) and sm_90, the dot paths use tensor
+    cores, and nothing spills to the stack."""
     from infer_tool.kernels import fp4
     from infer_tool.kernels.backend import resource_usage
 
-    K, N = 512, 384
-    _, packed, (s, gs), _ = make_problem(fmt, 1, K, N, seed=29)
-    x = torch.randn(M, K, dtype=torch.bfloat16)
-    launch, _ = fp4.plan(x, packed, s, gs)
+    K = N = 4096
+    packed = torch.zeros(N, K // 2, dtype=torch.uint8)
+    if fmt == "nvfp4":
+        s, gs = torch.ones(N, K // 16).to(torch.float8_e4m3fn), torch.ones(1)
+    else:
+        s, gs = torch.full((N, K // 32), 127, dtype=torch.uint8), None
+    x = torch.zeros(M, K, dtype=torch.bfloat16)  # CPU tensors: only dtypes and shapes matter
+    launch, _ = fp4.plan(x, packed, s, gs, config=choose_config(M, N, K, 132))
     compiled = launch.compile_for(arch)
     assert ("mma" in compiled.asm["ptx"]) == ("DOT_PRECISION" in launch.meta)
     assert resource_usage(compiled)["stack"] == 0
