@@ -113,7 +113,7 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes (uint8 0..15: sign bit 3, magnitude index 0..2) of the rounded x."""
+    """E2M1 codes of the rounded x: uint8 0..15, bit 3 the sign, bits 0..2 the magnitude index."""
     return e2m1_index(x) | ((x < 0).to(torch.uint8) * SIGN_BIT)
 
 

@@ -156,6 +156,17 @@ def test_pack_order_low_nibble_first_and_round_trip():
         pack_fp4(torch.tensor([[3, 16]]))
 
 
+def test_effective_scale_names_the_format_it_needs():
+    s = torch.full((2, 1), 448.0).to(torch.float8_e4m3fn)
+    assert effective_scale(s, torch.tensor([2.0])).tolist() == [[224.0], [224.0]]
+    with pytest.raises(ValueError, match="need the tensor's global scale"):
+        effective_scale(s)
+    with pytest.raises(ValueError, match="have no global scale"):
+        effective_scale(torch.full((2, 1), 127, dtype=torch.uint8), torch.ones(1))
+    with pytest.raises(ValueError, match="float8_e4m3fn \\(NVFP4\\) or uint8"):
+        effective_scale(torch.ones(2, 1))
+
+
 def test_decode_e8m0_is_exact():
     u = torch.arange(255, dtype=torch.int32).to(torch.uint8)
     ref = torch.tensor([math.ldexp(1.0, int(i) - 127) for i in u], dtype=torch.float64)
