@@ -1,7 +1,9 @@
 """FP4 (E2M1) quantization for compressed-tensors' NVFP4 and MXFP4 formats: rounding to
 the grid, group and global scales, an MSE search of the group scale, the per-column
 quantizer GPTQ calls, the fake quantizer AWQ scores with, and W4A4 activation
-fake-quantization. Pure tensor functions; bits are laid out by `kernels/fp4_layout.py`.
+fake-quantization. Pure tensor functions; bits are laid out by `kernels/fp4_layout.py`;
+the E2M1 rounding, the E8M0 scale rule and vLLM's W4A4 activation rules are the runtime's,
+in `kernels/fp4_act.py` (imported here under the same names).
 
 Grid and rounding. E2M1 magnitudes (0, 0.5, 1, 1.5, 2, 3, 4, 6); `x` rounds to the
 nearest, ties to the even mantissa (0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2,
@@ -61,15 +63,18 @@ from __future__ import annotations
 
 import torch
 
-from infer_tool.kernels.fp4_layout import E2M1_MAX, E2M1_VALUES, GROUP_SIZE, SIGN_BIT, effective_scale
+from infer_tool.kernels.fp4_act import (
+    E4M3_MAX,
+    e2m1_index,
+    mxfp4_group_scales,
+    mxfp4_qdq_activations,
+    nvfp4_qdq_activations,
+    round_to_e2m1,
+)
+from infer_tool.kernels.fp4_layout import E2M1_MAX, GROUP_SIZE, SIGN_BIT, effective_scale
 
-E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 NVFP4_ZERO_SCALE = 0.125  # stored for a group scale that rounds to 0 (compressed-tensors `_get_dtype_eps`)
-MX_ELEM_EMAX = 2  # floor(log2(E2M1_MAX)): the E8M0 exponent offset
 MSE_DEFAULTS = {"grid": 100.0, "maxshrink": 0.2, "norm": 2.4, "patience": 5}  # llm-compressor's
-
-# Rounding thresholds on |x| (see module doc): index = number of thresholds passed.
-_UP = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
 def _group_size(fmt: str) -> int:
@@ -93,23 +98,6 @@ def _group_of(w: torch.Tensor, scale: torch.Tensor) -> int:
             f"FP4: scales {tuple(scale.shape)} do not divide a tensor {tuple(w.shape)} into groups along K"
         )
     return K // G
-
-
-def e2m1_index(x: torch.Tensor) -> torch.Tensor:
-    """Index into `E2M1_VALUES` of the nearest grid magnitude of |x| (ties to even,
-    saturating at 6), uint8 of x's shape."""
-    a = x.abs()
-    idx = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
-    for t, inclusive in _UP:
-        idx += (a >= t) if inclusive else (a > t)
-    return idx
-
-
-def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Nearest E2M1 value of every element (float, x's dtype); negative values that round
-    to zero give -0.0."""
-    mag = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)[e2m1_index(x).long()]
-    return torch.where(x < 0, -mag, mag)
 
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
@@ -157,13 +145,6 @@ def nvfp4_group_scales(amax_g: torch.Tensor, global_scale: torch.Tensor) -> torc
     s = global_scale.to(torch.float32) * (amax_g / E2M1_MAX)
     s = s.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
     return torch.where(s == 0, NVFP4_ZERO_SCALE, s).to(torch.float8_e4m3fn)
-
-
-def mxfp4_group_scales(amax_g: torch.Tensor) -> torch.Tensor:
-    """E8M0 biased exponents uint8 `(N, G)` from group amax `(N, G)` (the "even" rule)."""
-    bits = amax_g.to(torch.float32).abs().view(torch.int32)
-    binade = ((bits + (1 << 21)) >> 23) & 0xFF  # fp32 exponent field after rounding up mantissas >= 1.75
-    return (binade - MX_ELEM_EMAX).clamp(0, 254).to(torch.uint8)  # 127 + (binade - 127) - 2
 
 
 def expand_scales(eff_scale: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -282,22 +263,10 @@ def nvfp4_fake_quantize_input(x: torch.Tensor, input_global_scale: torch.Tensor,
         return fake_quantize(xg, eff.unsqueeze(-1)).flatten(-2).to(x.dtype)
     if rule != "vllm":
         raise ValueError(f"unknown rule {rule!r}; expected 'vllm' or 'compressed-tensors'")
-    vec_max = xg.abs().amax(dim=-1, keepdim=True).to(torch.float32)
-    s = gs * (vec_max * (1 / E2M1_MAX))
-    s = s.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    out_scale = _reciprocal(s * _reciprocal(gs))
-    q = round_to_e2m1((xg.to(torch.float32) * out_scale).clamp(-E2M1_MAX, E2M1_MAX))
-    return (q * (s / gs)).flatten(-2).to(x.dtype)
-
-
-def _reciprocal(t: torch.Tensor) -> torch.Tensor:
-    """vLLM's `get_reciprocal`: 1 / t, with 1e-8 where t == 0."""
-    return 1.0 / (t + (t == 0) * 1e8)
+    return nvfp4_qdq_activations(x, gs)
 
 
 def mxfp4_fake_quantize_input(x: torch.Tensor) -> torch.Tensor:
     """W4A4 MXFP4 activation quantize-dequantize `(..., K)` -> x's dtype: dynamic per-32
-    E8M0 scales ("even" rule), values rounded to E2M1."""
-    xg = _grouped(x.float(), GROUP_SIZE["mxfp4"])
-    eff = effective_scale(mxfp4_group_scales(xg.abs().amax(dim=-1)))
-    return fake_quantize(xg, eff.unsqueeze(-1)).flatten(-2).to(x.dtype)
+    E8M0 scales ("even" rule), values rounded to E2M1 (`kernels/fp4_act.py`)."""
+    return mxfp4_qdq_activations(x)
