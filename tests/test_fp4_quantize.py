@@ -8,6 +8,7 @@ The numerics themselves are tests/test_fp4.py's."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -286,6 +287,31 @@ def test_checkpoint_layout_and_config_are_llm_compressors(runs: dict, name: str)
         assert t[f"{n}.weight_scale"].dtype == (torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8)
         assert (f"{n}.weight_global_scale" in t) == (fmt == "nvfp4") and f"{n}.weight_shape" not in t
         assert (f"{n}.input_global_scale" in t) == (w4a4 and fmt == "nvfp4")
+
+
+@pytest.mark.parametrize("name,weights", [("rtn-nvfp4-a16", "nvfp4a16"), ("rtn-nvfp4-w4a4", "nvfp4"),
+                                          ("gptq-mxfp4-w4a4-mse", "mxfp4")])
+def test_kv_budget_weights_count_the_checkpoints_real_bytes(runs: dict, name: str, weights: str) -> None:
+    """`kv-budget --weights nvfp4|nvfp4a16|mxfp4` (an estimate from config.json) counts exactly the
+    bytes the checkpoint's quantized linears hold on disk (values, group scales, global and input
+    global scales), and leaves 16-bit exactly the parameters the quantizer left unquantized."""
+    from infer_tool.common.safetensors_header import tensor_headers
+    from infer_tool.sizing.hf_config import load_config, shape_from_config
+    from infer_tool.sizing.weights import weight_bytes
+
+    path = runs["root"] / name
+    headers = {k: v for k, v in tensor_headers(path / "model.safetensors")[0].items() if k != "__metadata__"}
+    linears = {k.removesuffix(".weight_packed") for k in headers if k.endswith(".weight_packed")}
+    size = {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in headers.items()}
+    packed = sum(b for k, b in size.items() if k.rsplit(".", 1)[0] in linears)
+    rest = {k: v for k, v in headers.items() if k.rsplit(".", 1)[0] not in linears}
+    rest_params = sum(math.prod(v["shape"]) for v in rest.values())
+    wb = weight_bytes(shape_from_config(load_config(path), name=name).params, weights)
+    assert len(linears) == 14 and wb.quantized == packed
+    assert wb.unquantized == 2 * rest_params
+    code, text = invoke("kv-budget", path, "--weights", weights, "--json")
+    assert code == 0, text
+    assert json.loads(text)["weights"]["bytes_total"] == packed + 2 * rest_params
 
 
 def _fused(names: list[str]) -> list[list[str]]:
