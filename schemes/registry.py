@@ -36,6 +36,16 @@ writer, plus the pure solver they meet at and a few-line quantizer that calls it
    (FP8's W8A8 kernels) adds its runtime to `jobs/quantize_run.as_deployed` and a line to
    `jobs/quantize_report.EVALUATED`.
 
+A number format that existing methods round to (FP4: RTN, GPTQ and AWQ on the E2M1 grid)
+is the same, with one scheme class per method in the format's module: the format's fields
+on a base class, each method's options as fields whose defaults are the INT method scheme's
+(`GPTQScheme.damp`, ..., never restated values), validated by constructing that scheme.
+The classes are registered under the method names; `scheme_class(method, options)` picks
+the one that takes every option given (a field only the new format has, e.g. `fp4`,
+selects it), and the method's quantizer subclasses the INT one with the format's solver
+and hooks (AWQ's `qdq`, GPTQ's per-column quantizer, `LayerContext.rtn` for fallbacks).
+`schemes/fp4.py` and `calib/quantizers/fp4.py` are the example.
+
 A new method over an existing format (e.g. `autoround`, `awq+gptq`) is one quantizer
 module, plus the scheme subclass that holds the method's options and defaults:
 
