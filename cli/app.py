@@ -30,7 +30,7 @@ app = typer.Typer(
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # ~50 ms: only for --version
+    from importlib.metadata import PackageNotFoundError, version  # imported only for --version
 
     try:
         return version("infer-tool")

@@ -197,7 +197,7 @@ def _validate(req: PlanRequest, contexts: tuple[int, ...]) -> None:
         raise BadInput("give --weights or --weights-memory, not both")
 
 
-def _speed(req: PlanRequest, gpu: GpuPreset, shape: ModelShape, dep: capacity.Deployment, weights: str,
+def _speed(req: PlanRequest, gpu: GpuPreset, shape: ModelShape, dep: capacity.Deployment, *, weights: str,
            weight_total: int, context: int, concurrency: int) -> roofline.StepTimes | None:
     if not gpu.has_speed or shape.params is None:
         return None
@@ -261,7 +261,8 @@ def plan(req: PlanRequest) -> Report:
     for c in contexts:
         for n in req.concurrencies:
             row = fit.row(c, n)  # speed only where it would run
-            rows.append(ReportRow(c, n, row, _speed(req, gpu, shape, dep, speed_dtype, total, c, n) if row.fits else None))
+            rows.append(ReportRow(c, n, row, _speed(req, gpu, shape, dep, weights=speed_dtype, weight_total=total, context=c,
+                                                  concurrency=n) if row.fits else None))
     report = Report(
         request=req,
         resolved=resolved,
@@ -294,7 +295,7 @@ def plan(req: PlanRequest) -> Report:
 
 
 def _solve(req: PlanRequest, shape: ModelShape, gpus: list[GpuPreset], target: solve.Target,
-           dep: capacity.Deployment, engine: vllm_kv.EngineArgs, limit: int) -> list[solve.Candidate]:
+           dep: capacity.Deployment, engine: vllm_kv.EngineArgs, *, limit: int) -> list[solve.Candidate]:
     kv_dtypes = solve.SOLVE_KV if req.accounting == "vllm" else (*solve.SOLVE_KV, "int8", "int4")
     return solve.solve(shape, gpus, target, replace(dep, kv_cache_memory_bytes=None), accounting=req.accounting,
                        engine=engine, kv_dtypes=kv_dtypes, group_size=req.group_size, spec=req.spec,

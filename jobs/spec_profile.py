@@ -299,7 +299,8 @@ def spec_profile(
                                         output_len=opts.max_new_tokens, max_k=max(c.ks))
     notes = notes_for(opts, loaded, drafts, len(ids))
     result = profile(
-        opts.target, loaded.model, vocab, drafts, ids, c.ks, opts.max_new_tokens, opts.temperature, opts.top_p,
+        opts.target, loaded.model, vocab, drafts, ids, ks=c.ks, max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature, top_p=opts.top_p,
         cost_ratio=opts.cost_ratio, seed=opts.seed, categories=categories, loop=opts.loop,
         clock=CLOCKS[c.clock], projection=projection, progress=progress,
     )

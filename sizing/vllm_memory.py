@@ -54,7 +54,7 @@ What the code does not fix, and where the number comes from instead:
   (see its comment), not derived. The largest capture's drop also holds the eager
   warm-up `_warmup_and_capture` runs first at that size (default pool, emptied just
   before), a second copy of its activations: not added, since the constant was set
-  with one copy; it is 0.03-0.06 GiB for the logged cases.
+  with one copy (docs/kv-budget-memory.md gives its size on the logged cases).
 - NCCL communicator buffers before 0.11 (TP > 1): not modelled (a note says so).
 Activations are counted in 16-bit (vLLM serves float32 checkpoints in bf16).
 """

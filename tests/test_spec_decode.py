@@ -197,7 +197,8 @@ def test_teacher_forced_beta_equals_step_by_step(target, prompts) -> None:
 def test_sampled_loop_and_profile(target, prompts) -> None:
     """Temperature > 0: the loop emits the asked tokens; the profile's numbers are consistent."""
     drafts = drafts_of(target)[1:3]
-    result = profile("tiny", target, V, drafts, prompts, [1, 3], 12, 1.0, 0.9, cost_ratio=None, seed=0,
+    result = profile("tiny", target, V, drafts, prompts, ks=[1, 3], max_new_tokens=12, temperature=1.0, top_p=0.9,
+                     cost_ratio=None, seed=0,
                      n_boot=200, timing_rounds=2)
     assert [d.name for d in result.drafts] == ["truncated:2", "prompt-lookup:2"]
     assert result.basis == "measured" and result.tokens == len(prompts) * 11

@@ -171,7 +171,8 @@ def test_profile_follows_fake_timing(base_ms, per_token_ms, best_k) -> None:
     prompts = [torch.randint(0, V, (n,), generator=g) for n in (9, 14)]
     target = priced(tiny(0), base_ms, per_token_ms)
     draft = ModelDraft("noisy", priced(tiny(1, noise=0.2), 0.8, 0.0), V)  # alpha ~ 0.6
-    result = profile("fake", target, V, [draft], prompts, [1, 3], 16, 0.0, 1.0, cost_ratio=None, seed=0,
+    result = profile("fake", target, V, [draft], prompts, ks=[1, 3], max_new_tokens=16, temperature=0.0, top_p=1.0,
+                     cost_ratio=None, seed=0,
                      n_boot=100, timing_rounds=3, clock=time.thread_time)
     d = result.drafts[0]
     assert 0.3 < d.acceptance.alpha < 0.9
