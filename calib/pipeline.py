@@ -336,7 +336,7 @@ def quantize_from_stats(
 
     def solve(layer: nn.Module, prefix: str) -> None:
         mine = {n: stats[f"{prefix}.{n}"] for n in arch.linears if f"{prefix}.{n}" in stats}
-        mine = quantizer.prepare_stats(layer, prefix, arch, mine, loop.targets, result, scheme)
+        mine = quantizer.prepare_stats(layer, prefix, arch, mine, targets=loop.targets, result=result, scheme=scheme)
         for n in arch.linears:
             full = f"{prefix}.{n}"
             if full in loop.targets:

@@ -190,7 +190,8 @@ def check_activation_ranges(stats_dir: Path, what: str) -> None:
                      if not isinstance(e.get("act_abs_max"), (int, float)) or not 0 <= e["act_abs_max"] < float("inf"))
     if bad:
         raise BadInput(f"--stats {str(stats_dir)!r}: {len(bad)} of its {len(layers)} linears have no activation range "
-                       f"(a finite act_abs_max; first: {bad[0]}), which {what} need; recalibrate with `infer-tool calibrate`")
+                       f"(a finite act_abs_max; first: {bad[0]}), which {what} need; "
+                       "recalibrate with `infer-tool calibrate`")
 
 
 def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object]]:

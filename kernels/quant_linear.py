@@ -163,7 +163,9 @@ class Fp4Linear(nn.Module):
         super().__init__()
         self.fmt = fp4_format(w_scale, global_scale)  # validates the pair
         if w_packed.dtype != torch.uint8 or w_packed.dim() != 2:
-            raise ValueError(f"Fp4Linear: w_packed must be uint8 (N, K/2), got {w_packed.dtype} {tuple(w_packed.shape)}")
+            raise ValueError(
+                f"Fp4Linear: w_packed must be uint8 (N, K/2), got {w_packed.dtype} {tuple(w_packed.shape)}"
+            )
         self.out_features, self.in_features = int(w_packed.shape[0]), 2 * int(w_packed.shape[1])
         if w4a4 and self.fmt == "nvfp4" and input_global_scale is None:
             raise ValueError("Fp4Linear: NVFP4 W4A4 needs the input_global_scale")

@@ -332,7 +332,8 @@ def awq_search_clip(
             if qdq_rows is not None:
                 q = qdq_rows(cur.reshape(b, K)).float().reshape(b, G, g)
             else:
-                q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype).reshape(b, G, g)
+                q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype)
+                q = q.reshape(b, G, g)
             err = (torch.bmm(xs, q.permute(1, 2, 0)) - org_out).pow(2).mean(dim=1)  # (G, b)
             err = err.transpose(0, 1).unsqueeze(-1)  # (b, G, 1)
             better = err < min_err

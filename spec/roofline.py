@@ -74,7 +74,8 @@ def weights_of(config: dict[str, Any]) -> tuple[str, int]:
             return "fp8", 128
         if w.get("type") == "float" and w.get("num_bits") == 4:  # NVFP4 (E4M3 scales per 16) / MXFP4 (E8M0 per 32)
             fmt = "nvfp4" if w.get("group_size") == 16 else "mxfp4"
-            inputs = [g.get("input_activations") for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+            groups = (qc.get("config_groups") or {}).values()
+            inputs = [g.get("input_activations") for g in groups if isinstance(g, dict)]
             return (fmt if any(inputs) else f"{fmt}a16"), int(w.get("group_size") or 16)
         bits, group = w.get("num_bits"), w.get("group_size") or -1
     else:

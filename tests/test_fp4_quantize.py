@@ -97,15 +97,20 @@ def test_method_picks_the_fp4_class_with_the_int_methods_defaults() -> None:
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (("--fp4", "nvfp4", "--group-size", "16"), "--fp4 does not go with --group-size: they set two number formats of --method awq"),
+    (("--fp4", "nvfp4", "--group-size", "16"),
+     "--fp4 does not go with --group-size: they set two number formats of --method awq"),
     (("--method", "fp8", "--fp4", "nvfp4"), "--fp4 does not apply to --method fp8 (only to --method awq / gptq / rtn)"),
     (("--fp4", "nvfp8"), "--fp4 'nvfp8' is not supported; use one of nvfp4, mxfp4"),
     (("--fp4", "nvfp4", "--fp4-activations", "fp8"), "--fp4-activations 'fp8' is not supported; use none"),
-    (("--fp4", "nvfp4", "--fp4-observer", "percentile"), "--fp4-observer 'percentile' is not supported; use one of minmax, mse"),
-    (("--fp4", "mxfp4", "--format", "awq"), "format 'awq' is not supported for fp4 weights; use one of compressed-tensors"),
-    (("--fp4", "nvfp4", "--format", "fp8"), "format 'fp8' is not supported for fp4 weights; use one of compressed-tensors"),
+    (("--fp4", "nvfp4", "--fp4-observer", "percentile"),
+     "--fp4-observer 'percentile' is not supported; use one of minmax, mse"),
+    (("--fp4", "mxfp4", "--format", "awq"),
+     "format 'awq' is not supported for fp4 weights; use one of compressed-tensors"),
+    (("--fp4", "nvfp4", "--format", "fp8"),
+     "format 'fp8' is not supported for fp4 weights; use one of compressed-tensors"),
 ])
-def test_bad_fp4_options_exit_2_in_one_line_before_any_work(tmp_path: Path, flags: tuple[str, ...], message: str) -> None:
+def test_bad_fp4_options_exit_2_in_one_line_before_any_work(tmp_path: Path, flags: tuple[str, ...],
+                                                            message: str) -> None:
     code, text = invoke("quantize", tmp_path / "no-model", "--out", tmp_path / "out", *flags)
     assert code == 2 and message in text and "Traceback" not in text
     assert not (tmp_path / "out").exists()
@@ -140,7 +145,8 @@ def _correlated(t: int, k: int, seed: int) -> torch.Tensor:
 def _outlier_channels(t: int, k: int, seed: int) -> torch.Tensor:
     """Correlated inputs whose channels' magnitudes vary by e^N(0,1) (AWQ's salient channels)."""
     g = torch.Generator().manual_seed(seed)
-    X = torch.randn(t, k, generator=g) @ (torch.randn(k, k, generator=g) / k**0.5) + 0.1 * torch.randn(t, k, generator=g)
+    mix = torch.randn(k, k, generator=g) / k**0.5
+    X = torch.randn(t, k, generator=g) @ mix + 0.1 * torch.randn(t, k, generator=g)
     return X * torch.exp(torch.randn(k, generator=g))
 
 
@@ -400,8 +406,11 @@ def test_transformers_with_compressed_tensors_gives_our_logits(runs: dict, name:
         m = ref.get_submodule(n)
         m.weight.data = w.dequantize(torch.bfloat16)
         if w.activations == "fp4":
-            quant = (lambda x, igs=w.input_global_scale: fp4.nvfp4_fake_quantize_input(x, igs, rule="compressed-tensors")) \
-                if w.fmt == "nvfp4" else fp4.mxfp4_fake_quantize_input
+            if w.fmt == "nvfp4":
+                def quant(x, igs=w.input_global_scale):
+                    return fp4.nvfp4_fake_quantize_input(x, igs, rule="compressed-tensors")
+            else:
+                quant = fp4.mxfp4_fake_quantize_input
             m.register_forward_pre_hook(lambda mod, args, quant=quant: (quant(args[0]),))
     ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -439,8 +448,8 @@ def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: 
     one for down (vLLM keeps their max), the shared expert its own."""
     (tmp_path / "corpus.txt").write_text(TEXT * 4)
     save_moe(tmp_path / "moe", "qwen2_moe")
-    code, text = invoke("quantize", tmp_path / "moe", "--calib", tmp_path / "corpus.txt", "--out", tmp_path / "q", *TINY,
-                        "--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4")
+    code, text = invoke("quantize", tmp_path / "moe", "--calib", tmp_path / "corpus.txt", "--out", tmp_path / "q",
+                        *TINY, "--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4")
     assert code == 0, text
     t = tensors(tmp_path / "q")
     ignore = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["ignore"]

@@ -217,7 +217,9 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         entries.append(entry.to_dict())
         return found_scale.scales
 
-    def qdq(self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
+    def qdq(
+        self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme
+    ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
         """How the scale search quantize-dequantizes mapping `m`'s scaled balance weights
         (`awq_search_scale`'s `qdq`); None: the scheme's INT RTN of each."""
         return None

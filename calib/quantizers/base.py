@@ -31,7 +31,6 @@ from infer_tool.calib.stats import LayerStats, relative_output_error
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.integer import QuantScheme
 
 S = TypeVar("S", bound=Scheme)
 
@@ -163,7 +162,7 @@ class LayerQuantizer(Generic[S]):
         return None
 
     def prepare_stats(
-        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], targets: set[str],
+        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
         result: PipelineResult, scheme: S,
     ) -> dict[str, LayerStats]:
         """From saved statistics (`quantize --stats`), before layer `prefix`'s linears are solved:
@@ -175,7 +174,6 @@ class LayerQuantizer(Generic[S]):
     def notes(self, result: PipelineResult, scheme: S) -> list[str]:
         """Notes for the report about what was written (e.g. shapes a runtime refuses)."""
         return []
-
 
     def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: S, name: str) -> Any:
         """Quantize one linear's weight W (N, K); `name` is its full name (for messages)."""

@@ -149,7 +149,7 @@ class Fp4Layer:
         return quantize_fp4_rtn(W, None, scheme, global_scale=self.global_scale(name))
 
     def prepare_stats(
-        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], targets: set[str],
+        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
         result: PipelineResult, scheme: Fp4Scheme,
     ) -> dict[str, LayerStats]:
         self.scales = GlobalScales.of_layer(layer, prefix, arch, None, targets, scheme)
@@ -258,7 +258,9 @@ class Fp4AWQQuantizer(Fp4Layer, AWQQuantizer):
         set_input_scales(ctx, amax, scheme)
         return LayerOutputs(Y, Y_hat)
 
-    def qdq(self, ctx: LayerContext, m: AWQMapping, scheme: Fp4AWQScheme) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    def qdq(
+        self, ctx: LayerContext, m: AWQMapping, scheme: Fp4AWQScheme
+    ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
         """Each fused group of `m`'s balance linears (an MoE mapping holds every expert's gate/up)
         quantize-dequantized with one global scale of its own."""
         names = [ctx.full(b) for b in m.balance]
