@@ -88,7 +88,8 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "llmc GPTQ asym": (LLMC, ["--method", "gptq", "--asym"], []),
     "llmc AWQ sym": (LLMC, ["--method", "awq"], []),
     "llmc AWQ asym": (LLMC, ["--method", "awq", "--asym"], []),
-    **{f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], []) for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")},
+    **{f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
+       for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")},
     "llmc NVFP4A16 GPTQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "gptq"], []),
     "llmc NVFP4A16 AWQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "awq"], []),
 }
@@ -129,7 +130,8 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
     else:
         common = ["--calib", args.calib, "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len),
                   "--seed", str(args.seed), "--out", str(out), "--json", "--no-progress"]
-        method = {FP8: ["--method", "fp8"], FP4: []}.get(kind, ["--group-size", str(args.group_size)])  # FP4 fixes its groups
+        # FP4 fixes its groups
+        method = {FP8: ["--method", "fp8"], FP4: []}.get(kind, ["--group-size", str(args.group_size)])
         r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
         quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
     ev = eval_ppl(str(out), args, eval_flags)

@@ -445,12 +445,18 @@ def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: 
     """Qwen2-MoE (a shared expert), GPTQ NVFP4 W4A4: every expert quantized, the routers left
     out; each expert's gate/up share one global scale (vLLM's MoE uses w1's for w13, which then
     changes nothing), every routed expert of a layer has one input global scale for gate/up and
-    one for down (vLLM keeps their max), the shared expert its own."""
+    one for down (vLLM keeps their max), the shared expert its own; `eval ppl` of the checkpoint
+    equals `--eval`'s."""
     (tmp_path / "corpus.txt").write_text(TEXT * 4)
     save_moe(tmp_path / "moe", "qwen2_moe")
     code, text = invoke("quantize", tmp_path / "moe", "--calib", tmp_path / "corpus.txt", "--out", tmp_path / "q",
-                        *TINY, "--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4")
+                        "--eval", tmp_path / "corpus.txt", *EVAL, *TINY,
+                        "--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4")
     assert code == 0, text
+    ppl = json.loads(text)["eval"]["ppl_after"]
+    code, text = invoke("eval", "ppl", tmp_path / "q", "--data", tmp_path / "corpus.txt", "--max-tokens", "256",
+                        "--seq-len", "64", "--json", "--no-progress", "--device", "cpu")
+    assert code == 0 and json.loads(text)["ppl"] == pytest.approx(ppl, rel=1e-6), text  # our loader reads every expert
     t = tensors(tmp_path / "q")
     ignore = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["ignore"]
     assert {f"model.layers.{i}.mlp.gate" for i in range(2)} <= set(ignore)
