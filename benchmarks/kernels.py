@@ -1,4 +1,5 @@
-"""Benchmark the fused W4A16 and FP8 kernels against bf16 `torch.matmul` on a GPU.
+"""Benchmark the fused W4A16, FP8 and FP4 (NVFP4A16, MXFP4A16) kernels against bf16
+`torch.matmul` on a GPU.
 
 For every Llama-class weight shape K x N and batch M it first checks correctness
 against the fp32 torch reference, then times each kernel with
@@ -28,7 +29,7 @@ from typing import Any
 
 GPU_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672))  # (K, N)
 GPU_MS = (1, 16, 64, 2048)
-DRY_SHAPES = ((328, 200), (136, 72))  # not tile multiples
+DRY_SHAPES = ((352, 200), (160, 72))  # not tile multiples; K a multiple of the FP4 groups (32)
 DRY_MS = (1, 16, 80)
 GROUP_SIZE = 128
 HOPPER_SMS = 132  # H100 SXM and H200: sizes split-K in the --resources report
@@ -102,6 +103,9 @@ def sweep_configs(default: Any) -> list[Any]:
 def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
     import torch
 
+    from infer_tool.kernels.fp4 import choose_config as fp4_config
+    from infer_tool.kernels.fp4 import fp4_matmul, fp4_reference
+    from infer_tool.kernels.fp4_layout import GROUP_SIZE as FP4_GROUP
     from infer_tool.kernels.fp8 import FP8_MAX, fp8_matmul, fp8_reference
     from infer_tool.kernels.fp8 import choose_config as fp8_config
     from infer_tool.kernels.layout import pack_int4_k
@@ -143,7 +147,41 @@ def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
             K * N + N * 4,
             lambda x: fp8_config(x.shape[0], N, K, sms),
         ))
+    for fmt, fp4_ops in fp4_weights(K, N, g, device).items():
+        if fp4_ops[0] is None:
+            continue
+        cases.append(Case(
+            f"{fmt}-a16",
+            lambda x, config=None, a=fp4_ops: fp4_matmul(x, *a, config=config),
+            lambda x, a=fp4_ops: fp4_reference(x, *a),
+            K * N // 2 + N * (K // FP4_GROUP[fmt]) + (4 if fp4_ops[2] is not None else 0),
+            lambda x: fp4_config(x.shape[0], N, K, sms),
+        ))
     return cases
+
+
+def fp4_weights(K: int, N: int, g: Any, device: Any) -> dict[str, tuple[Any, Any, Any]]:
+    """Random NVFP4 and MXFP4 checkpoint operands `(w_packed, w_scale, global_scale)` of an
+    (N, K) weight with entries up to about 0.1; `(None, None, None)` where K is not a
+    multiple of the format's group."""
+    import torch
+
+    from infer_tool.kernels.fp4_layout import GROUP_SIZE as FP4_GROUP
+    from infer_tool.kernels.fp4_layout import pack_fp4
+
+    out = {}
+    for fmt, group in FP4_GROUP.items():
+        if K % group:
+            out[fmt] = (None, None, None)
+            continue
+        packed = pack_fp4(torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)).to(device)
+        if fmt == "nvfp4":
+            scale = (torch.rand(N, K // group, generator=g) * 447 + 1).to(torch.float8_e4m3fn).to(device)
+            out[fmt] = (packed, scale, torch.tensor([448.0 * 6 / 0.1], device=device))
+        else:
+            scale = torch.randint(119, 123, (N, K // group), generator=g, dtype=torch.uint8).to(device)
+            out[fmt] = (packed, scale, None)
+    return out
 
 
 def x_bytes(dtype: Any) -> int:
@@ -186,11 +224,16 @@ def run(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], *, device: str
         log: Callable[[str], None]) -> list[Row]:
     import torch
 
+    from infer_tool.kernels.fp4_layout import GROUP_SIZE as FP4_GROUP
+
     dtype = torch.bfloat16 if device == "cuda" else torch.float16  # interpreter: no bf16
     tol = REL_TOL[str(dtype).removeprefix("torch.")]
     rows: list[Row] = []
     for K, N in shapes:
         cases = make_cases(K, N, device, dtype)
+        for fmt, group in FP4_GROUP.items():
+            if K % group:
+                log(f"{fmt}-a16: skipped on K={K}, not a multiple of its group of {group}")
         for M in ms:
             x = torch.randn(M, K, device=device, dtype=dtype)
             base_ms = None
@@ -254,7 +297,8 @@ def _line(r: Row) -> str:
 def markdown(meta: dict[str, Any], rows: list[Row], targets: list[dict[str, Any]]) -> str:
     lines = [f"### Kernel benchmark — {meta['device']} — {meta['date']}", "",
              f"torch {meta['torch']}, triton {meta['triton']}, activations {meta['dtype']}, "
-             f"INT4 group size {GROUP_SIZE} (symmetric), FP8 per-channel weight scales; "
+             f"INT4 group size {GROUP_SIZE} (symmetric), FP8 per-channel weight scales, "
+             "NVFP4 (E4M3 scales per 16 + global) and MXFP4 (E8M0 per 32) weights-only; "
              + ("DRY RUN: CPU interpreter wall-clock, the timings mean nothing; "
                 if meta["dry_run"] else "median of `do_bench` with L2 flushed; ")
              + f"speedup vs `torch.matmul` ({meta['dtype']}); `kernel*` rows: fastest "
@@ -280,7 +324,7 @@ def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: in
     for `arch` without a GPU: registers and stack (spills) per thread, from the cubin."""
     import torch
 
-    from infer_tool.kernels import fp8, w4a16
+    from infer_tool.kernels import fp4, fp8, w4a16
     from infer_tool.kernels.backend import resource_usage
     from infer_tool.kernels.layout import pack_int4_k
 
@@ -297,6 +341,10 @@ def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: in
             plans = [("w4a16", w4a16.plan(x, qweight, scales, None, None, GROUP_SIZE, config=w4_cfg)[0])]
             plans += [(f"fp8-{mode}", fp8.plan(x, w_fp8, w_scale, mode, None, None, config=fp8_cfg)[0])
                       for mode in ("w8a8", "w8a16")]
+            fp4_cfg = fp4.choose_config(M, N, K, HOPPER_SMS)
+            plans += [(f"{fmt}-a16", fp4.plan(x, *ops, config=fp4_cfg)[0])
+                      for fmt, ops in fp4_weights(K, N, torch.Generator().manual_seed(0), "cpu").items()
+                      if ops[0] is not None]
             for name, launch in plans:
                 use = resource_usage(launch.compile_for(arch))
                 m = launch.meta

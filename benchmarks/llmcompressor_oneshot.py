@@ -5,13 +5,17 @@ transformers <= 5.17, compressed-tensors 0.19), so it imports nothing of infer-t
 
     PYTHON benchmarks/llmcompressor_oneshot.py --model-dir DIR --ids calib.safetensors \\
         --method awq|gptq --group-size 64 [--asym] --out OUT
+    PYTHON benchmarks/llmcompressor_oneshot.py ... --scheme NVFP4A16 --method rtn|gptq|awq --out OUT
 
 The calibration sequences are the exact token ids infer-tool calibrates on (`input_ids`
 (B, T) int64 in a safetensors file), so both sides see the same data. llm-compressor
 runs its defaults for the method (AWQ: 20-point grid, duo scaling; GPTQ: damp 0.01,
 128-column blocks, static act-order) with an int4 weight-only scheme of the given group
 size on every Linear but lm_head, and saves a compressed-tensors pack-quantized
-checkpoint. Prints one JSON line: seconds (oneshot, save), peak RSS.
+checkpoint. With `--scheme PRESET` (llm-compressor's preset names, e.g. NVFP4A16, NVFP4,
+MXFP4A16) the preset replaces the int4 scheme, and `--method rtn` is its QuantizationModifier
+alone (the presets' own observers: min-max weights, static min-max NVFP4 activations).
+Prints one JSON line: seconds (oneshot, save), peak RSS.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--ids", required=True)
-    p.add_argument("--method", choices=("awq", "gptq"), required=True)
+    p.add_argument("--method", choices=("awq", "gptq", "rtn"), required=True)
+    p.add_argument("--scheme", help="an llm-compressor preset name (NVFP4A16, NVFP4, MXFP4A16, ...) instead of int4")
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--asym", action="store_true")
     p.add_argument("--act-order", choices=("static", "none"), default="static", help="GPTQ only")
@@ -56,16 +61,21 @@ def main() -> None:
                                symmetric=not args.asym)
     scheme = QuantizationScheme(targets=["Linear"], weights=weights)
     ignore = ["lm_head", *args.ignore]
+    # the quantization the modifiers apply: the int4 group scheme, or a preset by name
+    quant = {"targets": ["Linear"], "scheme": args.scheme} if args.scheme else {"config_groups": {"group_0": scheme}}
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
     if args.method == "awq":
-        from llmcompressor.modifiers.quantization import QuantizationModifier
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
-        recipe = [AWQModifier(), QuantizationModifier(config_groups={"group_0": scheme}, ignore=ignore)]
+        recipe = [AWQModifier(), QuantizationModifier(**quant, ignore=ignore)]
+    elif args.method == "rtn":
+        recipe = [QuantizationModifier(**quant, ignore=ignore)]
     else:
         from llmcompressor.modifiers.gptq import GPTQModifier
 
         kw = {} if args.act_order == "static" else {"actorder": None}
-        recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=ignore, **kw)]
+        recipe = [GPTQModifier(**quant, ignore=ignore, **kw)]
 
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)

@@ -21,6 +21,13 @@ GPTQ rows of both sides use static act-order (llm-compressor's default).
 
 Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 
+FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ and AWQ
+(`--fp4 ... --fp4-activations ...`, the groups the format fixes), two with the MSE observer,
+and llm-compressor's presets of the same names (`llmc NVFP4A16`: its QuantizationModifier;
+`llmc NVFP4A16 GPTQ` / `AWQ`: its GPTQModifier / AWQModifier on that preset):
+
+    python benchmarks/quantize.py --llmcompressor PYTHON --only "NVFP4A16 RTN" "llmc NVFP4A16" ...
+
 MoE rows (issue 14): `--model` an upcycled MoE (`benchmarks/upcycle_moe.py`); the table
 then adds, per row, the routed-token spread over experts (min / median / max of every
 expert's count, over all MoE layers), the experts fallen back to RTN, the expert linears
@@ -50,6 +57,7 @@ from pathlib import Path
 
 INT4 = "int4"
 FP8 = "fp8"
+FP4 = "fp4"
 LLMC = "llmc"
 
 # label -> (kind, quantize flags, eval flags)
@@ -71,10 +79,19 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "FP8 tensor static + KV (native)": (
         FP8, ["--fp8-granularity", "tensor", "--fp8-activations", "static", "--kv-cache", "fp8", "--format", "fp8"],
         ["--kv-cache-dtype", "fp8"]),
+    **{f"{preset} {method.upper()}": (FP4, ["--method", method, "--fp4", preset[:5].lower(), "--fp4-activations",
+                                            "none" if preset.endswith("A16") else "fp4"], [])
+       for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4") for method in ("rtn", "gptq", "awq")},
+    "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
+    "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
     "llmc GPTQ sym": (LLMC, ["--method", "gptq"], []),
     "llmc GPTQ asym": (LLMC, ["--method", "gptq", "--asym"], []),
     "llmc AWQ sym": (LLMC, ["--method", "awq"], []),
     "llmc AWQ asym": (LLMC, ["--method", "awq", "--asym"], []),
+    **{f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
+       for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")},
+    "llmc NVFP4A16 GPTQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "gptq"], []),
+    "llmc NVFP4A16 AWQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "awq"], []),
 }
 
 
@@ -113,7 +130,8 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
     else:
         common = ["--calib", args.calib, "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len),
                   "--seed", str(args.seed), "--out", str(out), "--json", "--no-progress"]
-        method = ["--method", "fp8"] if kind == FP8 else ["--group-size", str(args.group_size)]
+        # FP4 fixes its groups
+        method = {FP8: ["--method", "fp8"], FP4: []}.get(kind, ["--group-size", str(args.group_size)])
         r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
         quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
     ev = eval_ppl(str(out), args, eval_flags)
@@ -267,6 +285,8 @@ def main() -> None:
     by = {r["config"]: r["ppl"] for r in rows}
     losers = [c for c in by if c.split()[0] in ("GPTQ", "AWQ") and f"RTN {c.split()[1]}" in by
               and by[c] >= by[f"RTN {c.split()[1]}"]]
+    losers += [c for c in by if c.split()[-1] in ("GPTQ", "AWQ") and c.split()[0] != "llmc"
+               and f"{c.split()[0]} RTN" in by and by[c] >= by[f"{c.split()[0]} RTN"]]
     if losers:
         print(f"FAIL: {', '.join(losers)} did not beat RTN of the same symmetry", file=sys.stderr)
         sys.exit(1)

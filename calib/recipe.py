@@ -33,7 +33,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.registry import SCHEMES, make_scheme, scheme_fields
+from infer_tool.schemes.registry import CLASSES, SCHEMES, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_METHOD = "awq"
@@ -65,7 +65,8 @@ def option(default: Any, help: str, kind: type, *, flag: str | None = None, sche
 @dataclass
 class QuantizeOptions:
     model: str | None = option(None, "Model directory, .gguf file, demo name or hub name.", str, argument=True)
-    method: str = option("awq", "awq, gptq, rtn, or fp8 (e4m3 weights and activations).", str)
+    method: str = option("awq", "awq, gptq, rtn (INT weights, or FP4 with --fp4), or fp8 (e4m3 weights and activations).",
+                         str)
     bits: int | None = option(None, "Weight bits.", int, scheme="bits")
     group_size: int | None = option(None, "Columns per scale group, -1 per channel.", int, scheme="group_size")
     symmetric: bool | None = option(None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric")
@@ -80,6 +81,17 @@ class QuantizeOptions:
     fp8_activations: str | None = option(
         None, "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).", str,
         scheme="activations")
+    fp4: str | None = option(
+        None, "FP4 (E2M1) weights instead of INT: nvfp4 (an E4M3 scale per 16 inputs and a float32 global scale per "
+              "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq or awq.",
+        str, scheme="fp4")
+    fp4_activations: str | None = option(
+        None, "FP4 activations: none (weights only, llm-compressor's NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4: "
+              "NVFP4 with a calibrated static input_global_scale and dynamic per-16 scales, MXFP4 dynamic per 32).",
+        str, scheme="fp4_activations")
+    fp4_observer: str | None = option(
+        None, "FP4 group scales: minmax (each group's max |w|) or mse (the shrink of it minimising the group's "
+              "|error|^2.4, llm-compressor's MSE observer grid, scored with the scales stored).", str, scheme="observer")
     kv_cache: str | None = option(None, "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
                                   str, scheme="kv_cache")
     fp8_clip_search: bool | None = option(None, "FP8: search weight clipping ratios minimising output error on calibration data.",
@@ -93,7 +105,8 @@ class QuantizeOptions:
     calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt, .jsonl, .json or .parquet file, or a HF dataset.", str)
     num_samples: int = option(128, "Calibration sequences.", int)
     seq_len: int = option(512, "Tokens per calibration sequence.", int)
-    format: str = option("compressed-tensors", "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8.", str)
+    format: str = option("compressed-tensors", "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8; "
+                                               "FP4 is compressed-tensors only (nvfp4- / mxfp4-pack-quantized).", str)
     out: str | None = option(None, "Output checkpoint directory (must not exist unless --overwrite).", str)
     ignore: tuple[str, ...] = option((), "Leave matching linears unquantized: a glob on the module name (*.down_proj, "
                                          "model.layers.0.*) or re:REGEX. Repeatable.", list)
@@ -248,7 +261,8 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any]) -> QuantizeOptions:
 
 def scheme_from_options(opts: QuantizeOptions) -> Scheme:
     """The scheme of `opts.method` with the scheme options that were given; options of
-    another method are refused, naming the methods they apply to."""
+    another method are refused, naming the methods they apply to, and options of two number
+    formats of the method (INT's --bits with FP4's --fp4) are refused together."""
     if opts.method not in SCHEMES:
         raise BadInput(f"--method {opts.method!r} is not supported; use one of {', '.join(SCHEMES)}")
     accepted = set(scheme_fields(opts.method))
@@ -262,7 +276,24 @@ def scheme_from_options(opts: QuantizeOptions) -> Scheme:
             f"{', '.join(flag(n) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply to --method {opts.method} "
             f"(only to --method {' / '.join(owners)}); --method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
         )
+    _refuse_mixed_formats(opts.method, given)
     return make_scheme(opts.method, **{target: getattr(opts, name) for name, target in given.items()})
+
+
+def _refuse_mixed_formats(method: str, given: dict[str, str]) -> None:
+    """BadInput when no one class of `method` takes every given option ({option: scheme
+    field}), naming the options of the class that takes the most of them."""
+    classes = CLASSES[method]
+    if any(set(given.values()) <= set(c.option_names()) for c in classes):
+        return
+    best = max(classes, key=lambda c: sum(t in c.option_names() for t in given.values()))
+    own = set(best.option_names()) - {t for c in classes if c is not best for t in c.option_names()}
+    mine = [flag(n) for n, t in given.items() if t not in best.option_names()]
+    theirs = [flag(n) for n, t in given.items() if t in own]
+    raise BadInput(
+        f"{', '.join(mine)} do{'es' if len(mine) == 1 else ''} not go with {', '.join(theirs)}: they set two number "
+        f"formats of --method {method} (FP4 fixes the bits, groups, symmetry and scale dtypes that INT options choose)"
+    )
 
 
 def apply_demo(opts: QuantizeOptions, given: set[str]) -> QuantizeOptions:
@@ -271,7 +302,7 @@ def apply_demo(opts: QuantizeOptions, given: set[str]) -> QuantizeOptions:
     changes: dict[str, Any] = {"model": DEMO_MODEL}
     if "method" not in given:
         changes["method"] = DEMO_METHOD
-    if "group_size" not in given:
+    if "group_size" not in given and opts.fp4 is None:  # FP4 fixes its groups
         changes["group_size"] = DEMO_GROUP_SIZE
     if "eval" not in given:
         changes["eval"] = DEMO_EVAL

@@ -180,6 +180,20 @@ def save_stats(
     return out_dir
 
 
+def check_activation_ranges(stats_dir: Path, what: str) -> None:
+    """BadInput, before any work, when a statistics directory's layers lack a finite
+    `act_abs_max` (static activation scales, `what`, need one per linear)."""
+    index_path = Path(stats_dir) / STATS_INDEX
+    with untrusted(f"{index_path}"):
+        layers = json.loads(index_path.read_text(encoding="utf-8"))["layers"]
+        bad = sorted(n for n, e in layers.items()
+                     if not isinstance(e.get("act_abs_max"), (int, float)) or not 0 <= e["act_abs_max"] < float("inf"))
+    if bad:
+        raise BadInput(f"--stats {str(stats_dir)!r}: {len(bad)} of its {len(layers)} linears have no activation range "
+                       f"(a finite act_abs_max; first: {bad[0]}), which {what} need; "
+                       "recalibrate with `infer-tool calibrate`")
+
+
 def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object]]:
     """Read what `save_stats` wrote: ({linear name: LayerStats}, meta). Shared stats stay shared."""
     from safetensors.torch import load_file

@@ -30,6 +30,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
         "Method": ("--method", "--bits", "--group-size", "--damp", "--awq-search", "--ignore"),
         "Method switches": ("--sym", "--act-order", "--fp8-clip-search"),
         "FP8": ("--fp8-granularity", "--fp8-activations", "--kv-cache"),
+        "FP4": ("--fp4", "--fp4-activations", "--fp4-observer"),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
         "Evaluation and gate": ("--eval", "--eval-tokens", "--eval-seq-len", "--max-ppl-increase"),

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from infer_tool.calib.recipe import DEFAULTS, OPTIONS
-from infer_tool.schemes.registry import SCHEMES
+from infer_tool.schemes.registry import all_schemes
 from infer_tool.sizing.roofline import Efficiency
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -56,9 +56,9 @@ def default_text(name: str) -> str:
     target = OPTIONS[name].metadata["scheme"]
     if target:
         found = {}
-        for method, cls in SCHEMES.items():
+        for method, cls in all_schemes():
             defaults = cls.option_defaults()
-            if target in defaults:
+            if target in defaults and method not in found:  # a method's first class with the field
                 found[method] = _shown(defaults[target], name)
         if len(set(found.values())) == 1:
             return f" (default: {next(iter(found.values()))})"

@@ -1,7 +1,8 @@
-"""Rebuild a quantized checkpoint written by this tool (compressed-tensors INT4 or FP8,
+"""Rebuild a quantized checkpoint written by this tool (compressed-tensors INT4, FP8 or FP4,
 AWQ GEMM, GPTQ v1, native FP8) as a transformers model whose quantized linears are the
-kernels' `Int4Linear` / `Fp8Linear`: packed weights stay packed, and the matmul runs
-the fused Triton kernel on CUDA or the torch reference on CPU.
+kernels' `Int4Linear` / `Fp8Linear` / `Fp4Linear`: packed weights stay packed, and the matmul
+runs the fused Triton kernel on CUDA or the torch reference on CPU. FP4 W4A4 checkpoints
+quantize each linear's input as vLLM's emulation does (`kernels/fp4_act.py`).
 
 INT4 layers are repacked once, at load time, from the reader's canonical
 `QuantizedWeight` into the kernels' layout (`Int4Linear.from_unpacked`).
@@ -61,8 +62,10 @@ def load_quantized(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear
+    from infer_tool.kernels.fp4_layout import pack_fp4
+    from infer_tool.kernels.quant_linear import Fp4Linear, Fp8Linear, Int4Linear
     from infer_tool.packers.checkpoint import read_checkpoint
+    from infer_tool.packers.fp4_weight import Fp4Weight
     from infer_tool.packers.fp8 import Fp8Weight
     from infer_tool.packers.fp8_formats import read_kv_scales
     from infer_tool.packers.quantized import QuantizedWeight
@@ -93,6 +96,9 @@ def load_quantized(
             module = Int4Linear.from_unpacked(w.q, w.scale.to(dtype), w.zero, w.g_idx, w.group_size, bias)
         elif isinstance(w, Fp8Weight):
             module = Fp8Linear(w.weight, w.weight_scale.float(), w.input_scale, bias, w.block_size, _fp8_mode(config))
+        elif isinstance(w, Fp4Weight):
+            module = Fp4Linear(pack_fp4(w.codes), w.w_scale, w.global_scale, bias, w4a4=w.activations == "fp4",
+                               input_global_scale=w.input_global_scale)
         else:
             raise BadInput(f"{directory}: layer {name} has an unknown weight type {type(w).__name__}")
         if (module.in_features, module.out_features) != (linear.in_features, linear.out_features):

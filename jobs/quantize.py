@@ -60,6 +60,10 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
             raise BadInput(
                 f"--stats {opts.stats!r} is not a statistics directory; make one with `infer-tool calibrate --out DIR`"
             )
+        if quantizer_for(scheme).needs(scheme).activation_stats:
+            from infer_tool.calib.stats import check_activation_ranges
+
+            check_activation_ranges(Path(opts.stats), f"the static activation scales of {scheme.describe()}")
     else:
         check_corpus(opts.calib, "--calib")
     if opts.eval is not None:

@@ -17,6 +17,10 @@ EVALUATED = {
     "fp8": "the FP8 model as deployed: quantized linears run as the kernels' Fp8Linear (W8A8: e4m3 weights, "
     "activations rounded to e4m3 per token or with the static input_scale), KV cache rounded through "
     "e4m3 with the calibrated k_scale/v_scale when --kv-cache fp8",
+    "fp4": "the FP4 model as vLLM's emulation runs it: linear weights exactly the checkpoint's dequantized E2M1 "
+    "values; with W4A4 activations (NVFP4 / MXFP4), each quantized linear (the kernels' Fp4Linear) "
+    "quantize-dequantizes its input as vLLM 0.32's CPU emulation does (NVFP4: the static input_global_scale and "
+    "dynamic E4M3 scales per 16, `ref_nvfp4_quant_dequant`; MXFP4: dynamic E8M0 scales per 32)",
 }
 
 

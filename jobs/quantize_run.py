@@ -323,11 +323,16 @@ def as_deployed(
 ) -> AbstractContextManager:
     """Where `--eval` measures ppl after quantizing (names relative to `module`): for FP8,
     as deployed (kernels' Fp8Linear W8A8, FP8 KV cache rounded with the calibrated scales);
-    for INT, the module as it is (its weights are exactly the checkpoint's dequantized values)."""
+    for FP4 W4A4, the kernels' Fp4Linear with vLLM's activation quantization; for INT (and FP4
+    weights only), the module as it is (its weights are exactly the checkpoint's dequantized values)."""
     if scheme.kind == "fp8":
         from infer_tool.evals.fp8_in_memory import fp8_runtime
 
         return fp8_runtime(module, quantized, kv_scales or None)
+    if scheme.kind == "fp4" and scheme.w4a4:
+        from infer_tool.evals.fp4_in_memory import fp4_runtime
+
+        return fp4_runtime(module, quantized)
     return nullcontext(module)
 
 

@@ -1,5 +1,6 @@
 """`nn.Module`s holding quantized weights for inference: `Int4Linear` (W4A16, canonical
-packed-along-K layout) and `Fp8Linear` (e4m3 weights, W8A8 or W8A16).
+packed-along-K layout), `Fp8Linear` (e4m3 weights, W8A8 or W8A16) and `Fp4Linear` (NVFP4 /
+MXFP4 weights in compressed-tensors' packed layout, weights-only or W4A4).
 
 `forward` accepts any leading batch dims `(..., K) -> (..., N)`. On CUDA it runs the
 fused Triton kernels; on CPU the pure-torch reference (one dequantisation per forward,
@@ -16,11 +17,30 @@ import torch
 from torch import nn
 
 from infer_tool.kernels.backend import backend_name
+from infer_tool.kernels.fp4 import fp4_format, fp4_matmul
+from infer_tool.kernels.fp4_act import mxfp4_qdq_activations, nvfp4_qdq_activations
 from infer_tool.kernels.fp8 import MODES, fp8_matmul, scale_blocks
 from infer_tool.kernels.layout import pack_int4_k
 from infer_tool.kernels.w4a16 import w4a16_matmul
 
-__all__ = ["Fp8Linear", "Int4Linear", "backend_name"]
+__all__ = ["Fp4Linear", "Fp8Linear", "Int4Linear", "backend_name"]
+
+
+def _apply_fixed(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool) -> nn.Module:
+    """`nn.Module._apply` with the module's `_FIXED_DTYPE` buffers hidden behind same-width
+    integer views while `fn` runs: `model.half()` / `model.to(dtype)` move them between
+    devices but never cast them (fp8 and fp32 are floating types)."""
+    real = {}
+    for name, view in module._FIXED_DTYPE.items():
+        buf = module._buffers.get(name)
+        if buf is not None:
+            real[name] = buf.dtype
+            module._buffers[name] = buf.view(view)
+    try:
+        return nn.Module._apply(module, fn, recurse)
+    finally:
+        for name, dtype in real.items():
+            module._buffers[name] = module._buffers[name].view(dtype)
 
 
 def _flatten(x: torch.Tensor, K: int) -> torch.Tensor:
@@ -111,18 +131,7 @@ class Fp8Linear(nn.Module):
     _FIXED_DTYPE = {"weight": torch.uint8, "weight_scale": torch.int32, "input_scale": torch.int32}
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:
-        """Hide the fixed-dtype buffers behind same-width integer views while `fn` runs."""
-        real = {}
-        for name, view in self._FIXED_DTYPE.items():
-            buf = self._buffers.get(name)
-            if buf is not None:
-                real[name] = buf.dtype
-                self._buffers[name] = buf.view(view)
-        try:
-            return super()._apply(fn, recurse)
-        finally:
-            for name, dtype in real.items():
-                self._buffers[name] = self._buffers[name].view(dtype)
+        return _apply_fixed(self, fn, recurse)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -135,3 +144,57 @@ class Fp8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
                 f"block_size={self.block_size}, static_input_scale={self.input_scale is not None}")
+
+
+class Fp4Linear(nn.Module):
+    """`y = a(x) @ dequantize(w)ᵀ + b` with FP4 weights `(N, K)` as compressed-tensors stores
+    them (`kernels/fp4.py`): `w_packed` uint8 `(N, K/2)`; `w_scale` `(N, K/16)` float8_e4m3fn
+    with `global_scale` float32 `(1,)` (NVFP4) or `(N, K/32)` uint8 E8M0 (MXFP4, no global scale).
+
+    `w4a4`: a(x) quantize-dequantizes the input as vLLM's emulation does (`kernels/fp4_act.py`:
+    NVFP4 with the static `input_global_scale` float32 `(1,)` and dynamic per-16 scales, MXFP4
+    dynamic per 32); otherwise a(x) = x (weights only). The product runs the Triton kernel on
+    CUDA, the torch reference on CPU.
+    """
+
+    def __init__(self, w_packed: torch.Tensor, w_scale: torch.Tensor, global_scale: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, *, w4a4: bool = False,
+                 input_global_scale: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.fmt = fp4_format(w_scale, global_scale)  # validates the pair
+        if w_packed.dtype != torch.uint8 or w_packed.dim() != 2:
+            raise ValueError(
+                f"Fp4Linear: w_packed must be uint8 (N, K/2), got {w_packed.dtype} {tuple(w_packed.shape)}"
+            )
+        self.out_features, self.in_features = int(w_packed.shape[0]), 2 * int(w_packed.shape[1])
+        if w4a4 and self.fmt == "nvfp4" and input_global_scale is None:
+            raise ValueError("Fp4Linear: NVFP4 W4A4 needs the input_global_scale")
+        if input_global_scale is not None and not (w4a4 and self.fmt == "nvfp4"):
+            raise ValueError("Fp4Linear: an input_global_scale belongs to NVFP4 W4A4 only")
+        self.w4a4 = w4a4
+        self.register_buffer("w_packed", w_packed)
+        self.register_buffer("w_scale", w_scale)
+        self.register_buffer("global_scale", None if global_scale is None else global_scale.float().reshape(1))
+        self.register_buffer("input_global_scale",
+                             None if input_global_scale is None else input_global_scale.float().reshape(1))
+        self.register_buffer("bias", bias)
+
+    # Buffers whose dtype is part of the format: moved between devices, never cast (as Fp8Linear's).
+    _FIXED_DTYPE = {"w_scale": torch.uint8, "global_scale": torch.int32, "input_global_scale": torch.int32}
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp4Linear:
+        return _apply_fixed(self, fn, recurse)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x = _flatten(x, self.in_features)
+        if self.w4a4:
+            x = nvfp4_qdq_activations(x, self.input_global_scale) if self.fmt == "nvfp4" else mxfp4_qdq_activations(x)
+        y = fp4_matmul(x, self.w_packed, self.w_scale, self.global_scale)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}, "
+                f"activations={'fp4' if self.w4a4 else 'unquantized'}")

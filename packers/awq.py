@@ -179,6 +179,7 @@ def awq_search_scale(
     gram: tuple[torch.Tensor, int] | None = None,
     screen: tuple[Callable[[list[torch.Tensor]], torch.Tensor], torch.Tensor] | None = None,
     gram_lo: torch.Tensor | None = None,
+    qdq: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
 ) -> AWQScaleResult:
     """Search the per-input-channel scale s (K,) shared by the balanced linears over the grid
     alpha in {0, 1/grid, ..., (grid-1)/grid} (`scheme.search`: every point, or coarse to
@@ -203,11 +204,16 @@ def awq_search_scale(
     the smallest alpha wins, so both searches choose alike whenever they see the minimum.
     The screened search screens RTN like any ratio and scores it exactly only when it may be
     the minimum (`rtn_loss` None otherwise: it is not).
+    qdq: quantize-dequantize of the scaled balanced weights together (a number format whose
+        fused shards share a parameter, FP4's global scale); default the scheme's INT RTN of
+        each (`fake_quantize`). `scheme.group_size` is the group `weight_magnitude` reads.
     """
     w_mean = weight_magnitude(weights, scheme.group_size) if scheme.duo_scaling else None
     ref = None if gram is not None else reference_output.float()
 
     def effective_weights(s: torch.Tensor) -> list[torch.Tensor]:
+        if qdq is not None:
+            return [(q / s).to(w.dtype) for w, q in zip(weights, qdq([w.float() * s for w in weights]))]
         return [(fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype) / s).to(w.dtype)
                 for w in weights]
 
@@ -290,7 +296,10 @@ def choose(losses: Sequence[float | None], rtn_loss: float) -> int | None:
 
 
 @torch.no_grad()
-def awq_search_clip(weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = AWQScheme()) -> torch.Tensor:
+def awq_search_clip(
+    weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = AWQScheme(),
+    qdq_rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Per (output row, group) clip threshold minimising the group-wise output error.
 
     weight: (N, K) after scaling; x: (T, K) its inputs (already divided by s), subsampled to
@@ -298,6 +307,8 @@ def awq_search_clip(weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = A
     threshold max|w|·(1 - i/clip_grid) clamps w to [-t, t] before RTN; the error is the
     mean over tokens of (x_g·q_g - x_g·w_g)² per group. Returns t (N, G) fp32. Callers skip
     layers whose output feeds a softmax through a dot product (q/k) by not calling this.
+    qdq_rows: quantize-dequantize of a batch of clipped rows (b, K) -> (b, K) float32 in
+    another number format (FP4, its global scale fixed); default the scheme's INT RTN.
     """
     N, K = weight.shape
     g = scheme.group_for(K)
@@ -318,7 +329,11 @@ def awq_search_clip(weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = A
         for i in range(n_shrink):
             t = org_max * (1 - i / scheme.clip_grid)
             cur = torch.clamp(w, -t, t)
-            q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype).reshape(b, G, g)
+            if qdq_rows is not None:
+                q = qdq_rows(cur.reshape(b, K)).float().reshape(b, G, g)
+            else:
+                q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype)
+                q = q.reshape(b, G, g)
             err = (torch.bmm(xs, q.permute(1, 2, 0)) - org_out).pow(2).mean(dim=1)  # (G, b)
             err = err.transpose(0, 1).unsqueeze(-1)  # (b, G, 1)
             better = err < min_err

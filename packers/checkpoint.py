@@ -57,7 +57,7 @@ def _no_check(scheme: Any, quantized: Mapping[str, Any]) -> None:
 class CheckpointFormat:
     """How one on-disk format writes and reads quantized linears.
 
-    name: the `--format` value; kind: "int" or "fp8" (one name may exist for both kinds).
+    name: the `--format` value; kind: "int", "fp8" or "fp4" (one name may exist for several kinds).
     suffixes: tensor-name suffixes one quantized linear owns (e.g. "weight_packed").
     config(scheme, ignore) -> the `quantization_config` dict (ignore: unquantized linears).
     tensors(name, weight, model_dtype) -> {full tensor name: tensor} for one linear.
@@ -85,6 +85,7 @@ _BUILTIN: dict[tuple[str, str], str] = {
     ("gptq", "int"): "infer_tool.packers.gptq_v1:FORMAT",
     ("compressed-tensors", "fp8"): "infer_tool.packers.fp8_formats:CT_FORMAT",
     ("fp8", "fp8"): "infer_tool.packers.fp8_formats:NATIVE_FORMAT",
+    ("compressed-tensors", "fp4"): "infer_tool.packers.fp4_format:FORMAT",
 }
 _REGISTERED: dict[tuple[str, str], CheckpointFormat] = {}
 

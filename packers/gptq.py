@@ -11,6 +11,8 @@ returned `QuantizedWeight.info` says so (no warning is printed here).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -86,33 +88,55 @@ class _GroupParams:
         return self.scale[:, j], self.zero[:, j]
 
 
-def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQScheme()) -> QuantizedWeight:
-    """Quantize W (N, K) column by column with error feedback through Hinv.
+# (permuted column index, W1, i, W, i2) -> (stored value (N,), dequantized value (N,)) of column i
+# of the current block W1 = W[:, i1:i2] (W: every column, permuted; read ahead for dynamic groups)
+ColumnQuantizer = Callable[[int, torch.Tensor, int, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
-    stats: LayerStats (uses `.H` (K, K) fp32) or the Hessian tensor itself.
-    Returns codes in the ORIGINAL column order. With act_order and static groups, g_idx is
-    k // group_size (stored as None); with act_order and dynamic groups, g_idx (K,) is the
-    group of each original column. info: method, damp (fraction used), attempts, fallback
-    (None or "rtn") and reason, dead columns, loss = Σ (w - q)² / Hinv_ii² / 2 (§3).
-    """
-    N, K = weight.shape
-    g = scheme.group_for(K)
-    if K % g:
-        raise ValueError(f"group size {g} does not divide K={K}")
-    bits, sym = scheme.bits, scheme.symmetric
 
+@dataclass
+class Prepared:
+    """A weight and its Hessian ready for the column loop: W (N, K) float32 with dead inputs
+    (never active in calibration) zeroed and H_ii = 1 there, in the ORIGINAL column order;
+    perm (K,) the act-order column order, or None; dead: how many inputs were dead."""
+
+    W: torch.Tensor
+    H: torch.Tensor
+    perm: torch.Tensor | None
+    dead: int
+
+
+@dataclass
+class Solved:
+    """The column loop's result, in the ORIGINAL column order: Q (N, K) the stored values the
+    column quantizer returned, the damp used, the attempts, loss = Σ (w - q)² / Hinv_ii² / 2 (§3)."""
+
+    Q: torch.Tensor
+    damp: float
+    attempts: int
+    loss: float
+
+
+def prepare(weight: torch.Tensor, stats: object, act_order: bool) -> Prepared | None:
+    """W (N, K) and the Hessian of `stats` (LayerStats or the (K, K) tensor) for the column
+    loop; None when the Hessian has non-finite entries."""
     W = weight.detach().float().clone()  # (N, K)
     H = _hessian_of(stats).detach().float().clone().to(W.device)  # (K, K)
     if not bool(torch.isfinite(H).all()):
-        return _fallback(weight, scheme, "Hessian has non-finite entries", attempts=0, dead=0)
-
+        return None
     # Dead inputs (never active in calibration): pin H_ii = 1 and zero the column.
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
     W[:, dead] = 0
+    perm = torch.argsort(torch.diag(H), descending=True) if act_order else None
+    return Prepared(W, H, perm, int(dead.sum()))
 
-    perm = torch.argsort(torch.diag(H), descending=True) if scheme.act_order else None
-    groups = _GroupParams(W, perm, scheme)  # on the original column order
+
+def solve_columns(p: Prepared, quantize_column: ColumnQuantizer, scheme: GPTQScheme) -> Solved | str:
+    """GPTQ's column loop (Algorithm 1 with lazy batch updates) over `p`, each column rounded by
+    `quantize_column`; `scheme` gives damp, damp_retries, damp_growth and block_size (any scheme
+    with those fields). Returns the reason when the Cholesky factorisation fails at every damp."""
+    W, H, perm = p.W, p.H, p.perm
+    K = W.shape[1]
     if perm is not None:
         W = W[:, perm]
         H = H[perm][:, perm]
@@ -126,11 +150,9 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
             break
         damp *= scheme.damp_growth
     if Hinv is None:
-        return _fallback(
-            weight, scheme, f"Cholesky failed up to damp={damp / scheme.damp_growth:g}", attempts, int(dead.sum())
-        )
+        return f"Cholesky failed up to damp={damp / scheme.damp_growth:g}"
 
-    Q = torch.zeros_like(W)  # (N, K) integer codes, permuted order
+    Q = torch.zeros_like(W)  # (N, K) stored values, permuted order
     Losses = torch.zeros_like(W)
 
     B = scheme.block_size
@@ -146,10 +168,8 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
         for i in range(count):
             w = W1[:, i]
             d = Hinv1[i, i]
-            s, z = groups.at(i1 + i, W1, i, W, i2)
-            q = quantize_codes(w, s, z, bits)  # (N,)
+            q, deq = quantize_column(i1 + i, W1, i, W, i2)  # (N,)
             Q1[:, i] = q
-            deq = (q - z) * s
             Losses1[:, i] = (w - deq) ** 2 / d**2
             err1 = (w - deq) / d
             W1[:, i:] -= err1.unsqueeze(1).matmul(Hinv1[i, i:].unsqueeze(0))
@@ -159,17 +179,47 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
         Losses[:, i1:i2] = Losses1 / 2
         W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])  # §3 Step 2: propagate the block's error to later columns
 
-    g_idx = None
     if perm is not None:
-        invperm = torch.argsort(perm)
-        Q = Q[:, invperm]
-        if not groups.static:
-            # Group j holds permuted columns j*g..(j+1)*g-1: original column k sits at invperm[k].
-            g_idx = (invperm // g).to(torch.int32)
+        Q = Q[:, torch.argsort(perm)]
+    return Solved(Q, damp, attempts, float(Losses.sum()))
 
-    loss = float(Losses.sum())
+
+def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQScheme()) -> QuantizedWeight:
+    """Quantize W (N, K) column by column with error feedback through Hinv.
+
+    stats: LayerStats (uses `.H` (K, K) fp32) or the Hessian tensor itself.
+    Returns codes in the ORIGINAL column order. With act_order and static groups, g_idx is
+    k // group_size (stored as None); with act_order and dynamic groups, g_idx (K,) is the
+    group of each original column. info: method, damp (fraction used), attempts, fallback
+    (None or "rtn") and reason, dead columns, loss = Σ (w - q)² / Hinv_ii² / 2 (§3).
+    """
+    N, K = weight.shape
+    g = scheme.group_for(K)
+    if K % g:
+        raise ValueError(f"group size {g} does not divide K={K}")
+    bits, sym = scheme.bits, scheme.symmetric
+
+    p = prepare(weight, stats, scheme.act_order)
+    if p is None:
+        return _fallback(weight, scheme, "Hessian has non-finite entries", attempts=0, dead=0)
+    groups = _GroupParams(p.W, p.perm, scheme)  # on the original column order
+
+    def int_column(col: int, W1: torch.Tensor, i: int, W: torch.Tensor, i2: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s, z = groups.at(col, W1, i, W, i2)
+        q = quantize_codes(W1[:, i], s, z, bits)  # (N,)
+        return q, (q - z) * s
+
+    solved = solve_columns(p, int_column, scheme)
+    if isinstance(solved, str):
+        return _fallback(weight, scheme, solved, scheme.damp_retries + 1, p.dead)
+
+    g_idx = None
+    if p.perm is not None and not groups.static:
+        # Group j holds permuted columns j*g..(j+1)*g-1: original column k sits at invperm[k].
+        g_idx = (torch.argsort(p.perm) // g).to(torch.int32)
+
     return QuantizedWeight(
-        q=Q.to(torch.uint8),
+        q=solved.Q.to(torch.uint8),
         scale=groups.scale,
         zero=None if sym else groups.zero.to(torch.uint8),
         g_idx=g_idx,
@@ -177,12 +227,12 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
         group_size=g,
         info={
             "method": "gptq",
-            "damp": damp,
-            "attempts": attempts,
+            "damp": solved.damp,
+            "attempts": solved.attempts,
             "fallback": None,
             "reason": None,
-            "dead_columns": int(dead.sum()),
-            "loss": loss if math.isfinite(loss) else None,
+            "dead_columns": p.dead,
+            "loss": solved.loss if math.isfinite(solved.loss) else None,
         },
     )
 

@@ -6,6 +6,12 @@
 - int4: quantizable linears 4 bits per weight + per group of `group_size` inputs an
   fp16 scale and a 4-bit zero point (AWQ/GPTQ store zeros packed 8 per int32);
   `group_size` -1 means one group per output channel. Everything else 16-bit.
+- nvfp4 / nvfp4a16 (compressed-tensors NVFP4, W4A4 / weights only): quantizable linears
+  4 bits per weight (`weight_packed`) + one E4M3 byte per 16 inputs (`weight_scale`) + a
+  float32 `weight_global_scale`, and for W4A4 a float32 `input_global_scale`;
+  mxfp4 / mxfp4a16: 4 bits per weight + one E8M0 byte per 32 inputs, nothing per tensor.
+  K not a multiple of the group is rounded up (FP4 quantizers refuse such linears). Everything
+  else 16-bit.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from dataclasses import dataclass
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.shape import ParamCount
 
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16")
+# FP4 dtype -> (inputs per 1-byte scale, float32 scalars per linear)
+FP4_LAYOUT = {"nvfp4": (16, 2), "nvfp4a16": (16, 1), "mxfp4": (32, 0), "mxfp4a16": (32, 0)}
 UNQUANTIZED_BYTES = 2  # serving dtype of what is not quantized
 
 
@@ -46,10 +54,18 @@ def weight_bytes(params: ParamCount, dtype: str, group_size: int = 128) -> Weigh
             continue
         if dtype in ("fp8", "int8"):
             one = n * k + 4 * n  # 1 B weights + fp32 channel scales
+        elif dtype in FP4_LAYOUT:
+            group, scalars = FP4_LAYOUT[dtype]
+            one = n * -(-k // 2) + n * -(-k // group) + 4 * scalars  # E2M1 pairs + 1 B group scales + fp32 scalars
         else:
             groups = 1 if group_size == -1 else -(-k // group_size)
             one = -(-(n * k) // 2) + n * groups * 2 + -(-(n * groups) // 2)  # int4 + fp16 scale + 4-bit zero
         quant += one * lin.count
     unq = kept * UNQUANTIZED_BYTES
     detail = "channel scales" if dtype != "int4" else f"group {group_size} fp16 scales + 4-bit zeros"
+    if dtype in FP4_LAYOUT:
+        group, scalars = FP4_LAYOUT[dtype]
+        scale = "E4M3" if dtype.startswith("nv") else "E8M0"
+        per_tensor = {2: ", fp32 weight and input global scales", 1: ", fp32 global scale", 0: ""}[scalars]
+        detail = f"E2M1 values, {scale} scale per {group}{per_tensor}"
     return WeightBytes(quant + unq, quant, unq, f"{dtype} linears ({detail}), rest 16-bit")

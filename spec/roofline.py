@@ -56,7 +56,8 @@ class ServedModel:
 
 def weights_of(config: dict[str, Any]) -> tuple[str, int]:
     """(weight dtype, group size) of a checkpoint from its `quantization_config`:
-    compressed-tensors int 4/8-bit or 8-bit float groups, GPTQ / AWQ `bits`, native FP8;
+    compressed-tensors int 4/8-bit, 8-bit float or 4-bit float (NVFP4 / MXFP4, W4A4 or A16)
+    groups, GPTQ / AWQ `bits`, native FP8;
     bf16 without one. Group size -1: one group per output channel."""
     qc = config.get("quantization_config")
     if not isinstance(qc, dict):
@@ -71,6 +72,11 @@ def weights_of(config: dict[str, Any]) -> tuple[str, int]:
         w = groups[0] if groups else {}
         if w.get("type") == "float" and w.get("num_bits") == 8:
             return "fp8", 128
+        if w.get("type") == "float" and w.get("num_bits") == 4:  # NVFP4 (E4M3 scales per 16) / MXFP4 (E8M0 per 32)
+            fmt = "nvfp4" if w.get("group_size") == 16 else "mxfp4"
+            groups = (qc.get("config_groups") or {}).values()
+            inputs = [g.get("input_activations") for g in groups if isinstance(g, dict)]
+            return (fmt if any(inputs) else f"{fmt}a16"), int(w.get("group_size") or 16)
         bits, group = w.get("num_bits"), w.get("group_size") or -1
     else:
         raise BadInput(f"quantization method {method!r} is not one the projection can size; accepted: "

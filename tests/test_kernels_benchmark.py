@@ -15,12 +15,14 @@ def test_dry_run_writes_tables(tmp_path, monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_kernels", bench)  # dataclasses look it up
     spec.loader.exec_module(bench)
-    rc = bench.main(["--dry-run", "--shapes", "136x72", "--ms", "1", "--out", str(tmp_path)])
+    rc = bench.main(["--dry-run", "--shapes", "160x72", "--ms", "1", "--out", str(tmp_path)])
     assert rc == 0
     doc = json.loads((tmp_path / "kernels_dry_run.json").read_text())
     kernels = {r["kernel"]: r for r in doc["rows"]}
-    assert set(kernels) == {"fp16", "w4a16", "fp8-w8a8", "fp8-w8a16"}
-    for name in ("w4a16", "fp8-w8a8", "fp8-w8a16"):
+    assert set(kernels) == {"fp16", "w4a16", "fp8-w8a8", "fp8-w8a16", "nvfp4-a16", "mxfp4-a16"}
+    for name in ("w4a16", "fp8-w8a8", "fp8-w8a16", "nvfp4-a16", "mxfp4-a16"):
         assert kernels[name]["correct"] is True and kernels[name]["rel_err"] < 2e-3
     assert kernels["w4a16"]["config"].startswith("gemv")
-    assert "| w4a16 | 136x72 | 1 |" in (tmp_path / "kernels_dry_run.md").read_text()
+    assert kernels["nvfp4-a16"]["config"].startswith("gemv")
+    md = (tmp_path / "kernels_dry_run.md").read_text()
+    assert "| w4a16 | 160x72 | 1 |" in md and "| nvfp4-a16 | 160x72 | 1 |" in md

@@ -1,11 +1,11 @@
-"""Int4Linear / Fp8Linear: leading batch dims, bias, both backends, against nn.Linear
+"""Int4Linear / Fp8Linear / Fp4Linear: leading batch dims, bias, both backends, against nn.Linear
 with the independently dequantized float64 weight."""
 
 import pytest
 import torch
 from torch import nn
 
-from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear, backend_name
+from infer_tool.kernels.quant_linear import Fp4Linear, Fp8Linear, Int4Linear, backend_name
 
 K, N = 136, 72
 
@@ -126,3 +126,62 @@ def test_fp8_linear_survives_model_dtype_casts(monkeypatch):
 def test_backend_names():
     assert backend_name(torch.device("cuda")) == "triton"
     assert backend_name("cuda:0") == "triton"
+
+
+def fp4_layer(fmt, *, w4a4=False, seed=8):
+    """(Fp4Linear, its float64 weight written here from the codes and scales, the input scale)."""
+    from infer_tool.kernels.fp4_layout import pack_fp4
+
+    g = torch.Generator().manual_seed(seed)
+    k, group = 128, {"nvfp4": 16, "mxfp4": 32}[fmt]
+    codes = torch.randint(0, 16, (N, k), generator=g, dtype=torch.uint8)
+    if fmt == "nvfp4":
+        scale = (torch.rand(N, k // group, generator=g) * 400 + 1).to(torch.float8_e4m3fn)
+        gs = torch.tensor([2000.0])
+        eff = scale.double() / 2000.0
+    else:
+        scale = torch.randint(118, 130, (N, k // group), generator=g, dtype=torch.uint8)
+        gs = None
+        eff = 2.0 ** (scale.double() - 127)
+    mag = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float64)[(codes & 7).long()]
+    w = torch.where(codes >= 8, -mag, mag) * eff.repeat_interleave(group, 1)
+    igs = torch.tensor([300.0]) if w4a4 and fmt == "nvfp4" else None
+    bias = torch.randn(N, generator=g)
+    return Fp4Linear(pack_fp4(codes), scale, gs, bias, w4a4=w4a4, input_global_scale=igs), w, bias, igs
+
+
+@pytest.mark.parametrize("interpret", [False, True], ids=["reference", "interpreter"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("w4a4", [False, True], ids=["a16", "w4a4"])
+def test_fp4_linear(monkeypatch, interpret, fmt, w4a4):
+    """y = a(x) @ wᵀ + b against the float64 weight; a(x) is the W4A4 rule of kernels/fp4_act.py
+    (tested bit for bit against vLLM's in tests/test_fp4.py) or the identity."""
+    from infer_tool.packers import fp4
+
+    if interpret:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layer, w, bias, igs = fp4_layer(fmt, w4a4=w4a4)
+    x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(9))
+    a = x
+    if w4a4:
+        a = fp4.nvfp4_fake_quantize_input(x, igs) if fmt == "nvfp4" else fp4.mxfp4_fake_quantize_input(x)
+        assert not torch.equal(a, x)
+    ref = (a.double().reshape(-1, 128) @ w.T + bias.double()).reshape(2, 3, N)
+    assert layer(x).shape == (2, 3, N) and rel_err(layer(x), ref) < 1e-5
+
+
+def test_fp4_linear_survives_model_dtype_casts_and_refuses_a_wrong_input_scale(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    layer, *_ = fp4_layer("nvfp4", w4a4=True)
+    layer.half()
+    assert layer.w_scale.dtype == torch.float8_e4m3fn and layer.w_packed.dtype == torch.uint8
+    assert layer.global_scale.dtype == torch.float32 and layer.input_global_scale.dtype == torch.float32
+    assert layer.bias.dtype == torch.float16
+    assert layer(torch.randn(3, 128).half()).dtype == torch.float16
+    from infer_tool.kernels.fp4_layout import pack_fp4
+
+    with pytest.raises(ValueError, match="NVFP4 W4A4 needs the input_global_scale"):
+        Fp4Linear(pack_fp4(torch.zeros(4, 32, dtype=torch.uint8)), torch.ones(4, 2).to(torch.float8_e4m3fn),
+                  torch.tensor([1.0]), w4a4=True)

@@ -14,16 +14,22 @@ from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.fp8 import Fp8Scheme
 from infer_tool.schemes.integer import GPTQScheme, RTNScheme
-from infer_tool.schemes.registry import SCHEMES, make_scheme, scheme_fields, scheme_from_dict
+from infer_tool.schemes.registry import SCHEMES, all_schemes, make_scheme, scheme_fields, scheme_from_dict
+
+EVERY_CLASS = list(all_schemes())
 
 
-@pytest.mark.parametrize("method", sorted(SCHEMES))
-def test_every_scheme_round_trips_through_its_dict(method: str) -> None:
-    """to_dict is JSON-able, names the method and every option; from_dict gives the scheme back."""
-    scheme = make_scheme(method)
-    assert isinstance(scheme, Scheme) and scheme.method == method
+@pytest.mark.parametrize(("method", "cls"), EVERY_CLASS, ids=[c.__name__ for _, c in EVERY_CLASS])
+def test_every_scheme_round_trips_through_its_dict(method: str, cls: type) -> None:
+    """to_dict is JSON-able, names the method and every option; from_dict gives the scheme
+    back; the method's default class needs no option, another format's class is picked by
+    its own options (FP4's `fp4`)."""
+    own = {} if SCHEMES[method] is cls else {"fp4": "mxfp4"}
+    scheme = make_scheme(method, **own)
+    assert type(scheme) is cls and isinstance(scheme, Scheme) and scheme.method == method
     d = json.loads(json.dumps(scheme.to_dict()))
-    assert d["method"] == method and set(d) == {"method", *scheme_fields(method)}
+    assert d["method"] == method and set(d) == {"method", *cls.option_names()}
+    assert set(d) - {"method"} <= set(scheme_fields(method))
     assert scheme_from_dict(d) == scheme
     assert type(scheme).from_dict(d) == scheme
 

@@ -304,6 +304,21 @@ def test_int4_weight_bytes_by_hand():
         weight_bytes(params, "int3")
 
 
+def test_fp4_weight_bytes_by_hand():
+    """NVFP4: E2M1 pairs, one E4M3 byte per 16 inputs, a float32 weight global scale (and for W4A4
+    an input global scale) per linear; MXFP4: one E8M0 byte per 32, nothing per tensor."""
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": False}
+    params = shape_from_config(cfg, "tiny").params
+    linears = [(256, 256), (256, 128), (256, 128), (256, 256), (256, 512), (256, 512), (512, 256)]  # (K, N)
+    kept = (1000 * 256 * 2 + 2 * 2 * 256 + 256) * 2  # 16-bit embed + lm_head + norms, bytes
+    for dtype, group, scalars in (("nvfp4", 16, 2), ("nvfp4a16", 16, 1), ("mxfp4", 32, 0), ("mxfp4a16", 32, 0)):
+        one = sum(n * k // 2 + n * k // group + 4 * scalars for k, n in linears)
+        wb = weight_bytes(params, dtype)
+        assert wb.total == 2 * one + kept and wb.quantized == 2 * one, dtype
+    assert weight_bytes(params, "nvfp4").total - weight_bytes(params, "nvfp4a16").total == 2 * 7 * 4
+
+
 def test_safetensors_headers_real_bytes(tmp_path):
     np = pytest.importorskip("numpy")
     from safetensors.numpy import save_file

@@ -39,17 +39,20 @@ def test_format_in_vllm(run: vllm_formats.Run, row: Row) -> None:
 
 
 def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
-    """Every registered checkpoint format, every FP8 weight granularity it carries, and KV
-    scales in both FP8 formats have a row: read back from the written config.json."""
+    """Every registered checkpoint format, every FP8 weight granularity it carries, KV scales
+    in both FP8 formats, and NVFP4 / MXFP4 weights only and W4A4 have a row: read back from
+    the written config.json."""
     import json
 
     from infer_tool.packers.checkpoint import all_formats, format_of
 
-    seen, strategies, kv = set(), set(), set()
+    seen, strategies, kv, fp4 = set(), set(), set(), set()
     for res in run.results:
         qc = json.loads((res.path / "config.json").read_text())["quantization_config"]
         fmt = format_of(qc)
         seen.add((fmt.name, fmt.kind))
+        if fmt.kind == "fp4":
+            fp4.add((qc["format"], qc["config_groups"]["group_0"]["input_activations"] is not None))
         if fmt.kind == "fp8":
             if fmt.name == "compressed-tensors":
                 strategy = qc["config_groups"]["group_0"]["weights"]["strategy"]
@@ -62,6 +65,7 @@ def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
     assert strategies == {("compressed-tensors", s) for s in ("tensor", "channel", "block")} | {
         ("fp8", "tensor"), ("fp8", "block")}
     assert kv == {"compressed-tensors", "fp8"}
+    assert fp4 == {(f"{f}-pack-quantized", w4a4) for f in ("nvfp4", "mxfp4") for w4a4 in (False, True)}
 
 
 def _result(row_id: str, vllm: dict, ours: float | None = None, scales: dict | None = None) -> vllm_formats.Result:
@@ -81,6 +85,9 @@ INT4 = {"selections": {"no_amx": list(vllm_formats.WNA16), "amx": list(vllm_form
         (_result("awq-gemm", {"error": "ValueError: x", "stage": "load"}), NO_AMX_HOST, "did not run it"),
         (_result("fp8-tensor", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
         (_result("fp8-tensor", {"error": "RuntimeError: other", "stage": "load"}), NO_AMX_HOST, "expected vLLM's refusal"),
+        (_result("ct-nvfp4", {"ppl": 21.0, "stage": "score"}, ours=21.0), AMX_HOST, "now runs this format"),
+        (_result("ct-mxfp4a16", {"error": vllm_formats.NO_NVFP4_KERNEL, "stage": "load"}), NO_AMX_HOST,
+         "expected vLLM's refusal"),
         (_result("ct-fp8-channel-static", {"error": vllm_formats.NARROW_0DIM, "stage": "load"}), NO_AMX_HOST, "at score"),
         (_result("ct-fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load"}), AMX_HOST, "did not run it"),
         (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
@@ -122,6 +129,7 @@ def test_problems_accept_expected_outcomes() -> None:
         (_result("awq-gemm-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST),
         (_result("awq-gemm-w4a8", {"ppl": 24.85, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), NO_AMX_HOST),
         (_result("fp8-tensor", {"error": vllm_formats.STATIC_FP8_QUANT, "stage": "load"}), NO_AMX_HOST),
+        (_result("ct-nvfp4a16", {"error": vllm_formats.NVFP4_MARLIN, "stage": "load"}), AMX_HOST),
         (_result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75), AMX_HOST),
         (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
                                        "kv_scales": {"a": [0.02, 0.004]}}, ours=20.8, scales={"a": [0.02, 0.004]}),

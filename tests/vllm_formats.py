@@ -84,6 +84,15 @@ NO_AMX = (
 )
 BLOCK_SHAPE = "ValueError: Weight output_partition_size = 576 is not divisible by weight quantization block_n = 128."
 NARROW_0DIM = "RuntimeError: narrow() cannot be applied to a 0-dim tensor."
+# FP4 (issue 28): vLLM 0.32 registers no NVFP4 / MXFP4 linear kernel for PlatformEnum.CPU
+# (kernels/linear/__init__.py `_POSSIBLE_NVFP4_KERNELS`, `_POSSIBLE_MXFP4_KERNELS`: CUDA and
+# ROCm only), and forces Marlin for weights-only NVFP4 when no compute capability is known
+# (Marlin FP4 needs CUDA, `is_fp4_marlin_supported`): the same refusals with and without AMX.
+# Refused rows are RTN: the fastest writer.
+FP4 = ["--method", "rtn"]
+NVFP4_MARLIN = "ValueError: Forced NVFP4 kernel MarlinNvFp4LinearKernel is not supported: Marlin FP4 not available"
+NO_NVFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the NVFP4 linear layer. Reasons:"
+NO_MXFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons:"
 
 # vLLM's kernel choices, as the worker records them ("selector: kernel or refusal"), from
 # vllm/model_executor/kernels/linear/__init__.py (`_POSSIBLE_KERNELS`, `_POSSIBLE_FP8_KERNELS`,
@@ -221,6 +230,14 @@ ROWS = (
         kernels=FP8_BLOCK_NONE,
         amx_kernels=FP8_BLOCK_AMX,
     ),
+    Row("ct-nvfp4a16", "compressed-tensors NVFP4A16 (nvfp4-pack-quantized, weights only)", (*FP4, "--fp4", "nvfp4"),
+        refusal=NVFP4_MARLIN),
+    Row("ct-nvfp4", "compressed-tensors NVFP4 (W4A4)", (*FP4, "--fp4", "nvfp4", "--fp4-activations", "fp4"),
+        refusal=NO_NVFP4_KERNEL),
+    Row("ct-mxfp4a16", "compressed-tensors MXFP4A16 (mxfp4-pack-quantized, weights only)", (*FP4, "--fp4", "mxfp4"),
+        refusal=NO_MXFP4_KERNEL),
+    Row("ct-mxfp4", "compressed-tensors MXFP4 (W4A4)", (*FP4, "--fp4", "mxfp4", "--fp4-activations", "fp4"),
+        refusal=NO_MXFP4_KERNEL),
 )
 
 

@@ -204,7 +204,7 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
             return awq_search_scale(
                 x_abs_mean().to(originals[0].device),
                 originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram, screen=screen,
-                gram_lo=gram_lo,
+                gram_lo=gram_lo, qdq=self.qdq(ctx, m, scheme),
             )
 
         try:
@@ -216,6 +216,13 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         entry.search = found_scale.summary()
         entries.append(entry.to_dict())
         return found_scale.scales
+
+    def qdq(
+        self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme
+    ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
+        """How the scale search quantize-dequantizes mapping `m`'s scaled balance weights
+        (`awq_search_scale`'s `qdq`); None: the scheme's INT RTN of each."""
+        return None
 
     def clip_and_record(self, ctx: LayerContext, n: str, scheme: AWQScheme, x: torch.Tensor | None) -> None:
         """The clip search of linear `n` on its (scaled) inputs x (t, K), then RTN; x None or

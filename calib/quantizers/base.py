@@ -15,6 +15,7 @@ one expert at a time (`calib/moe.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -30,7 +31,6 @@ from infer_tool.calib.stats import LayerStats, relative_output_error
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.integer import QuantScheme
 
 S = TypeVar("S", bound=Scheme)
 
@@ -75,6 +75,7 @@ class LayerContext:
     search_chunks: int  # chunks searches (AWQ) run on
     moe: MoeLayer | None = None  # the layer's MoE block; None for a dense layer
     spill: Path | None = None  # a directory for activations kept only to be read back (`calib/spill.py`)
+    rtn: Callable[[torch.Tensor, str], Any] | None = None  # (W, full name) -> the method's RTN weight; None: INT RTN
 
     @property
     def linears(self) -> tuple[str, ...]:
@@ -138,10 +139,12 @@ def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, ar
         result.fallbacks.append(Fallback(full, weight.info["fallback"], weight.info.get("reason")))
 
 
-def record_rtn_fallback(ctx: LayerContext, name: str, scheme: QuantScheme, reason: str) -> None:
-    """RTN-quantize linear `name` of the layer and record it as a fallback (`reason`)."""
+def record_rtn_fallback(ctx: LayerContext, name: str, scheme: Scheme, reason: str) -> None:
+    """RTN-quantize linear `name` of the layer (`ctx.rtn`, or the scheme's INT RTN) and record
+    it as a fallback (`reason`)."""
     module = ctx.module(name)
-    weight = quantize_rtn(weight_nk(module, ctx.arch.conv1d).detach().float(), None, scheme)
+    W = weight_nk(module, ctx.arch.conv1d).detach().float()
+    weight = ctx.rtn(W, ctx.full(name)) if ctx.rtn is not None else quantize_rtn(W, None, scheme)
     weight.info.update(fallback="rtn", reason=reason)
     record(ctx.result, ctx.full(name), module, weight, ctx.arch, None)
 
@@ -157,6 +160,16 @@ class LayerQuantizer(Generic[S]):
     def stats_refusal(self, scheme: S) -> str | None:
         """Why `quantize --stats` cannot run this scheme, or None when it can."""
         return None
+
+    def prepare_stats(
+        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
+        result: PipelineResult, scheme: S,
+    ) -> dict[str, LayerStats]:
+        """From saved statistics (`quantize --stats`), before layer `prefix`'s linears are solved:
+        `stats` {linear name in the layer: its statistics} -> the statistics to solve with. A
+        method that changes the layer first (SmoothQuant's fold) returns those of the changed
+        inputs; the default changes nothing."""
+        return stats
 
     def notes(self, result: PipelineResult, scheme: S) -> list[str]:
         """Notes for the report about what was written (e.g. shapes a runtime refuses)."""

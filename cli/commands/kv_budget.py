@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
 def kv_budget(
     model: Annotated[Optional[str], typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")] = None,
-    weights: Annotated[Optional[str], Opt(help="bf16|fp16|fp8|int8|int4 (default: the files' real bytes, else bf16).", rich_help_panel=MODEL)] = None,
+    weights: Annotated[Optional[str], Opt(help="bf16, fp16, fp8, int8, int4, nvfp4, nvfp4a16, mxfp4 or mxfp4a16 (default: the files' real bytes, else bf16).", rich_help_panel=MODEL)] = None,
     weights_memory: Annotated[Optional[str], Opt(help="Weights per GPU as vLLM logs them (\"Model loading took\"): 14.99GiB.", rich_help_panel=MODEL)] = None,
     group_size: Annotated[Optional[int], Opt(help="int4 group size, -1 per channel (default 128).", rich_help_panel=MODEL)] = None,
     gpu: Annotated[Optional[str], Opt(help=f"GPU preset (--list-gpus; default {DEFAULT_GPU}).", rich_help_panel=DEPLOY)] = None,

@@ -66,7 +66,8 @@ def _quantize_command() -> Any:
             given = set(from_recipe) | {k for k, v in flags.items() if v not in (None, ())}
             opts = apply_demo(opts, given)
             if opts.out is None:
-                opts.out = fresh_dir(f"{DEMO_MODEL}-{opts.method}-w4g{opts.group_size}")
+                scheme = opts.fp4 if opts.fp4 is not None else f"w4g{opts.group_size}"
+                opts.out = fresh_dir(f"{DEMO_MODEL}-{opts.method}-{scheme}")
         from infer_tool.common.launch import rank0
         from infer_tool.jobs.quantize import check, quantize as run
 

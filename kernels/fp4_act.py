@@ -1,0 +1,88 @@
+"""W4A4 activation quantize-dequantize as the runtime does it (pure torch, any device): what
+an FP4 linear applies to its input before the weights-only product (`quant_linear.Fp4Linear`),
+and the two rounding rules every FP4 quantizer shares (`packers/fp4.py` imports them).
+
+- E2M1 rounding (`e2m1_index`, `round_to_e2m1`): nearest of the magnitudes (0, 0.5, 1, 1.5,
+  2, 3, 4, 6), ties to the even mantissa, saturating at 6; a negative value that rounds to 0
+  keeps its sign. compressed-tensors 0.19/0.20 `quantization/utils/fp4_utils.py`
+  `cast_to_fp4` and vLLM 0.32 `nvfp4_emulation_utils.py` `cast_to_fp4` use these thresholds.
+- E8M0 group scales (`mxfp4_group_scales`): compressed-tensors `mxfp_utils.py`
+  `generate_mx_scales` ("even" rule): a group max with mantissa >= 1.75 goes up one binade,
+  then `u = 127 + floor(log2(.)) - 2`, clamped to 0..254; the scale is `2 ** (u - 127)`.
+- NVFP4 activations (`nvfp4_qdq_activations`): step for step vLLM 0.32's CPU emulation
+  `ref_nvfp4_quant_dequant`: per 16 along K, amax in float32, E4M3 scale `gs * (amax * (1/6))`
+  with `gs` the static `input_global_scale`, values times `1 / (s * (1 / gs))`, clamped to
+  ±6, rounded, times `s / gs`. (vLLM's CUDA Triton path multiplies by `gs / s`: last-bit
+  differences possible.)
+- MXFP4 activations (`mxfp4_qdq_activations`): dynamic per-32 E8M0 scales by the rule above,
+  values rounded to E2M1 (amd-quark's `qdq_mxfp4(x, "even")`, which vLLM's MXFP4 emulation calls).
+
+Shapes: `(..., K)`, K a multiple of the group (16 / 32). This module knows nothing about how
+weights were quantized or stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infer_tool.kernels.fp4_layout import E2M1_MAX, E2M1_VALUES, GROUP_SIZE, effective_scale
+
+E4M3_MAX = 448.0  # largest finite float8_e4m3fn
+MX_ELEM_EMAX = 2  # floor(log2(E2M1_MAX)): the E8M0 exponent offset
+
+# Rounding thresholds on |x|: (threshold, inclusive); the index is the number passed.
+_UP = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+def e2m1_index(x: torch.Tensor) -> torch.Tensor:
+    """Index into `E2M1_VALUES` of the nearest grid magnitude of |x| (ties to even,
+    saturating at 6), uint8 of x's shape."""
+    a = x.abs()
+    idx = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    for t, inclusive in _UP:
+        idx += (a >= t) if inclusive else (a > t)
+    return idx
+
+
+def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Nearest E2M1 value of every element (float, x's dtype); negative values that round
+    to zero give -0.0."""
+    mag = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)[e2m1_index(x).long()]
+    return torch.where(x < 0, -mag, mag)
+
+
+def mxfp4_group_scales(amax_g: torch.Tensor) -> torch.Tensor:
+    """E8M0 biased exponents uint8 `(N, G)` from group amax `(N, G)` (the "even" rule)."""
+    bits = amax_g.to(torch.float32).abs().view(torch.int32)
+    binade = ((bits + (1 << 21)) >> 23) & 0xFF  # fp32 exponent field after rounding up mantissas >= 1.75
+    return (binade - MX_ELEM_EMAX).clamp(0, 254).to(torch.uint8)  # 127 + (binade - 127) - 2
+
+
+def _groups(x: torch.Tensor, g: int) -> torch.Tensor:
+    if x.dim() == 0 or x.shape[-1] % g:
+        raise ValueError(f"FP4: K={x.shape[-1] if x.dim() else None} is not a multiple of the group size {g}")
+    return x.unflatten(-1, (-1, g))
+
+
+def _reciprocal(t: torch.Tensor) -> torch.Tensor:
+    """vLLM's `get_reciprocal`: 1 / t, with 1e-8 where t == 0."""
+    return 1.0 / (t + (t == 0) * 1e8)
+
+
+def nvfp4_qdq_activations(x: torch.Tensor, input_global_scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4 W4A4 input quantize-dequantize `(..., K)` -> x's dtype, as vLLM's emulation (module doc)."""
+    gs = input_global_scale.to(torch.float32).reshape(1)
+    xg = _groups(x, GROUP_SIZE["nvfp4"])  # (..., G, 16)
+    vec_max = xg.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    s = gs * (vec_max * (1 / E2M1_MAX))
+    s = s.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    out_scale = _reciprocal(s * _reciprocal(gs))
+    q = round_to_e2m1((xg.to(torch.float32) * out_scale).clamp(-E2M1_MAX, E2M1_MAX))
+    return (q * (s / gs)).flatten(-2).to(x.dtype)
+
+
+def mxfp4_qdq_activations(x: torch.Tensor) -> torch.Tensor:
+    """MXFP4 W4A4 input quantize-dequantize `(..., K)` -> x's dtype (dynamic per-32 E8M0)."""
+    xg = _groups(x.float(), GROUP_SIZE["mxfp4"])
+    s = effective_scale(mxfp4_group_scales(xg.abs().amax(dim=-1))).unsqueeze(-1)
+    return (round_to_e2m1(xg / s) * s).flatten(-2).to(x.dtype)

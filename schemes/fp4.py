@@ -1,0 +1,172 @@
+"""FP4 schemes: E2M1 weights (and activations) in compressed-tensors' NVFP4 and MXFP4 formats,
+`kind = "fp4"` (the `nvfp4-pack-quantized` / `mxfp4-pack-quantized` writer carries it).
+
+`Fp4Scheme` is the number format, one class for all of it:
+- `fp4`: "nvfp4" (groups of 16 along K, one E4M3 scale per group relative to one float32
+  global scale per tensor, shared by fused shards) or "mxfp4" (groups of 32, one E8M0
+  power-of-two scale per group, no global scale);
+- `fp4_activations`: "none" (weights only: llm-compressor's NVFP4A16 / MXFP4A16) or "fp4"
+  (W4A4, llm-compressor's NVFP4 / MXFP4: NVFP4 activations get a static `input_global_scale`
+  from calibration and dynamic per-16 E4M3 scales at run time; MXFP4 activations dynamic
+  per-32 E8M0 scales);
+- `observer`: how each group's scale is chosen from its weights: "minmax" (the group's max
+  |w|) or "mse" (llm-compressor's MSE observer grid: the shrink of the max minimising
+  sum |Q(w) - w|^2.4 over the group, scored with the scale the checkpoint stores);
+- `amax_dtype` (set by `for_storage`): the dtype the amax-derived scale arithmetic runs in,
+  the checkpoint's, as compressed-tensors computes it in the model dtype.
+
+Method × format: the method is the scheme's class, as for INT (`--method rtn|gptq|awq`); a
+method's FP4 class holds the format's fields plus the method's own options, whose defaults are
+the INT method scheme's (`schemes/integer.py`, not restated). The registry picks the FP4 class
+of a method when an FP4 option is given (`registry.scheme_class`). What FP4 fixes and INT
+chooses (bits, group size, symmetry, scale dtype) is not an option here: E2M1 is 4-bit and
+symmetric, the group and the scale dtypes are the format's. GPTQ keeps every group's scale from
+the original weights (static groups, whatever the column order). Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from infer_tool.common.errors import BadInput
+from infer_tool.schemes.base import SCALE_DTYPES, Scheme
+from infer_tool.schemes.integer import AWQScheme, GPTQScheme
+
+FP4_FORMATS = ("nvfp4", "mxfp4")
+FP4_GROUP_SIZE = {"nvfp4": 16, "mxfp4": 32}  # values per scale along K (= kernels/fp4_layout.GROUP_SIZE)
+FP4_ACTIVATIONS = ("none", "fp4")
+FP4_OBSERVERS = ("minmax", "mse")
+KIND = "fp4"
+
+
+@dataclass(frozen=True)
+class Fp4Scheme(Scheme):
+    """E2M1 weights (and W4A4 activations): see the module docstring. As a class of its own
+    it is RTN (`Fp4RTNScheme`); the GPTQ and AWQ classes add their methods' options."""
+
+    method: ClassVar[str] = "rtn"
+    kind: ClassVar[str] = KIND
+    fp4: str = "nvfp4"
+    fp4_activations: str = "none"
+    observer: str = "minmax"
+    amax_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.fp4 not in FP4_FORMATS:
+            raise BadInput(f"--fp4 {self.fp4!r} is not supported; use one of {', '.join(FP4_FORMATS)}")
+        if self.fp4_activations not in FP4_ACTIVATIONS:
+            raise BadInput(
+                f"--fp4-activations {self.fp4_activations!r} is not supported; use none (weights only, "
+                "NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4)"
+            )
+        if self.observer not in FP4_OBSERVERS:
+            raise BadInput(f"--fp4-observer {self.observer!r} is not supported; use one of {', '.join(FP4_OBSERVERS)}")
+        if self.amax_dtype not in SCALE_DTYPES:
+            raise BadInput(f"amax dtype {self.amax_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
+
+    @property
+    def group_size(self) -> int:
+        """Columns per scale along K: 16 (NVFP4) or 32 (MXFP4)."""
+        return FP4_GROUP_SIZE[self.fp4]
+
+    def group_for(self, in_features: int) -> int:
+        return self.group_size
+
+    @property
+    def w4a4(self) -> bool:
+        """True when activations are quantized too."""
+        return self.fp4_activations == "fp4"
+
+    @property
+    def global_scales(self) -> bool:
+        """True for NVFP4: a float32 global scale per tensor, one per fused group of shards."""
+        return self.fp4 == "nvfp4"
+
+    @property
+    def preset(self) -> str:
+        """llm-compressor's name of this number format: NVFP4A16, NVFP4, MXFP4A16 or MXFP4."""
+        return self.fp4.upper() + ("" if self.w4a4 else "A16")
+
+    def check_shapes(self, shapes: Mapping[str, tuple[int, int]]) -> None:
+        """Refuse linears whose K is not a multiple of the group (no padding: vLLM's scales are
+        `K // group` wide and compressed-tensors refuses the rest)."""
+        g = self.group_size
+        bad = {name: k for name, (_, k) in shapes.items() if k % g}
+        if bad:
+            listed = ", ".join(f"{n} (K={k})" for n, k in sorted(bad.items())[:8])
+            more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+            raise BadInput(
+                f"{self.fp4} scales groups of {g} input features, which do not divide those of {listed}{more}; "
+                "--ignore those linears or use another scheme"
+            )
+
+    def for_storage(self, scale_dtype: str) -> Fp4Scheme:
+        """FP4 stores its scales as E4M3 / E8M0 (global scales float32); the amax-derived
+        arithmetic runs in the checkpoint dtype `scale_dtype`."""
+        return dataclasses.replace(self, amax_dtype=scale_dtype)
+
+    def describe(self) -> str:
+        """'gptq nvfp4 (NVFP4A16) act-order, mse scales' for the report table."""
+        order = " act-order" if getattr(self, "act_order", False) else ""
+        return f"{self.method} {self.fp4} ({self.preset}){order}, {self.observer} scales"
+
+
+@dataclass(frozen=True)
+class Fp4RTNScheme(Fp4Scheme):
+    """Round to nearest on the FP4 grid, each group's scale from its observer."""
+
+    method: ClassVar[str] = "rtn"
+
+
+@dataclass(frozen=True)
+class Fp4GPTQScheme(Fp4Scheme):
+    """GPTQ rounding to the FP4 grid: every column with its group's scale, chosen by the
+    observer on the original weights before the solve; act-order visits columns by
+    decreasing diag(H) (static groups: column k keeps group k // g). The options and their
+    defaults are GPTQScheme's (`schemes/integer.py`)."""
+
+    method: ClassVar[str] = "gptq"
+    damp: float = GPTQScheme.damp
+    block_size: int = GPTQScheme.block_size
+    act_order: bool = GPTQScheme.act_order
+    damp_retries: int = GPTQScheme.damp_retries
+    damp_growth: float = GPTQScheme.damp_growth
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        GPTQScheme(**_method_options(self, Fp4GPTQScheme))  # GPTQ's own checks, raising its BadInput
+
+
+@dataclass(frozen=True)
+class Fp4AWQScheme(Fp4Scheme):
+    """AWQ with its scale and clip searches scored by the FP4 quantizer (fused shards with one
+    global scale), then the observer's scales. The options and their defaults are
+    AWQScheme's (`schemes/integer.py`)."""
+
+    method: ClassVar[str] = "awq"
+    grid: int = AWQScheme.grid
+    search: str = AWQScheme.search
+    search_step: int = AWQScheme.search_step
+    screen_margin: float = AWQScheme.screen_margin
+    duo_scaling: bool = AWQScheme.duo_scaling
+    clip: bool = AWQScheme.clip
+    clip_grid: int = AWQScheme.clip_grid
+    max_shrink: float = AWQScheme.max_shrink
+    clip_tokens: int = AWQScheme.clip_tokens
+    clip_batch: int = AWQScheme.clip_batch
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        AWQScheme(**_method_options(self, Fp4AWQScheme))  # AWQ's own checks, raising its BadInput
+
+
+def _method_options(scheme: Fp4Scheme, cls: type[Fp4Scheme]) -> dict[str, object]:
+    """The values of the fields `cls` adds to `Fp4Scheme` (its method's options)."""
+    own = {f.name for f in dataclasses.fields(Fp4Scheme)}
+    return {f.name: getattr(scheme, f.name) for f in dataclasses.fields(cls) if f.name not in own}
+
+
+FP4_SCHEMES: tuple[type[Fp4Scheme], ...] = (Fp4RTNScheme, Fp4GPTQScheme, Fp4AWQScheme)
