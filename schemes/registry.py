@@ -60,10 +60,10 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.fp8 import Fp8Scheme
-from infer_tool.schemes.integer import AWQScheme, GPTQScheme, RTNScheme
+from infer_tool.schemes.integer import AutoRoundScheme, AWQGPTQScheme, AWQScheme, GPTQScheme, RTNScheme
 
 # The schemes `--method` offers, in the order error messages list them.
-BUILTIN: tuple[type[Scheme], ...] = (RTNScheme, GPTQScheme, AWQScheme, Fp8Scheme)
+BUILTIN: tuple[type[Scheme], ...] = (RTNScheme, GPTQScheme, AWQScheme, AWQGPTQScheme, AutoRoundScheme, Fp8Scheme)
 SCHEMES: dict[str, type[Scheme]] = {cls.method: cls for cls in BUILTIN}
 
 
