@@ -102,7 +102,7 @@ class QuantizeOptions:
     moe_min_tokens: int | None = option(
         None, "MoE models: experts routed fewer calibration tokens are listed in the report and, with "
               "--moe-calibration routed, quantized with RTN (named as fallbacks).", int)
-    calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt/.jsonl/.json/.parquet file or a HF dataset.", str)
+    calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt, .jsonl, .json or .parquet file, or a HF dataset.", str)
     num_samples: int = option(128, "Calibration sequences.", int)
     seq_len: int = option(512, "Tokens per calibration sequence.", int)
     format: str = option("compressed-tensors", "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8.", str)
@@ -119,7 +119,9 @@ class QuantizeOptions:
                        flag="--kld/--no-kld")
     max_kld: float | None = option(None, "Quality gate: exit 3 when the mean KL divergence from the fp model (nats per "
                                          "token) exceeds this (e.g. 0.05). Needs --eval and --kld.", float)
-    stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq/rtn). " + STATS_NOTE, str)
+    stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq, rtn): measured on the fp "
+                                     "model, they give up GPTQ's compensation of upstream error (calibrate's note says "
+                                     "why); AWQ cannot reuse them.", str)
     device: str | None = option(None, "auto, cpu, cuda or cuda:N (default: auto: CUDA when available).", str)
     dtype: str = option("auto", "Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), "
                                 "float32, bfloat16 or float16. Calibration sees the weights as stored.", str)

@@ -22,8 +22,8 @@ def register(app: typer.Typer) -> None:
 @cli_command
 def ppl(
     model: Annotated[str, typer.Argument(help="Model directory, .gguf file, our quantized checkpoint, demo name (smollm2-135m) or hub name.")],
-    data: Annotated[str, typer.Option("--data", help="Corpus: sotu:eval, sotu:calib, sotu, a .txt/.jsonl/.json/.parquet file, or a HF dataset name.")] = "sotu:eval",
-    text_field: Annotated[str, typer.Option(help="Text field of .jsonl/.json/.parquet/HF corpora.")] = "text",
+    data: Annotated[str, typer.Option("--data", help="Corpus: sotu:eval, sotu:calib, sotu, a .txt, .jsonl, .json or .parquet file, or a HF dataset name.")] = "sotu:eval",
+    text_field: Annotated[str, typer.Option(help="Text field of .jsonl, .json, .parquet and HF corpora.")] = "text",
     seq_len: Annotated[int, typer.Option(help="Window length in tokens (capped by the model's context).")] = 2048,
     max_tokens: Annotated[Optional[int], typer.Option(help="Evaluate only the first N tokens of the corpus.")] = None,
     stride: Annotated[Optional[int], typer.Option(help="Sliding-window evaluation: start a window every STRIDE tokens.")] = None,
@@ -80,7 +80,7 @@ def kld(
     model: Annotated[str, typer.Argument(help="The model compared (typically our quantized checkpoint): any MODEL eval ppl takes.")],
     reference: Annotated[str, typer.Option("--reference", help="The reference (typically the unquantized model): same tokenizer and vocabulary.")],
     data: Annotated[str, typer.Option("--data", help="Corpus, as eval ppl's --data.")] = KldOptions.data,
-    text_field: Annotated[str, typer.Option(help="Text field of .jsonl/.json/.parquet/HF corpora.")] = KldOptions.text_field,
+    text_field: Annotated[str, typer.Option(help="Text field of .jsonl, .json, .parquet and HF corpora.")] = KldOptions.text_field,
     seq_len: Annotated[int, typer.Option(help="Window length in tokens (capped by the models' context).")] = KldOptions.seq_len,
     max_tokens: Annotated[Optional[int], typer.Option(help="Evaluate only the first N tokens of the corpus.")] = KldOptions.max_tokens,
     stride: Annotated[Optional[int], typer.Option(help="Sliding-window evaluation: start a window every STRIDE tokens.")] = KldOptions.stride,
