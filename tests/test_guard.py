@@ -348,6 +348,7 @@ SOLVER_CHANGES = {  # name -> (guard run, extra quantize flags, what it changes)
     "gptq-damp-0.02": ("gptq-sym-compressed-tensors", ("--damp", "0.02"), None),
     "awq-grid-10": ("awq-sym-compressed-tensors", (), "grid"),
     "awq-no-fold": ("awq-asym-compressed-tensors", (), "fold"),
+    "autoround-iters-4": ("autoround-sym", ("--iters", "4"), None),
 }
 
 
@@ -356,7 +357,8 @@ def test_solver_change_fails_tolerant_guard(tiny: dict[str, Path], tmp_path: Pat
                                             change: str) -> None:
     """A deliberate one-line change to a solver: GPTQ damping 1% -> 2% of mean diag(H) (the
     --damp flag), AWQ's ratio grid 20 -> 10 points (the scheme's `grid` field), AWQ without
-    folding 1/s into the previous norm or linear. Each moves its run past the tolerances."""
+    folding 1/s into the previous norm or linear, AutoRound stopped one descent step early.
+    Each moves its run past the tolerances."""
     name, flags, patch = SOLVER_CHANGES[change]
     if patch == "grid":
         cls = _awq_scheme()
