@@ -19,6 +19,15 @@ versions than ours, so it lives in its own venv: `pip install torch==2.13.0
 llmcompressor==0.14.0.1`); its checkpoint is evaluated by our `eval ppl` as ours are.
 GPTQ rows of both sides use static act-order (llm-compressor's default).
 
+`--autoround PYTHON` adds the PyPI auto-round's rows (`benchmarks/autoround_pypi.py` under
+that interpreter: auto-round 0.16.x in its own venv) on the same calibration token ids, the
+same iterations, batch and scheme as our AutoRound rows of the same name; `--iters N`
+replaces the iteration count of every AutoRound row on both sides (a reduced run on a CPU).
+
+Every row also gets the KL divergence from the source model (`infer-tool eval kld CHECKPOINT
+--reference MODEL` on the same windows as its ppl: mean nats per token and "same top token");
+`--no-kld` leaves it out.
+
 Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 
 FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ and AWQ
@@ -59,6 +68,7 @@ INT4 = "int4"
 FP8 = "fp8"
 FP4 = "fp4"
 LLMC = "llmc"
+AR = "auto-round"  # the PyPI package, under --autoround PYTHON
 
 # label -> (kind, quantize flags, eval flags)
 ROWS: dict[str, tuple[str, list[str], list[str]]] = {
@@ -70,6 +80,12 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "AWQ asym": (INT4, ["--method", "awq", "--asym"], []),
     "AWQ sym fast": (INT4, ["--method", "awq", "--sym", "--awq-search", "fast"], []),
     "AWQ asym fast": (INT4, ["--method", "awq", "--asym", "--awq-search", "fast"], []),
+    "AWQ+GPTQ sym": (INT4, ["--method", "awq+gptq", "--sym"], []),
+    "AWQ+GPTQ asym": (INT4, ["--method", "awq+gptq", "--asym"], []),
+    "AutoRound sym": (INT4, ["--method", "autoround", "--sym", "--iters", "200", "--batch", "8"], []),
+    "AutoRound asym": (INT4, ["--method", "autoround", "--asym", "--iters", "200", "--batch", "8"], []),
+    "AutoRound sym 50": (INT4, ["--method", "autoround", "--sym", "--iters", "50", "--batch", "8"], []),
+    "AutoRound asym 50": (INT4, ["--method", "autoround", "--asym", "--iters", "50", "--batch", "8"], []),
     "FP8 tensor": (FP8, ["--fp8-granularity", "tensor"], []),
     "FP8 channel": (FP8, ["--fp8-granularity", "channel"], []),
     "FP8 block": (FP8, ["--fp8-granularity", "block"], []),
@@ -88,11 +104,24 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "llmc GPTQ asym": (LLMC, ["--method", "gptq", "--asym"], []),
     "llmc AWQ sym": (LLMC, ["--method", "awq"], []),
     "llmc AWQ asym": (LLMC, ["--method", "awq", "--asym"], []),
+    "auto-round sym": (AR, ["--iters", "200", "--batch", "8"], []),
+    "auto-round asym": (AR, ["--asym", "--iters", "200", "--batch", "8"], []),
+    "auto-round sym 50": (AR, ["--iters", "50", "--batch", "8"], []),
+    "auto-round asym 50": (AR, ["--asym", "--iters", "50", "--batch", "8"], []),
     **{f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")},
     "llmc NVFP4A16 GPTQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "gptq"], []),
     "llmc NVFP4A16 AWQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "awq"], []),
 }
+EXTERNAL = (LLMC, AR)  # rows run by another package's interpreter on saved calibration ids
+
+
+def with_iters(flags: list[str], iters: int | None) -> list[str]:
+    """`flags` with the value after --iters replaced by `iters` (when given)."""
+    if iters is None or "--iters" not in flags:
+        return flags
+    i = flags.index("--iters")
+    return [*flags[: i + 1], str(iters), *flags[i + 2 :]]
 
 
 def cli() -> str:
@@ -105,13 +134,21 @@ def run_json(cmd: list[str], label: str) -> tuple[dict, float]:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{label} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1] if label.startswith("llmc") else proc.stdout), wall
+    external = label.startswith(("llmc", "auto-round"))
+    return json.loads(proc.stdout.strip().splitlines()[-1] if external else proc.stdout), wall
 
 
 def eval_ppl(ckpt: str, args: argparse.Namespace, extra: list[str]) -> dict:
     cmd = [cli(), "eval", "ppl", ckpt, "--data", args.eval, "--max-tokens", str(args.eval_tokens),
            "--seq-len", str(args.eval_seq_len), "--json", "--no-progress", *extra]
     return run_json(cmd, f"eval {ckpt}")[0]
+
+
+def eval_kld(ckpt: str, args: argparse.Namespace) -> dict:
+    """`eval kld CHECKPOINT --reference MODEL` on eval_ppl's windows."""
+    cmd = [cli(), "eval", "kld", ckpt, "--reference", args.model, "--data", args.eval, "--max-tokens",
+           str(args.eval_tokens), "--seq-len", str(args.eval_seq_len), "--json", "--no-progress"]
+    return run_json(cmd, f"eval kld {ckpt}")[0]
 
 
 def dir_mib(path: Path) -> float:
@@ -121,7 +158,13 @@ def dir_mib(path: Path) -> float:
 def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: Path, model_dir: str) -> dict:
     kind, flags, eval_flags = ROWS[label]
     out = workdir / label.replace(" ", "-").replace("+", "").replace("(", "").replace(")", "").lower()
-    if kind == LLMC:
+    flags = with_iters(flags, args.iters)
+    if kind == AR:
+        cmd = [args.autoround, str(Path(__file__).with_name("autoround_pypi.py")), "--model-dir", model_dir,
+               "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags]
+        r, wall = run_json(cmd, label)
+        quantize_s, rss, err = r["quantize_s"], r["peak_rss_mib"], None
+    elif kind == LLMC:
         routers = ["--ignore", *ROUTER_PATTERNS] if expert_linears(Path(model_dir)) else []
         cmd = [args.llmcompressor, str(Path(__file__).with_name("llmcompressor_oneshot.py")), "--model-dir", model_dir,
                "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags, *routers]
@@ -138,6 +181,11 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
     row = {"config": label, "ppl": ev["ppl"], "tokens": ev["tokens"], "quantize_s": quantize_s, "process_s": wall,
            "peak_rss_mib": rss, "checkpoint_mib": dir_mib(out), "layer_error_mean": err,
            "num_samples": args.num_samples}
+    if args.kld:
+        k = eval_kld(str(out), args)
+        mean = k["kld"]["mean"]
+        row.update(kld=mean["mean"], kld_interval=[mean["ci95_low"], mean["ci95_high"]], kld_p99=k["kld"]["p99"],
+                   same_top_token=k["same_top_token"]["mean"])
     if expert_linears(Path(model_dir or args.model)):
         row.update(moe_columns(r.get("moe"), Path(model_dir or args.model), out))
     return row
@@ -244,6 +292,10 @@ def main() -> None:
     p.add_argument("--eval-seq-len", type=int, default=2048)
     p.add_argument("--only", nargs="*", help=f"rows to run: {', '.join(repr(r) for r in ROWS)}")
     p.add_argument("--llmcompressor", metavar="PYTHON", help="an interpreter with llmcompressor installed (adds llmc rows)")
+    p.add_argument("--autoround", metavar="PYTHON", help="an interpreter with auto-round installed (adds its rows)")
+    p.add_argument("--iters", type=int, help="iterations of every AutoRound row, ours and auto-round's")
+    p.add_argument("--kld", action=argparse.BooleanOptionalAction, default=True,
+                   help="KL divergence of every row from --model (eval kld, the ppl windows)")
     p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
     p.add_argument("--dense", metavar="JSONL", help="rows of a dense run (--json): compare each method's ppl increase")
     args = p.parse_args()
@@ -251,16 +303,20 @@ def main() -> None:
     unknown = [r for r in args.only or () if r not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
-    labels = [r for r in ROWS if (r in args.only if args.only else ROWS[r][0] != LLMC or args.llmcompressor)]
+    interpreters = {LLMC: args.llmcompressor, AR: args.autoround}
+    labels = [r for r in ROWS
+              if (r in args.only if args.only else ROWS[r][0] not in EXTERNAL or interpreters[ROWS[r][0]])]
     if any(ROWS[r][0] == LLMC for r in labels) and not args.llmcompressor:
         p.error("llmc rows need --llmcompressor PYTHON")
+    if any(ROWS[r][0] == AR for r in labels) and not args.autoround:
+        p.error("auto-round rows need --autoround PYTHON")
 
     fp32 = eval_ppl(args.model, args, [])
     print(json.dumps({"config": "fp32", "ppl": fp32["ppl"], "tokens": fp32["tokens"]}), file=sys.stderr, flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-quantize-") as tmp:
         ids_file = Path(tmp) / "calib_ids.safetensors"
-        model_dir = calibration_ids(args, ids_file) if any(ROWS[r][0] == LLMC for r in labels) else ""
+        model_dir = calibration_ids(args, ids_file) if any(ROWS[r][0] in EXTERNAL for r in labels) else ""
         for label in labels:
             row = quantize_row(label, args, Path(tmp), ids_file, model_dir)
             row["ratio"] = row["ppl"] / fp32["ppl"]
@@ -273,12 +329,17 @@ def main() -> None:
     print(f"{args.model}, group {args.group_size}, calibration {args.num_samples} x {args.seq_len} tokens of {args.calib} "
           f"(seed {args.seed}), ppl on the first {fp32['tokens'] + fp32['windows']} tokens of {args.eval} "
           f"in {args.eval_seq_len}-token windows")
-    print("| config | ppl | vs fp32 | quantize s | peak RSS MiB | checkpoint MiB | mean layer err |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| fp32 | {fp32['ppl']:.4f} | | | | | |")
+    print("| config | ppl | vs fp32 | KLD mean (95% interval) | KLD p99 | same top token | quantize s | peak RSS MiB "
+          "| checkpoint MiB | mean layer err |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| fp32 | {fp32['ppl']:.4f} | | | | | | | | |")
     for r in rows:
         err = "" if r["layer_error_mean"] is None else f"{r['layer_error_mean']:.4f}"
-        print(f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {r['quantize_s']:.0f} | "
+        low, high = r.get("kld_interval") or (None, None)
+        interval = f" ({low:.4f}-{high:.4f})" if low is not None else ""
+        kld = (f"{r['kld']:.4f}{interval} | {r['kld_p99']:.4f} | {r['same_top_token'] * 100:.1f}%"
+               if "kld" in r else " | | ")
+        print(f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {r['quantize_s']:.0f} | "
               f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} |")
     if any("expert_linears" in r for r in rows):
         moe_table(rows, args.dense)

@@ -320,3 +320,34 @@ def on_first(fn: Callable[[], T]) -> T:
     with collective():
         dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def shard() -> Shard:
+    """This process's chunks (the pipeline's run; one process outside it)."""
+    return _shard
+
+
+def sum_in_order(owners: list[int], term: Callable[[int], list[torch.Tensor]],
+                 likes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Σ_k term(k) for k = 0 .. len(owners) − 1 (each term a list of tensors shaped as
+    `likes`), added left to right in that order, on every process. Term k is computed on
+    process `owners[k]` only (`term(k)` there) and broadcast, so the sum has the same bits on
+    every process and for any number of processes (a step every process must take alike,
+    e.g. AutoRound's sign step). `likes`: the shapes, dtypes and device (gloo: CPU)."""
+    total: list[torch.Tensor] | None = None
+    for k, owner in enumerate(owners):
+        if _shard.world == 1:
+            values = term(k)
+        else:
+            import torch.distributed as dist
+
+            values = term(k) if owner == _shard.rank else [torch.empty_like(t) for t in likes]
+            with collective():
+                for v in values:
+                    dist.broadcast(v, src=owner)
+        if total is None:
+            total = values
+        else:
+            for t, v in zip(total, values):
+                t.add_(v)
+    return total if total is not None else [torch.zeros_like(t) for t in likes]

@@ -10,7 +10,9 @@ for each decoder layer measure / solve / propagate, and the entry points.
    the weights by their dequantized values, and returns the fp outputs Y on the first
    ERROR_SAMPLES sequences and the quantized layer's outputs Ŷ on all of them: Ŷ is the
    next layer's input, and ‖Ŷ − Y‖/‖Y‖ is the layer's reported error. Quantizers that
-   read no activations (`Needs.data_free`) get only those sequences.
+   read no activations (`Needs.data_free`) get only those sequences. A quantizer that
+   trains toward the fp model (`Needs.fp_chain`) also gets the fp layer's outputs on the
+   fp model's own activations (the fp chain, carried beside Ŷ from layer to layer).
 4. `collect_stats` runs the same loop without quantizing (for `calibrate --out`): every
    layer's statistics are then measured on fp inputs. `quantize_from_stats` quantizes
    from saved statistics with no forward pass at all (`LayerLoop.run_without_data`).
@@ -135,7 +137,9 @@ class LayerLoop:
 
     Each layer is brought in by `io`, handled, and handed back to `io`; `progress` hears
     `task` after each. `targets`, `error_chunks` / `search_chunks` (this process's share),
-    `moe` and `spill` go into each layer's context as they are.
+    `moe` and `spill` go into each layer's context as they are. With `fp_chain`, the fp
+    model's activations are carried too: `io` sees the inputs as the quantized chain's
+    chunks followed by the fp chain's (2C chunks), and saves and restores them as they are.
     """
 
     model: nn.Module
@@ -151,6 +155,7 @@ class LayerLoop:
     spill: Path | None = None
     io: LayerIO = field(default_factory=LayerIO)
     progress: Progress = no_progress
+    fp_chain: bool = False
 
     def capture(self, ids: torch.Tensor, batch_size: int, shard: Shard, t0: float) -> Captured:
         """This process's chunks through the embeddings; the samples each process runs, and the
@@ -162,29 +167,40 @@ class LayerLoop:
         self.result.seconds["capture"] = time.perf_counter() - t0
         return captured
 
-    def context(self, layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall]) -> LayerContext:
+    def context(self, layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall],
+                Y_fp: list[torch.Tensor] | None = None) -> LayerContext:
         """Layer `prefix`'s context: the table's entry as it applies to it, and its MoE block."""
         return LayerContext(layer, prefix, X, calls, arch=self.arch.for_layer(layer), targets=self.targets,
                             result=self.result, error_chunks=self.error_chunks, search_chunks=self.search_chunks,
-                            moe=moe_layer(layer, self.arch, self.moe), spill=self.spill)
+                            moe=moe_layer(layer, self.arch, self.moe), spill=self.spill, Y_fp=Y_fp)
 
     def run(self, captured: Captured, step: LayerStep) -> None:
         """Every layer through `step`, which gives (Y, Ŷ); Ŷ feeds the next layer and ‖Ŷ − Y‖/‖Y‖
-        is the layer's reported error. The first layer's inputs are freed once the second's exist."""
+        is the layer's reported error. The first layer's inputs are freed once the second's exist.
+        With `fp_chain`, the fp layer runs on the fp chain first (the layer is still fp then);
+        its outputs are the context's `Y_fp` and the next layer's fp chain."""
         X, calls = captured
         del captured
         layers = decoder_layers(self.model, self.arch)
         t_layers = time.perf_counter()
-        start, X = self.io.start(X, len(layers), self.result)
+        carried = X + X if self.fp_chain else X  # at the first layer both chains are the captured inputs
+        del X
+        start, carried = self.io.start(carried, len(layers), self.result)
         for i in range(start, len(layers)):
             layer, prefix = self._load(layers, i)
-            Y, Y_hat = step(self.context(layer, prefix, X, calls[i]))
+            X, X_fp = (carried[: len(carried) // 2], carried[len(carried) // 2 :]) if self.fp_chain else (carried, None)
+            del carried
+            Y_fp = run_layer(layer, X_fp, calls[i]) if X_fp is not None else None
+            del X_fp
+            Y, Y_hat = step(self.context(layer, prefix, X, calls[i], Y_fp))
+            del X
             fail_for_test(i)
             err = relative_error(Y_hat[: len(Y)], Y)
             self.result.layer_errors.append(LayerError(prefix, err))
             del Y
-            X = Y_hat
-            self.io.done(i, layer, X, self.result)
+            carried = Y_hat + Y_fp if Y_fp is not None else Y_hat
+            del Y_hat, Y_fp
+            self.io.done(i, layer, carried, self.result)
             self.progress(self.task, i + 1, len(layers), rel_err=err)
         self.result.seconds["layers"] = time.perf_counter() - t_layers
 
@@ -245,7 +261,8 @@ def quantize_model(
         shard = plan_shard(int(ids.shape[0]), bs, not needs.data_free, search_chunks if needs.live_blocks else 0)
         loop = LayerLoop(model, arch, result, dev, "quantize", targets=set(names),
                          error_chunks=shard.local(error_chunks), search_chunks=shard.local(search_chunks), moe=moe,
-                         spill=spill, io=layer_io or LayerIO(), progress=progress or no_progress)
+                         spill=spill, io=layer_io or LayerIO(), progress=progress or no_progress,
+                         fp_chain=needs.fp_chain)
         with sharding(shard):
             loop.run(loop.capture(ids, bs, shard, t0), lambda ctx: quantizer.quantize_layer(ctx, scheme))
         result.seconds["total"] = time.perf_counter() - t0

@@ -65,8 +65,9 @@ def option(default: Any, help: str, kind: type, *, flag: str | None = None, sche
 @dataclass
 class QuantizeOptions:
     model: str | None = option(None, "Model directory, .gguf file, demo name or hub name.", str, argument=True)
-    method: str = option("awq", "awq, gptq, rtn (INT weights, or FP4 with --fp4), or fp8 (e4m3 weights and activations).",
-                         str)
+    method: str = option("awq", "awq, gptq, rtn (INT weights, or FP4 with --fp4), awq+gptq (AWQ's scales, then GPTQ's "
+                                "rounding), autoround (rounding and clipping learned by signed gradient descent per "
+                                "block), or fp8 (e4m3 weights and activations).", str)
     bits: int | None = option(None, "Weight bits.", int, scheme="bits")
     group_size: int | None = option(None, "Columns per scale group, -1 per channel.", int, scheme="group_size")
     symmetric: bool | None = option(None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric")
@@ -77,6 +78,16 @@ class QuantizeOptions:
         None, "AWQ ratio search: full (every ratio of the grid, in float32), screen (every ratio with the block in "
               "bfloat16, the close ones again in float32) or fast (coarse to fine; exact where the loss over alpha is "
               "unimodal, the full grid where the ratios it looked at are not).", str, scheme="search")
+    iters: int | None = option(None, "autoround: descent steps per block; fewer is faster on a CPU (e.g. 50).", int,
+                               scheme="iters")
+    lr: float | None = option(None, "autoround: step size of the rounding offsets and clip factors, decayed linearly "
+                                    "to 0 (none: 1/iters).", float, scheme="lr")
+    batch: int | None = option(None, "autoround: calibration sequences per descent step.", int, scheme="batch")
+    batch_seed: int | None = option(None, "autoround: seed of the order sequences are drawn into batches.", int,
+                                    scheme="batch_seed")
+    tune_dtype: str | None = option(None, "autoround: dtype the block runs in while tuning (float32 or bfloat16); "
+                                          "the learned parameters and the rounding stay float32.", str,
+                                    scheme="tune_dtype")
     fp8_granularity: str | None = option(None, "FP8 weight scales: tensor, channel or block (128x128).", str, scheme="granularity")
     fp8_activations: str | None = option(
         None, "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).", str,
@@ -115,6 +126,11 @@ class QuantizeOptions:
     eval_tokens: int = option(40960, "Evaluate on the first N tokens of the --eval corpus.", int)
     eval_seq_len: int = option(2048, "Evaluation window length.", int)
     max_ppl_increase: float | None = option(None, "Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.", float)
+    kld: bool = option(True, "With --eval, also the per-token KL divergence of the quantized model from the fp model "
+                             "(its fp pass is then run, or read from the cache of its final hidden states).", bool,
+                       flag="--kld/--no-kld")
+    max_kld: float | None = option(None, "Quality gate: exit 3 when the mean KL divergence from the fp model (nats per "
+                                         "token) exceeds this (e.g. 0.05). Needs --eval and --kld.", float)
     stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq, rtn): measured on the fp "
                                      "model, they give up GPTQ's compensation of upstream error (calibrate's note says "
                                      "why); AWQ cannot reuse them.", str)

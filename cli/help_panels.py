@@ -29,11 +29,13 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
     "quantize": {
         "Method": ("--method", "--bits", "--group-size", "--damp", "--awq-search", "--ignore"),
         "Method switches": ("--sym", "--act-order", "--fp8-clip-search"),
+        "AutoRound": ("--iters", "--lr", "--batch", "--batch-seed", "--tune-dtype"),
         "FP8": ("--fp8-granularity", "--fp8-activations", "--kv-cache"),
         "FP4": ("--fp4", "--fp4-activations", "--fp4-observer"),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
-        "Evaluation and gate": ("--eval", "--eval-tokens", "--eval-seq-len", "--max-ppl-increase"),
+        "Evaluation and gate": ("--eval", "--eval-tokens", "--eval-seq-len", "--max-ppl-increase", "--max-kld"),
+        "Evaluation switches": ("--kld",),
         "Output": ("--out", "--format", "--dtype", "--max-shard-size", "--overwrite", "--json"),
         "Run": (
             "--recipe",

@@ -176,9 +176,13 @@ def evaluate_ppl(
         import torch.distributed as dist
 
         dist.all_reduce(nll)  # each window is non-zero on exactly one rank: exact
-    seconds = time.perf_counter() - t0
+    return ppl_of_nll(nll.tolist(), windows, seq_len, stride, time.perf_counter() - t0)
+
+
+def ppl_of_nll(nll: list[float], windows: list[Window], seq_len: int, stride: int | None, seconds: float) -> PplResult:
+    """The `PplResult` of per-window NLL sums (float64, in window order)."""
     n_tokens = sum(w.scored for w in windows)
-    nll_sum = math.fsum(nll.tolist())
+    nll_sum = math.fsum(nll)
     return PplResult(
         ppl=math.exp(nll_sum / n_tokens),
         nll=nll_sum / n_tokens,

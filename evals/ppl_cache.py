@@ -13,6 +13,12 @@ An entry is keyed by everything the number depends on, hashed into one `identity
   implementation, and the torch and transformers versions.
 An entry is read only when its stored identity equals the run's, field by field.
 
+Beside an entry, `quantize --eval --kld` keeps the fp model's final hidden states of the
+evaluated windows (`<key>.hidden.safetensors`: one (1, T, D) float32 tensor per window, the
+last decoder layer's output): with the model's head, which quantizing leaves as it is, they
+give the fp logits of every window, so a later run's KL divergence needs no fp pass.
+Hidden states larger than MAX_HIDDEN_BYTES are not kept.
+
 Writes are atomic: a temporary file in the cache directory, renamed over the entry
 (`os.replace`), so a reader sees a whole entry or none. Two runs that compute the same
 entry at once both write whole files and the last rename wins; both hold the same numbers.
@@ -39,6 +45,8 @@ from infer_tool.evals.ppl import PROTOCOL, PplResult
 
 SUBDIR = "ppl"
 DISABLE_ENV = "INFER_TOOL_NO_PPL_CACHE"  # set to 1: always compute, never read or write
+HIDDEN_SUFFIX = ".hidden.safetensors"
+MAX_HIDDEN_BYTES = 2**30  # larger fp hidden states are recomputed, not kept
 
 
 @dataclass
@@ -192,3 +200,60 @@ def cached_ppl(
         return found[0], CacheUse(True, str(path), found[1])
     result = compute()
     return result, stored(ident, result)
+
+
+def hidden_path(entry: Path) -> Path:
+    """The file of the fp final hidden states kept beside `entry`."""
+    return entry.with_name(entry.stem + HIDDEN_SUFFIX)
+
+
+def store_hidden(entry: Path, hidden: list[Any]) -> str | None:
+    """Keep the fp final hidden states of every window, (1, T, D) each, beside `entry`
+    (atomically); returns why they were not kept, or None."""
+    from safetensors.torch import save_file
+
+    size = sum(h.numel() * h.element_size() for h in hidden)
+    if size > MAX_HIDDEN_BYTES:
+        return f"the fp hidden states take {size / 2**30:.2f} GiB, above the cache's {MAX_HIDDEN_BYTES / 2**30:g} GiB"
+    path = hidden_path(entry)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".hidden-", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file({f"window.{w}": h.detach().cpu().contiguous() for w, h in enumerate(hidden)}, tmp,
+                      metadata={"windows": str(len(hidden))})
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        return f"cannot write {path.parent}: {e.strerror or e}"
+    return None
+
+
+def has_hidden(entry: Path, windows: int) -> bool:
+    """True when fp final hidden states for `windows` windows are kept beside `entry` (the
+    header is read, not the tensors)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(hidden_path(entry)), "pt") as f:
+            return (f.metadata() or {}).get("windows") == str(windows) and len(list(f.keys())) == windows
+    except (OSError, KeyError, ValueError, SafetensorError):
+        return False
+
+
+def load_hidden(entry: Path, windows: int) -> list[Any] | None:
+    """The fp final hidden states kept beside `entry` (one per window), or None when there are
+    none for `windows` windows, or the file cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    path = hidden_path(entry)
+    try:
+        with safe_open(str(path), "pt") as f:
+            if (f.metadata() or {}).get("windows") != str(windows):
+                return None
+            return [f.get_tensor(f"window.{w}") for w in range(windows)]
+    except (OSError, KeyError, ValueError, SafetensorError):  # missing, truncated or foreign: recompute
+        return None

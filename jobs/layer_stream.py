@@ -11,7 +11,9 @@ and at the start and end the tensors outside the layers (embeddings, norm, lm_he
 
 `ppl_of_streams` scores the evaluation windows' last hidden states with the model's own
 head (`evaluate_ppl` on the model whose layers replay them): the same windows and numbers
-as evaluating the whole model, without it.
+as evaluating the whole model, without it. `kld_of_streams` does the same for two streams
+at once (the fp and the quantized model's): their KL divergence window by window
+(`evals/kld.kld_of_windows`) and both perplexities.
 """
 
 from __future__ import annotations
@@ -163,7 +165,8 @@ class LayerStream(LayerIO):
 
 
 class _Replay(nn.Module):
-    """Stands in for the last decoder layer: returns the saved hidden states, window after window."""
+    """Stands in for the last decoder layer: returns the saved hidden states `outputs[next]`,
+    window after window (`next` may be set to pick one)."""
 
     def __init__(self, outputs: list[torch.Tensor]) -> None:
         super().__init__()
@@ -198,3 +201,46 @@ def ppl_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, s
         model.to("cpu")
         for i, layer in enumerate(originals):
             layers[i] = layer
+
+
+@torch.no_grad()
+def kld_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, seq_len: int,
+                   ref_outputs: list[torch.Tensor], outputs: list[torch.Tensor], device: torch.device, *,
+                   progress: Any) -> tuple[Any, Any, Any]:
+    """(`KldResult` of KL(reference ‖ model), the reference's `PplResult`, the model's) on `ids`
+    (T,) in `seq_len` windows, where the decoder layers' output for window w is
+    `ref_outputs[w]` for the reference and `outputs[w]` for the model; each window's logits of
+    both come from the model's own head (which quantizing leaves as it is), so each
+    `PplResult` equals `ppl_of_streams` of its stream."""
+    import time
+
+    from infer_tool.evals.kld import WindowPair, kld_of_windows
+    from infer_tool.evals.ppl import check_vocab, make_windows, nll_sum, ppl_of_nll, window_logits
+
+    windows = make_windows(ids.numel(), seq_len)
+    ref_nll, nll = [0.0] * len(windows), [0.0] * len(windows)
+    originals = list(layers)
+    replay = _Replay(outputs)
+    try:
+        for i in range(len(layers)):
+            layers[i] = replay if i == len(layers) - 1 else _Skip()
+        model.to(device)
+        check_vocab(model, ids)
+        on_device = ids.to(device)
+
+        def pair(i: int) -> WindowPair:
+            replay.outputs, replay.next = ref_outputs, i
+            ref_logits, target = window_logits(model, on_device, windows[i])
+            replay.outputs, replay.next = outputs, i
+            logits, _ = window_logits(model, on_device, windows[i])
+            ref_nll[i], nll[i] = nll_sum(ref_logits, target), nll_sum(logits, target)
+            return WindowPair(ref_logits, logits, target)
+
+        t0 = time.perf_counter()
+        result = kld_of_windows(windows, pair, seq_len=seq_len, progress=progress)
+        seconds = time.perf_counter() - t0
+    finally:
+        model.to("cpu")
+        for i, layer in enumerate(originals):
+            layers[i] = layer
+    return result, ppl_of_nll(ref_nll, windows, seq_len, None, seconds), ppl_of_nll(nll, windows, seq_len, None, seconds)

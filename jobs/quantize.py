@@ -52,6 +52,13 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
     moe_calibration(opts)  # refuses a bad --moe-calibration / --moe-min-tokens
     if opts.max_ppl_increase is not None and opts.eval is None:
         raise BadInput("--max-ppl-increase needs --eval CORPUS (the ppl to compare)")
+    if opts.max_kld is not None:
+        if not opts.max_kld >= 0:
+            raise BadInput(f"--max-kld {opts.max_kld} must be >= 0 (a mean KL divergence in nats per token, e.g. 0.05)")
+        if opts.eval is None:
+            raise BadInput("--max-kld needs --eval CORPUS (the KL divergence is measured on it)")
+        if not opts.kld:
+            raise BadInput("--max-kld needs the KL divergence: drop --no-kld")
     if opts.stats is not None:
         refusal = quantizer_for(scheme).stats_refusal(scheme)
         if refusal:
@@ -90,8 +97,8 @@ def quantize(
     --eval, the evaluation windows go through each layer before and after), write the
     checkpoint from the finished layers; returns the report.
 
-    The report's quality gate says whether `opts.max_ppl_increase` held; the caller decides
-    what a failed gate means (the CLI exits 3). An interrupted run leaves its progress
+    The report's quality gates say whether `opts.max_ppl_increase` and `opts.max_kld` held;
+    the caller decides what a failed gate means (the CLI exits 3). An interrupted run leaves its progress
     beside --out (`jobs/run_dir.py`); `opts.resume` continues it."""
     started = time.perf_counter()
     scheme, fmt = check(opts, overwrite)

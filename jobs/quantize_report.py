@@ -53,12 +53,22 @@ class EvalSummary:
     ratio: float
     evaluated: str
     ppl_before_cached: bool = False  # the fp baseline was read from the ppl cache (`evals/ppl_cache.py`)
+    # --kld: KL(fp ‖ quantized) per token on the same windows, `evals.kld.KldResult.to_dict()`
+    # (its ppl fields are ppl_after and ppl_before again); None without --kld
+    kld: dict[str, Any] | None = None
 
 
 @dataclass
 class QualityGate:
     max_increase: float  # a fraction: 0.05 = 5%
     increase: float
+    passed: bool
+
+
+@dataclass
+class KldGate:
+    max_kld: float  # nats per token
+    kld: float | None  # the mean KL divergence measured; None: not measured (the gate fails)
     passed: bool
 
 
@@ -82,6 +92,7 @@ class QuantizeReport:
     calibration: Calibration | None = None
     eval: EvalSummary | None = None
     quality_gate: QualityGate | None = None
+    kld_gate: KldGate | None = None
     quantized_layers: int = 0
     ignored: list[str] = field(default_factory=list)
     unmatched_ignore: list[str] = field(default_factory=list)  # --ignore patterns that matched no linear
@@ -110,7 +121,7 @@ class QuantizeReport:
             if f.name == "method_report":
                 d.update(value)
                 continue
-            if value is None and f.name in ("calibration", "eval", "quality_gate", "kv_cache_scales", "moe"):
+            if value is None and f.name in ("calibration", "eval", "quality_gate", "kld_gate", "kv_cache_scales", "moe"):
                 continue
             if f.name == "calibration":
                 value = value.to_dict()

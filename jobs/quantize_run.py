@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,12 @@ from infer_tool.common.errors import BadInput
 from infer_tool.common.jsonout import to_json
 from infer_tool.common.progress import Progress
 from infer_tool.evals.ppl import PplResult, make_windows
-from infer_tool.evals.ppl_cache import CacheUse, stored
+from infer_tool.evals.ppl_cache import CacheUse, has_hidden, hidden_path, load_hidden, store_hidden, stored
 from infer_tool.jobs import preflight
 from infer_tool.jobs.baseline import from_state, lookup, to_state
-from infer_tool.jobs.layer_stream import EvalStreams, LayerStream, StreamedWeights, ppl_of_streams
+from infer_tool.jobs.layer_stream import EvalStreams, LayerStream, StreamedWeights, kld_of_streams, ppl_of_streams
 from infer_tool.jobs.moe_report import moe_calibration, moe_summary
-from infer_tool.jobs.quantize_report import EVALUATED, Calibration, EvalSummary, QualityGate, QuantizeReport
+from infer_tool.jobs.quantize_report import EVALUATED, Calibration, EvalSummary, KldGate, QualityGate, QuantizeReport
 from infer_tool.jobs.run_dir import REST, NoRun, RunDir, model_fingerprint, run_key
 from infer_tool.packers.checkpoint import REPORT_NAME, CheckpointFormat, checkpoint_tensors
 from infer_tool.packers.checkpoint_parts import write_from_parts
@@ -100,11 +100,14 @@ class QuantizeJob:
 @dataclass
 class Evaluated:
     """--eval's scores: the fp baseline (measured or from the ppl cache, `cache_use`) and the
-    quantized model's."""
+    quantized model's; with --kld, the KL divergence of the quantized model from the fp one
+    (`evals.kld.KldResult`), or None with a note saying why it was not computed."""
 
     before: PplResult
     cache_use: CacheUse
     after: PplResult
+    kld: Any = None
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -257,9 +260,10 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
             from_stats=opts.stats,
             note=STATS_NOTE,
         )
-    summary, gate = None, None
+    summary, gate, kld_gate = None, None, None
     if ran.evaluated is not None:
         before, cache_use, after = ran.evaluated.before, ran.evaluated.cache_use, ran.evaluated.after
+        kld = ran.evaluated.kld
         summary = EvalSummary(
             corpus=opts.eval,
             tokens=after.tokens,
@@ -270,12 +274,18 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
             ratio=after.ppl / before.ppl,
             evaluated=EVALUATED[scheme.kind],
             ppl_before_cached=cache_use.hit,
+            kld=None if kld is None else kld.to_dict(),
         )
         if note := cache_use.note("ppl before (the fp baseline)"):
             notes.append(note)
+        notes += ran.evaluated.notes
         if opts.max_ppl_increase is not None:
             increase = after.ppl / before.ppl - 1.0
             gate = QualityGate(opts.max_ppl_increase, increase, increase <= opts.max_ppl_increase)
+        if opts.max_kld is not None:
+            # no measurement (the cached fp hidden states vanished) fails the gate: it cannot be shown to hold
+            mean = None if kld is None else kld.kld.mean.mean
+            kld_gate = KldGate(opts.max_kld, mean, mean is not None and mean <= opts.max_kld)
     kv_cache_scales = None
     if result.kv_amax:
         kv_cache_scales = {n: {"k_scale": k, "v_scale": v} for n, (k, v) in kv_scales_of(result.kv_amax).items()}
@@ -300,6 +310,7 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
         calibration=calibration,
         eval=summary,
         quality_gate=gate,
+        kld_gate=kld_gate,
         quantized_layers=len(result.quantized),
         ignored=result.ignored,
         unmatched_ignore=job.unmatched,
@@ -388,9 +399,12 @@ def run_layers(job: QuantizeJob) -> LayersRun:
     seq_len = 0
     ident, baseline = None, None  # the ppl cache's key; (PplResult, CacheUse) of the fp baseline when known
     baseline_use = CacheUse(False, None)
+    hidden = None  # --kld with a cached baseline: the entry whose fp final hidden states stand in for the fp pass
+    eval_notes: list[str] = []
     if eval_ids is not None:
         context = getattr(lm.config, "max_position_embeddings", None)
         seq_len = min(opts.eval_seq_len, context or opts.eval_seq_len)
+        windows = torch.stack([eval_ids[w.begin : w.end] for w in make_windows(eval_ids.numel(), seq_len)])
         if run.state.get("baseline") is not None:
             baseline = from_state(run.state["baseline"])
         elif run.layers_done == 0:
@@ -402,9 +416,12 @@ def run_layers(job: QuantizeJob) -> LayersRun:
                 run.remember("baseline", to_state(cached, use))
             elif use.skipped:
                 baseline_use = use
-        windows = torch.stack([eval_ids[w.begin : w.end] for w in make_windows(eval_ids.numel(), seq_len)])
+        if baseline is not None and opts.kld:
+            hidden = Path(baseline[1].path)  # its fp hidden states stand in for the fp pass, when kept
+        if run.layers_done == 0:  # whether the fp windows go through the layers: kept for a resumed run
+            run.remember("eval_fp", baseline is None or (hidden is not None and not has_hidden(hidden, len(windows))))
         X, calls = capture_inputs(lm, arch, windows, 1, device)
-        evals = EvalStreams(calls, None if baseline else X, list(X))
+        evals = EvalStreams(calls, X if run.state["eval_fp"] else None, list(X))
     stream = LayerStream(
         lm,
         arch.layers,
@@ -444,20 +461,38 @@ def run_layers(job: QuantizeJob) -> LayersRun:
     t = time.perf_counter()
     if weights is not None:
         weights.load(weights.names(None, arch.layers), torch.device("cpu"))
+    kld = None
     try:
-        if baseline is None:
-            before = ppl_of_streams(
-                lm, layers, eval_ids, seq_len, evals.fp, device, progress=_labelled(progress, "ppl before")
+        reference = evals.fp
+        if reference is None and hidden is not None:
+            reference = load_hidden(hidden, len(evals.q))
+            if reference is None:
+                eval_notes.append(f"KL divergence not computed: the fp hidden states cached at {hidden_path(hidden)} "
+                                  "could not be read (deleted during the run?)")
+        if opts.kld and reference is not None:
+            kld, before, after = kld_of_streams(lm, layers, eval_ids, seq_len, reference, evals.q, device,
+                                                progress=_labelled(progress, "kl divergence"))
+        else:
+            if baseline is None:
+                before = ppl_of_streams(
+                    lm, layers, eval_ids, seq_len, evals.fp, device, progress=_labelled(progress, "ppl before")
+                )
+            after = ppl_of_streams(
+                lm, layers, eval_ids, seq_len, evals.q, device, progress=_labelled(progress, "ppl after")
             )
+        if baseline is None:
             baseline = (before, stored(ident, before) if ident is not None else baseline_use)
-        after = ppl_of_streams(
-            lm, layers, eval_ids, seq_len, evals.q, device, progress=_labelled(progress, "ppl after")
-        )
+        entry = baseline[1].path
+        if opts.kld and evals.fp is not None and entry is not None:  # keep the fp hidden states beside the ppl
+            refused = store_hidden(Path(entry), evals.fp)
+            if refused:
+                eval_notes.append(f"the fp hidden states were not cached ({refused}): a later run's KL divergence "
+                                  "needs the fp pass again")
     finally:
         if weights is not None:
             weights.release(weights.names(None, arch.layers))
     seconds["eval"] = time.perf_counter() - t + seconds.get("stream.eval_layers", 0.0)
-    return LayersRun(result, Evaluated(*baseline, after), meta)
+    return LayersRun(result, Evaluated(*baseline, after, kld, eval_notes), meta)
 
 
 def write_output(job: QuantizeJob, result: PipelineResult, report_json: str) -> None:

@@ -1,5 +1,6 @@
 """Integer weight schemes: `QuantScheme`, the options every INT solver shares, and one
-subclass per method holding that method's options and defaults (RTN, GPTQ, AWQ).
+subclass per method holding that method's options and defaults (RTN, GPTQ, AWQ, AWQ then
+GPTQ, AutoRound).
 
 A group of `group_size` consecutive input columns (along K) shares one scale and one zero
 point; `group_size=-1` means one group per output row (per-channel). Every INT scheme is
@@ -155,3 +156,83 @@ class AWQScheme(QuantScheme):
             raise BadInput(f"search_step={self.search_step} is not supported; use 2 or more grid points")
         if not 0.0 <= self.max_shrink < 1.0:
             raise BadInput(f"max_shrink={self.max_shrink} is not supported; use a fraction in [0, 1)")
+
+
+@dataclass(frozen=True)
+class AWQGPTQScheme(GPTQScheme):
+    """AWQ's scale search and fold, then GPTQ's rounding of the smoothed weights (the chain
+    llm-compressor's recipes build from AWQModifier + GPTQModifier). AWQ's clip search is
+    off: GPTQ chooses the rounding. The AWQ fields are AWQScheme's (same defaults); the rest
+    are GPTQScheme's. GPTQ's Hessians are measured on the folded layer's inputs (x / s).
+    """
+
+    method: ClassVar[str] = "awq+gptq"
+    grid: int = AWQScheme.grid
+    search: str = AWQScheme.search
+    search_step: int = AWQScheme.search_step
+    screen_margin: float = AWQScheme.screen_margin
+    duo_scaling: bool = AWQScheme.duo_scaling
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.awq()  # AWQScheme validates its fields
+
+    def awq(self) -> AWQScheme:
+        """The AWQ step's scheme (clip search off)."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(QuantScheme)}
+        own = {n: getattr(self, n) for n in ("grid", "search", "search_step", "screen_margin", "duo_scaling")}
+        return AWQScheme(**shared, **own, clip=False)
+
+    def gptq(self) -> GPTQScheme:
+        """The GPTQ step's scheme."""
+        return GPTQScheme(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GPTQScheme)})
+
+
+TUNE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class AutoRoundScheme(QuantScheme):
+    """AutoRound / SignRound (Cheng et al. 2023, "Optimize Weight Rounding via Signed Gradient
+    Descent for the Quantization of LLMs"): per decoder block, rounding offsets V (one per
+    weight, in [-0.5, 0.5]) and clip factors alpha, beta (one pair per group, in [0, 1],
+    scaling the group's min and max) learned by signed gradient descent on the block's output
+    MSE against the fp block, then rounded on this project's INT grid.
+
+    iters: descent steps per block (auto-round's default 200; 0 is refused: that is RTN).
+    lr: step size of V, alpha and beta; None: 1 / iters, auto-round's default, decayed
+        linearly to 0 over the steps (so V moves at most lr·(iters+1)/2 ≈ 0.5).
+    batch: calibration sequences per step (auto-round's default 8).
+    batch_seed: seed of the order in which sequences are drawn into batches.
+    tune_dtype: dtype the block runs in while tuning ("float32" or "bfloat16"); the
+        learned parameters, the targets and the final rounding stay float32.
+    Symmetric by default (auto-round's W4A16).
+    """
+
+    method: ClassVar[str] = "autoround"
+    iters: int = 200
+    lr: float | None = None
+    batch: int = 8
+    batch_seed: int = 0
+    tune_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.iters < 1:
+            raise BadInput(f"--iters {self.iters} is not supported; use 1 or more descent steps per block "
+                           "(0 steps is plain rounding: --method rtn)")
+        if self.lr is not None and not (self.lr > 0 and self.lr < float("inf")):
+            raise BadInput(f"--lr {self.lr} is not supported; use a positive step size, e.g. 0.005 (default 1/iters)")
+        if self.batch < 1:
+            raise BadInput(f"--batch {self.batch} is not supported; use 1 or more calibration sequences per step")
+        if self.tune_dtype not in TUNE_DTYPES:
+            raise BadInput(f"--tune-dtype {self.tune_dtype!r} is not supported; use one of {', '.join(TUNE_DTYPES)}")
+
+    @property
+    def step_size(self) -> float:
+        """The initial step size: `lr`, or 1 / iters."""
+        return self.lr if self.lr is not None else 1.0 / self.iters
+
+    def describe(self) -> str:
+        """'autoround w4 g64 sym, 200 iters' for the report table."""
+        return f"{super().describe()}, {self.iters} iters"

@@ -73,11 +73,13 @@ from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.fp4 import FP4_SCHEMES
 from infer_tool.schemes.fp8 import Fp8Scheme
-from infer_tool.schemes.integer import AWQScheme, GPTQScheme, RTNScheme
+from infer_tool.schemes.integer import AutoRoundScheme, AWQGPTQScheme, AWQScheme, GPTQScheme, RTNScheme
 
 # The schemes `--method` offers, in the order error messages list them; a method's first
 # class is its default, the later ones other number formats of the same method (FP4).
-BUILTIN: tuple[type[Scheme], ...] = (RTNScheme, GPTQScheme, AWQScheme, Fp8Scheme, *FP4_SCHEMES)
+BUILTIN: tuple[type[Scheme], ...] = (
+    RTNScheme, GPTQScheme, AWQScheme, AWQGPTQScheme, AutoRoundScheme, Fp8Scheme, *FP4_SCHEMES
+)
 CLASSES: dict[str, list[type[Scheme]]] = {}  # method -> its classes, the default first
 for _cls in BUILTIN:
     CLASSES.setdefault(_cls.method, []).append(_cls)

@@ -35,6 +35,8 @@ CASES = {
     "rtn": ("--method", "rtn", "--group-size", "32"),
     "gptq-act-order": ("--method", "gptq", "--act-order", "--group-size", "32"),
     "awq": ("--method", "awq", "--group-size", "32"),
+    # batches of two chunks: a step's two units may sit on different processes (their gradients are summed in order)
+    "autoround": ("--method", "autoround", "--group-size", "32", "--iters", "6", "--batch", "16"),
     "fp8-static-kv": ("--method", "fp8", "--fp8-activations", "static", "--kv-cache", "fp8"),
 }
 TIMINGS = ("seconds", "memory", "out")

@@ -102,6 +102,10 @@ TINY_RUNS["fp8-clip"] = ("--method", "fp8", "--fp8-clip-search")
 TINY_RUNS["rtn-g-1"] = ("--method", "rtn", "--group-size", "-1")
 TINY_RUNS["gptq-ignore-down"] = ("--method", "gptq", "--act-order", "--group-size", "32", "--ignore", "*.down_proj")
 TINY_RUNS["awq-bf16"] = ("--method", "awq", "--group-size", "32", "--dtype", "bfloat16")
+TINY_RUNS["autoround-sym"] = ("--method", "autoround", "--sym", "--group-size", "32", "--iters", "5", "--batch", "4")
+TINY_RUNS["autoround-asym-awq"] = ("--method", "autoround", "--asym", "--group-size", "32", "--iters", "5", "--batch", "4",
+                                   "--format", "awq")
+TINY_RUNS["awq+gptq-asym"] = ("--method", "awq+gptq", "--asym", "--group-size", "32")
 # From saved statistics (calibrate first): the key names the quantize arguments.
 STATS_RUNS: dict[str, tuple[str, ...]] = {
     "stats-gptq-sym": ("--method", "gptq", "--no-act-order", "--sym", "--group-size", "32"),
@@ -344,6 +348,7 @@ SOLVER_CHANGES = {  # name -> (guard run, extra quantize flags, what it changes)
     "gptq-damp-0.02": ("gptq-sym-compressed-tensors", ("--damp", "0.02"), None),
     "awq-grid-10": ("awq-sym-compressed-tensors", (), "grid"),
     "awq-no-fold": ("awq-asym-compressed-tensors", (), "fold"),
+    "autoround-iters-4": ("autoround-sym", ("--iters", "4"), None),
 }
 
 
@@ -352,7 +357,8 @@ def test_solver_change_fails_tolerant_guard(tiny: dict[str, Path], tmp_path: Pat
                                             change: str) -> None:
     """A deliberate one-line change to a solver: GPTQ damping 1% -> 2% of mean diag(H) (the
     --damp flag), AWQ's ratio grid 20 -> 10 points (the scheme's `grid` field), AWQ without
-    folding 1/s into the previous norm or linear. Each moves its run past the tolerances."""
+    folding 1/s into the previous norm or linear, AutoRound stopped one descent step early.
+    Each moves its run past the tolerances."""
     name, flags, patch = SOLVER_CHANGES[change]
     if patch == "grid":
         cls = _awq_scheme()

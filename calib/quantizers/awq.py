@@ -1,7 +1,9 @@
 """AWQ in the pipeline, per decoder block (Lin et al. 2023, §3.2): the scale search for
 every mapping of the architecture table on the fp block, then the scales folded into the
-block (`awq_fold.fold_scales`, the one apply step), then the clip search and RTN of each linear.
-The searches are `packers/awq`'s.
+block (`awq_fold.fold_scales`, the one apply step): `search_and_fold`; then the clip search
+and RTN of each linear: `clip_and_quantize`. The searches are `packers/awq`'s. Another
+quantizer can take the folded layer from `search_and_fold` and round it its own way
+(`awq_gptq.py`).
 
 - The searches run on the first `search_chunks` chunks; the activation statistics use all.
   Across processes, the searches run on process 0 (which holds those chunks) and their
@@ -70,6 +72,15 @@ class MappingResult:
         return {**head, "ratio": self.ratio, "loss": self.loss, "rtn_loss": self.rtn_loss, **(self.search or {})}
 
 
+@dataclass
+class Folded:
+    """A decoder layer after AWQ's search and fold (`AWQQuantizer.search_and_fold`)."""
+
+    Y: list[torch.Tensor]  # the fp layer's outputs per chunk (b, T, D), measured before the fold
+    x: dict[str, torch.Tensor | None]  # per linear group: its kept search inputs (t, K) divided by s; None off process 0
+    experts: ExpertsAWQ | None  # the MoE block's AWQ state (its scales folded), or None
+
+
 @register_quantizer(AWQScheme)
 class AWQQuantizer(LayerQuantizer[AWQScheme]):
     def needs(self, scheme: AWQScheme) -> Needs:
@@ -103,11 +114,16 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
                 "whose loss over alpha was not unimodal where it looked"]
 
     def quantize_layer(self, ctx: LayerContext, scheme: AWQScheme) -> LayerOutputs:
-        Y = self._search_fold_quantize(ctx, scheme)[: ctx.error_chunks]
-        return LayerOutputs(Y, run_layer(ctx.layer, ctx.X, ctx.calls))
+        folded = self.search_and_fold(ctx, scheme)
+        self.clip_and_quantize(ctx, scheme, folded)
+        return LayerOutputs(folded.Y[: ctx.error_chunks], run_layer(ctx.layer, ctx.X, ctx.calls))
 
-    def _search_fold_quantize(self, ctx: LayerContext, scheme: AWQScheme) -> list[torch.Tensor]:
-        """AWQ on one block; returns the fp block outputs Y (measured before any change)."""
+    def search_and_fold(self, ctx: LayerContext, scheme: AWQScheme) -> Folded:
+        """AWQ's scale search for every mapping on the fp block, then every scale folded into
+        the block (as AutoAWQ: all searches first). The layer computes the same function
+        afterwards, with its balanced linears' weights multiplied by s; nothing is quantized.
+        Returns the fp block outputs (measured before any change) and the kept search inputs
+        divided by s."""
         layer, arch, result = ctx.layer, ctx.arch, ctx.result
         heads = group_modules(layer, arch)
         accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=False) for k, m in heads.items()}
@@ -128,7 +144,6 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         # (t, K) per group; None on a process without search chunks (the searches run on process 0)
         x_sub = {k: torch.cat([x.reshape(-1, x.shape[-1]) for x in v]) if v else None for k, v in keep.items()}
 
-        # 1. scale search for every mapping on the fp block, then fold them all (as AutoAWQ).
         found: list[tuple[AWQMapping, torch.Tensor]] = []
         entries = result.method_report.setdefault("awq", [])
         for m in arch.mappings:
@@ -145,15 +160,16 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
                 x_sub[key] = x_sub[key] / s.to(x_sub[key].device).view(1, -1)
         if experts:
             experts.fold()
+        return Folded(Y, x_sub, experts)
 
-        # 2. clip search, then RTN of the scaled, clipped weight.
-        for group in arch.groups:
+    def clip_and_quantize(self, ctx: LayerContext, scheme: AWQScheme, folded: Folded) -> None:
+        """The clip search, then RTN, of every target linear of a folded layer."""
+        for group in ctx.arch.groups:
             for n in group:
                 if ctx.is_target(n):
-                    self.clip_and_record(ctx, n, scheme, x_sub[group[0]])
-        if experts:
-            experts.quantize(self.clip_and_record)
-        return Y
+                    self.clip_and_record(ctx, n, scheme, folded.x[group[0]])
+        if folded.experts:
+            folded.experts.quantize(self.clip_and_record)
 
     def search_mapping(
         self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme, x_abs_mean: Callable[[], torch.Tensor],

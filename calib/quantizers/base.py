@@ -43,11 +43,12 @@ class Needs:
     activation_stats: bool = False  # mean and max |x| of each linear group's input
     live_blocks: bool = False  # block outputs on live activations (cannot come from saved statistics)
     layer_pass: bool = False  # one more pass over the quantized layer (e.g. KV-cache amax)
+    fp_chain: bool = False  # the fp layer's outputs on the fp model's own inputs (`LayerContext.Y_fp`)
 
     @property
     def data_free(self) -> bool:
         """True when only the reported error reads calibration activations."""
-        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass)
+        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass or self.fp_chain)
 
 
 class LayerOutputs(NamedTuple):
@@ -75,6 +76,10 @@ class LayerContext:
     search_chunks: int  # chunks searches (AWQ) run on
     moe: MoeLayer | None = None  # the layer's MoE block; None for a dense layer
     spill: Path | None = None  # a directory for activations kept only to be read back (`calib/spill.py`)
+    # With `Needs.fp_chain`: the fp layer's outputs per chunk (b, T, D) on the fp model's own
+    # inputs (the fp chain, which never went through a quantized layer), the targets a
+    # method can train the quantized layer toward (AutoRound); None otherwise.
+    Y_fp: list[torch.Tensor] | None = None
     rtn: Callable[[torch.Tensor, str], Any] | None = None  # (W, full name) -> the method's RTN weight; None: INT RTN
 
     @property

@@ -54,8 +54,9 @@ def _quantize_command() -> Any:
     @cli_command
     def quantize(**kwargs: Any) -> None:
         """Calibrate MODEL layer by layer, quantize its decoder linears to INT4 (AWQ, GPTQ,
-        RTN) or FP8, and write a checkpoint vLLM/transformers load, with quantize_report.json
-        in it. Exit 2: bad input; exit 3: --max-ppl-increase exceeded."""
+        RTN, AWQ+GPTQ, AutoRound) or FP8, and write a checkpoint vLLM/transformers load, with
+        quantize_report.json in it. Exit 2: bad input; exit 3: --max-ppl-increase or --max-kld
+        exceeded."""
         from infer_tool.calib.recipe import apply_demo, fresh_dir, load_recipe, merge
 
         recipe, overwrite, json_, no_progress = (kwargs.pop(k) for k in ("recipe", "overwrite", "json_", "no_progress"))
@@ -83,12 +84,17 @@ def _quantize_command() -> Any:
                 err().print(f"note: --ignore patterns that match no linear: {', '.join(report.unmatched_ignore)}", highlight=False)
         else:
             _print_report(report)
-        gate = report.quality_gate
+        failed = []
+        gate, kld_gate = report.quality_gate, report.kld_gate
         if gate and not gate.passed:
-            raise QualityGateFailed(
-                f"ppl rose {gate.increase * 100:.2f}% ({report.eval.ppl_before:.4f} -> {report.eval.ppl_after:.4f}), "
-                f"above --max-ppl-increase {gate.max_increase * 100:g}%; the checkpoint is in {report.out}"
-            )
+            failed.append(f"ppl rose {gate.increase * 100:.2f}% ({report.eval.ppl_before:.4f} -> "
+                          f"{report.eval.ppl_after:.4f}), above --max-ppl-increase {gate.max_increase * 100:g}%")
+        if kld_gate and not kld_gate.passed:
+            failed.append(f"the mean KL divergence from the fp model is {kld_gate.kld:.4g} nats per token, above "
+                          f"--max-kld {kld_gate.max_kld:g}" if kld_gate.kld is not None else
+                          f"the KL divergence was not measured (see the notes), so --max-kld {kld_gate.max_kld:g} fails")
+        if failed:
+            raise QualityGateFailed(f"{'; '.join(failed)}; the checkpoint is in {report.out}")
 
     return with_parameters(quantize, params)
 
@@ -136,9 +142,19 @@ def _print_report(report: Any) -> None:
     if report.eval is not None:
         ev = report.eval
         table.add_row("ppl", f"{ev.ppl_before:.4f} -> {ev.ppl_after:.4f} (x{ev.ratio:.4f}, {ev.tokens} tokens of {ev.corpus})")
+    if report.eval is not None and report.eval.kld is not None:
+        k = report.eval.kld
+        mean, top = k["kld"]["mean"], k["same_top_token"]["mean"]
+        interval = f" (95% CI {mean['ci95_low']:.4f}..{mean['ci95_high']:.4f})" if mean["ci95_low"] is not None else ""
+        table.add_row("KL divergence", f"mean {mean['mean']:.4f} nats/token{interval}, p99 {k['kld']['p99']:.4f}, "
+                                       f"max {k['kld']['max']:.3f}; same top token {top * 100:.1f}%")
     if report.quality_gate is not None:
         g = report.quality_gate
         table.add_row("quality gate", f"{'passed' if g.passed else 'FAILED'}: +{g.increase * 100:.2f}% vs max {g.max_increase * 100:g}%")
+    if report.kld_gate is not None:
+        g = report.kld_gate
+        shown = "not measured" if g.kld is None else f"KL {g.kld:.4g}"
+        table.add_row("KL gate", f"{'passed' if g.passed else 'FAILED'}: {shown} vs max {g.max_kld:g}")
     table.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items() if "." not in k))
     mem = report.memory
     host = f"RSS {mem['peak_rss_mib']:.0f} MiB (estimate {mem['estimate_host_mib']:.0f})"

@@ -1,0 +1,51 @@
+"""AWQ followed by GPTQ, per decoder block: AWQ's scale search on the fp block and the fold
+(`AWQQuantizer.search_and_fold`), then GPTQ's true-sequential rounding of the folded block
+(`GPTQQuantizer.quantize_layer`). AWQ's clip search does not run: GPTQ chooses the rounding.
+
+The fold leaves the block's function unchanged, so GPTQ measures each group's Hessian on the
+folded block's own inputs, which are the smoothed x / s of the weights it rounds (W·diag(s)).
+llm-compressor 0.14's AWQ → GPTQ chain accumulates GPTQ's Hessians in the same calibration
+pass that feeds AWQ, before the smoothing is applied, so it solves W·diag(s) against the
+Hessian of x rather than of x / s (diag(1/s)·H·diag(1/s)).
+
+The report keeps AWQ's per-mapping entries ("awq") and GPTQ's per-linear errors. In an MoE
+layer the routed tokens are counted once, by GPTQ's pass (the fold does not change routing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from infer_tool.calib.quantizers import quantizer_for, register_quantizer
+from infer_tool.calib.quantizers.awq import AWQQuantizer
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs
+from infer_tool.calib.quantizers.gptq import GPTQQuantizer
+from infer_tool.calib.result import PipelineResult
+from infer_tool.schemes.integer import AWQGPTQScheme
+
+
+def _steps(scheme: AWQGPTQScheme) -> tuple[AWQQuantizer, GPTQQuantizer]:
+    """The registered AWQ and GPTQ quantizers (the two steps composed)."""
+    return quantizer_for(scheme.awq()), quantizer_for(scheme.gptq())
+
+
+@register_quantizer(AWQGPTQScheme)
+class AWQGPTQQuantizer(LayerQuantizer[AWQGPTQScheme]):
+    def needs(self, scheme: AWQGPTQScheme) -> Needs:
+        awq, gptq = _steps(scheme)
+        a, g = awq.needs(scheme.awq()), gptq.needs(scheme.gptq())
+        return Needs(**{f.name: getattr(a, f.name) or getattr(g, f.name) for f in fields(Needs)})
+
+    def stats_refusal(self, scheme: AWQGPTQScheme) -> str | None:
+        return _steps(scheme)[0].stats_refusal(scheme.awq())
+
+    def notes(self, result: PipelineResult, scheme: AWQGPTQScheme) -> list[str]:
+        awq, gptq = _steps(scheme)
+        return awq.notes(result, scheme.awq()) + gptq.notes(result, scheme.gptq())
+
+    def quantize_layer(self, ctx: LayerContext, scheme: AWQGPTQScheme) -> LayerOutputs:
+        awq, gptq = _steps(scheme)
+        counted = len(ctx.result.expert_tokens)
+        Y = awq.search_and_fold(ctx, scheme.awq()).Y[: ctx.error_chunks]  # measured before the fold
+        del ctx.result.expert_tokens[counted:]  # GPTQ's pass counts them again
+        return LayerOutputs(Y, gptq.quantize_layer(ctx, scheme.gptq()).Y_hat)
