@@ -204,8 +204,8 @@ def ppl_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, s
 
 
 @torch.no_grad()
-def kld_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, seq_len: int,
-                   ref_outputs: list[torch.Tensor], outputs: list[torch.Tensor], device: torch.device, *,
+def kld_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, seq_len: int, *,
+                   ref_outputs: list[torch.Tensor], outputs: list[torch.Tensor], device: torch.device,
                    progress: Any) -> tuple[Any, Any, Any]:
     """(`KldResult` of KL(reference ‖ model), the reference's `PplResult`, the model's) on `ids`
     (T,) in `seq_len` windows, where the decoder layers' output for window w is

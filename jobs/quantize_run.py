@@ -470,8 +470,8 @@ def run_layers(job: QuantizeJob) -> LayersRun:
                 eval_notes.append(f"KL divergence not computed: the fp hidden states cached at {hidden_path(hidden)} "
                                   "could not be read (deleted during the run?)")
         if opts.kld and reference is not None:
-            kld, before, after = kld_of_streams(lm, layers, eval_ids, seq_len, reference, evals.q, device,
-                                                progress=_labelled(progress, "kl divergence"))
+            kld, before, after = kld_of_streams(lm, layers, eval_ids, seq_len, ref_outputs=reference,
+                                                outputs=evals.q, device=device, progress=_labelled(progress, "kl divergence"))
         else:
             if baseline is None:
                 before = ppl_of_streams(
