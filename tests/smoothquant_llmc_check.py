@@ -70,4 +70,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with torch.no_grad():
+        main()
