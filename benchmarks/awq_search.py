@@ -69,7 +69,7 @@ def same_weights(a: Any, b: Any) -> bool:
 
 def compare(label: str, model: torch.nn.Module, ids: torch.Tensor, scheme_args: dict, runs: int, batch_size: int | None,
             table: list[dict], other: str = "fast") -> dict:
-    from infer_tool.packers.scheme import make_scheme
+    from infer_tool.schemes.registry import make_scheme
 
     times: dict[str, list[tuple[float, float]]] = {"full": [], other: []}
     results: dict[str, Any] = {}

@@ -94,8 +94,7 @@ def main() -> None:
     if args.layers is not None:
         ignore = tuple(f"model.layers.{i}.*" for i in range(args.layers, 64))
         opts.ignore = ignore
-    run_layers = pipeline._run_layers
-    pipeline._run_layers = timed("layer loop (calibrate + quantize)", run_layers)
+    pipeline.LayerLoop.run = timed("layer loop (calibrate + quantize)", pipeline.LayerLoop.run)
     with tempfile.TemporaryDirectory(prefix="demo-profile-") as tmp:
         opts.out = str(Path(tmp) / "ckpt")
         t = time.perf_counter()

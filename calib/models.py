@@ -2,7 +2,7 @@
 model, or (for users who are online) a hub name.
 
 What this module does not know: quantized checkpoints written by this tool (see
-`evals/loading.py`, which rebuilds them with the kernels' modules), or any particular
+`evals/load_quantized.py`, which rebuilds them with the kernels' modules), or any particular
 architecture.
 
 GGUF files are dequantized by transformers (needs the `gguf` package), which takes ~5 s
@@ -320,7 +320,7 @@ def load_model(
     """Load a plain (unquantized) causal LM and its tokenizer, in eval mode.
 
     dtype defaults to torch.float32. Quantized checkpoints are refused here: they are
-    loaded by `evals.loading.load_for_eval`."""
+    loaded by `evals.load_model.load_for_eval`."""
     directory, notes = resolve_model_dir(spec, allow_pickle)
     return load_from_dir(spec, directory, notes, dtype=dtype, device=device,
                          allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)

@@ -14,6 +14,8 @@ calibration modes, the routing seen on calibration tokens.
     `min_tokens` falls back to RTN (GPTQ, AWQ) and the report names it.
 - `capturing_routing`: the experts' inputs (the block's normed input, flattened) and the
   router's choice per token, kept per chunk, and the routed token count per expert.
+- What every method does per expert: `MoeLayer.order` (the shared expert first, then each
+  expert) and `run_until_down` (an expert's down_proj inputs on its rows).
 
 Memory: a layer keeps its block input (tokens × H) once; each expert's rows are selected
 from it when that expert is processed, and its statistics are freed after its solve.
@@ -24,7 +26,7 @@ This module knows no quantization method and no file format.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +34,9 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import EXPERT_PROJECTIONS, Architecture, MoE, get_submodule
-from infer_tool.calib.distributed import all_sum
-from infer_tool.calib.layers import StopForward, decoder_layers
+from infer_tool.calib.distributed import all_sum, chunks
+from infer_tool.calib.layers import StopForward, capturing_inputs, decoder_layers
+from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.common.errors import BadInput
 
 MOE_MODES = ("all", "routed")
@@ -90,7 +93,7 @@ class MoeExperts(nn.ModuleList):
                 y = expert(hidden_states[rows])
             else:
                 continue
-            # rows are distinct within one expert: one addition per row, as index_add_ (10x slower on CPU)
+            # rows are distinct within one expert: one addition per row, as index_add_ (slower on CPU)
             out.index_put_((rows,), (y * top_k_weights[rows, slot, None]).to(out.dtype), accumulate=True)
         return out
 
@@ -146,9 +149,22 @@ class MoeLayer:
     def __len__(self) -> int:
         return len(self.experts)
 
-    def expert(self, j: int) -> tuple[str, str, str]:
-        """(gate, up, down) names of expert j."""
+    def expert(self, j: int | None) -> tuple[str, str, str]:
+        """(gate, up, down) names of expert j; None: of the shared expert."""
+        if j is None:
+            if self.shared is None:
+                raise ValueError(f"{self.spec.block} has no shared expert")
+            return self.shared
         return tuple(f"{self.spec.experts}.{j}.{p}" for p in EXPERT_PROJECTIONS)  # type: ignore[return-value]
+
+    def module_name(self, j: int | None) -> str:
+        """The name of expert j's module (None: the shared expert's), relative to the layer."""
+        return self.expert(j)[2].rpartition(".")[0]
+
+    def order(self) -> list[int | None]:
+        """The experts in the order the quantizers handle them: the shared expert (None) first,
+        if there is one, then 0 .. E-1."""
+        return ([None] if self.spec.shared else []) + list(range(len(self)))
 
     @property
     def shared(self) -> tuple[str, str, str] | None:
@@ -236,6 +252,20 @@ def capturing_routing(moe: MoeLayer, keep_chunks: int = 0, stop: bool = False) -
         handle.remove()
     summed = all_sum(torch.cat([routing.counts, torch.tensor([routing.total])]))
     routing.counts, routing.total = summed[:-1], int(summed[-1])
+
+
+def run_until_down(expert: nn.Module, rows: Sequence[torch.Tensor], *, acc: StatsAccumulator | None = None,
+                   keep: list[torch.Tensor] | None = None) -> None:
+    """Run `expert` (gate_proj, up_proj, down_proj) on each of this process's chunks `rows`
+    (t, H) up to its down_proj, and stop there: each down_proj input (t, I) is added to `acc`
+    and appended to `keep` (either may be None)."""
+    with capturing_inputs({"down": expert.down_proj}, accs=None if acc is None else {"down": acc},
+                          keep=None if keep is None else {"down": keep}, keep_chunks=len(rows), stop=True):
+        for x in chunks(rows):
+            try:
+                expert(x)
+            except StopForward:
+                pass
 
 
 @dataclass

@@ -5,15 +5,16 @@ for each decoder layer measure / solve / propagate, and the entry points.
    constraints, before any work.
 2. Capture (`layers.capture_inputs`): the calibration batch through the embeddings only;
    every layer's call arguments are recorded.
-3. For each decoder layer, on the device: the method's layer quantizer
-   (`calib/quantizers/`, looked up by the scheme) measures what it needs, solves, replaces
+3. For each decoder layer (`LayerLoop.run`), on the device: the layer quantizer registered
+   for the scheme's type (`calib/quantizers/`) measures what it needs, solves, replaces
    the weights by their dequantized values, and returns the fp outputs Y on the first
    ERROR_SAMPLES sequences and the quantized layer's outputs Ŷ on all of them: Ŷ is the
    next layer's input, and ‖Ŷ − Y‖/‖Y‖ is the layer's reported error. Quantizers that
    read no activations (`Needs.data_free`) get only those sequences.
 4. `collect_stats` runs the same loop without quantizing (for `calibrate --out`): every
    layer's statistics are then measured on fp inputs. `quantize_from_stats` quantizes
-   from saved statistics with no forward pass at all. Neither covers MoE models yet.
+   from saved statistics with no forward pass at all (`LayerLoop.run_without_data`).
+   Neither covers MoE models yet.
 
 Mixture-of-experts models: `plan` turns each MoE block's fused experts into one linear per
 expert (`calib/moe.py`); each MoE layer's context then holds the attention part of the
@@ -35,9 +36,12 @@ This module knows no quantization method by name, nothing about file formats or 
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -57,28 +61,34 @@ from infer_tool.calib.layers import (
     run_layer,
     weight_nk,
 )
-from infer_tool.calib.moe import MoeCalibration, MoeLayer, moe_layer, unfuse_experts
+from infer_tool.calib.moe import MoeCalibration, moe_layer, unfuse_experts
 from infer_tool.calib.quantizers import quantizer_for
-from infer_tool.calib.quantizers.base import LayerContext
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs
 from infer_tool.calib.result import LayerError, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.schemes.base import Scheme
 
-# How the pipeline runs (not algorithm defaults: those live in packers/scheme.py).
+# How the pipeline runs (not algorithm defaults: those live in the schemes, `schemes/`).
 BATCH_SIZE = 16  # sequences per layer forward on an accelerator
-CPU_BATCH_TOKENS = 2048  # tokens per layer forward on a CPU: activations stay in cache (AWQ ~10% faster than 8192)
+CPU_BATCH_TOKENS = 2048  # tokens per layer forward on a CPU: the activations stay in cache
 AWQ_SEARCH_SAMPLES = 16  # sequences the searches (AWQ's scale/clip) run on
 ERROR_SAMPLES = 16  # sequences the reported per-layer output error is measured on
 
-LayerStep = Callable[[LayerContext], tuple[list[torch.Tensor], list[torch.Tensor]]]
-MakeContext = Callable[[nn.Module, str, list[torch.Tensor], list[LayerCall], Architecture, "MoeLayer | None"], LayerContext]
+LayerStep = Callable[[LayerContext], LayerOutputs]
+Captured = tuple[list[torch.Tensor], list[list[LayerCall]]]  # (X, calls): the first layer's inputs, every layer's calls
 
 
-def plan(model: nn.Module, scheme: object | None, ignore: tuple[str, ...] = ()) -> tuple[Architecture, list[str]]:
+class Plan(NamedTuple):
+    arch: Architecture
+    names: list[str]  # the linears to quantize
+
+
+def plan(model: nn.Module, scheme: Scheme | None, ignore: tuple[str, ...] = ()) -> Plan:
     """Check the model against the table and the scheme's shape constraints (the group size
     against every K), before any work; MoE experts become one linear each
-    (`unfuse_experts`, idempotent). Returns (architecture, names of the linears to quantize)."""
+    (`unfuse_experts`, idempotent)."""
     arch = architecture_for(getattr(model.config, "model_type", "?"), model.config)
     check_model(model, arch)
     unfuse_experts(model, arch)
@@ -86,7 +96,7 @@ def plan(model: nn.Module, scheme: object | None, ignore: tuple[str, ...] = ()) 
     names = [n for n in shapes if not matches(n, ignore)]
     if scheme is not None:
         scheme.check_shapes({n: shapes[n] for n in names})
-    return arch, names
+    return Plan(arch, names)
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -102,64 +112,102 @@ def _batch_size(batch_size: int | None, dev: torch.device, seq_len: int) -> int:
     return max(1, CPU_BATCH_TOKENS // seq_len) if dev.type == "cpu" else BATCH_SIZE
 
 
-def _chunks(samples: int, batch_size: int) -> int:
+def chunk_count(samples: int, batch_size: int) -> int:
+    """Chunks of `batch_size` sequences that hold `samples` sequences (at least one)."""
     return max(1, -(-samples // batch_size))
 
 
-def _capture(model: nn.Module, arch: Architecture, ids: torch.Tensor, bs: int, dev: torch.device, shard: Shard,
-             result: PipelineResult, t0: float) -> tuple[list[torch.Tensor], list[list[LayerCall]]]:
-    """This process's chunks through the embeddings; the samples each process runs, and the
-    seconds since t0, go in `result`. Pass the pair straight to `_run_layers`: a name kept
-    for it would hold the first layer's inputs through the whole loop."""
-    mine = ids[shard.first * bs : shard.stop * bs]
-    result.samples_per_process = gather_counts(int(mine.shape[0]))
-    captured = capture_inputs(model, arch, mine, bs, dev)
-    result.seconds["capture"] = time.perf_counter() - t0
-    return captured
-
-
-def _run_layers(
-    model: nn.Module, arch: Architecture, captured: tuple[list[torch.Tensor], list[list[LayerCall]]], step: LayerStep,
-    make_context: MakeContext, moe: MoeCalibration, result: PipelineResult, dev: torch.device, task: str,
-    progress: Progress, io: LayerIO,
-) -> None:
-    """The layer loop: each layer brought in by `io`, `step` gives (Y, Ŷ), Ŷ feeds the next layer.
-    A layer's context holds the table's entry as it applies to that layer, and its MoE block.
-    `captured` (X, calls): the first layer's inputs are freed once the second's exist."""
-    X, calls = captured
-    del captured
-    layers = decoder_layers(model, arch)
-    t_layers = time.perf_counter()
-    start, X = io.start(X, len(layers), result)
-    for i in range(start, len(layers)):
-        layer, prefix = layers[i], f"{arch.layers}.{i}"
-        io.load(i, layer, dev)
-        Y, Y_hat = step(make_context(layer, prefix, X, calls[i], arch.for_layer(layer), moe_layer(layer, arch, moe)))
-        fail_for_test(i)
-        err = relative_error(Y_hat[: len(Y)], Y)
-        result.layer_errors.append(LayerError(prefix, err))
-        del Y
-        X = Y_hat
-        io.done(i, layer, X, result)
-        progress(task, i + 1, len(layers), rel_err=err)
-    result.seconds["layers"] = time.perf_counter() - t_layers
-
-
-def _with_flushed_denormals(fn: Callable[[], PipelineResult]) -> PipelineResult:
-    """Subnormal floats (tiny activations times tiny weights) slow CPU matmuls ~30x."""
+@contextlib.contextmanager
+def flushed_denormals() -> Iterator[None]:
+    """Subnormal floats flushed to zero while active: tiny activations times tiny weights
+    would otherwise take the CPU's slow subnormal path in every matmul."""
     flush = torch.set_flush_denormal(True)
     try:
-        return fn()
+        yield
     finally:
         if flush:
             torch.set_flush_denormal(False)
+
+
+@dataclass
+class LayerLoop:
+    """One pass over the decoder layers, and what every layer's `LayerContext` shares.
+
+    Each layer is brought in by `io`, handled, and handed back to `io`; `progress` hears
+    `task` after each. `targets`, `error_chunks` / `search_chunks` (this process's share),
+    `moe` and `spill` go into each layer's context as they are.
+    """
+
+    model: nn.Module
+    arch: Architecture
+    result: PipelineResult
+    device: torch.device
+    task: str
+    _: KW_ONLY
+    targets: set[str] = field(default_factory=set)
+    error_chunks: int = 0
+    search_chunks: int = 0
+    moe: MoeCalibration = MoeCalibration()
+    spill: Path | None = None
+    io: LayerIO = field(default_factory=LayerIO)
+    progress: Progress = no_progress
+
+    def capture(self, ids: torch.Tensor, batch_size: int, shard: Shard, t0: float) -> Captured:
+        """This process's chunks through the embeddings; the samples each process runs, and the
+        seconds since t0, go in `result`. Pass the pair straight to `run`: a name kept for it
+        would hold the first layer's inputs through the whole loop."""
+        mine = ids[shard.first * batch_size : shard.stop * batch_size]
+        self.result.samples_per_process = gather_counts(int(mine.shape[0]))
+        captured = capture_inputs(self.model, self.arch, mine, batch_size, self.device)
+        self.result.seconds["capture"] = time.perf_counter() - t0
+        return captured
+
+    def context(self, layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall]) -> LayerContext:
+        """Layer `prefix`'s context: the table's entry as it applies to it, and its MoE block."""
+        return LayerContext(layer, prefix, X, calls, arch=self.arch.for_layer(layer), targets=self.targets,
+                            result=self.result, error_chunks=self.error_chunks, search_chunks=self.search_chunks,
+                            moe=moe_layer(layer, self.arch, self.moe), spill=self.spill)
+
+    def run(self, captured: Captured, step: LayerStep) -> None:
+        """Every layer through `step`, which gives (Y, Ŷ); Ŷ feeds the next layer and ‖Ŷ − Y‖/‖Y‖
+        is the layer's reported error. The first layer's inputs are freed once the second's exist."""
+        X, calls = captured
+        del captured
+        layers = decoder_layers(self.model, self.arch)
+        t_layers = time.perf_counter()
+        start, X = self.io.start(X, len(layers), self.result)
+        for i in range(start, len(layers)):
+            layer, prefix = self._load(layers, i)
+            Y, Y_hat = step(self.context(layer, prefix, X, calls[i]))
+            fail_for_test(i)
+            err = relative_error(Y_hat[: len(Y)], Y)
+            self.result.layer_errors.append(LayerError(prefix, err))
+            del Y
+            X = Y_hat
+            self.io.done(i, layer, X, self.result)
+            self.progress(self.task, i + 1, len(layers), rel_err=err)
+        self.result.seconds["layers"] = time.perf_counter() - t_layers
+
+    def run_without_data(self, step: Callable[[nn.Module, str], None]) -> None:
+        """Every layer through `step(layer, prefix)`, with no activations at all."""
+        layers = decoder_layers(self.model, self.arch)
+        start, _ = self.io.start([], len(layers), self.result)
+        for i in range(start, len(layers)):
+            layer, prefix = self._load(layers, i)
+            step(layer, prefix)
+            self.io.done(i, layer, [], self.result)
+            self.progress(self.task, i + 1, len(layers))
+
+    def _load(self, layers: nn.ModuleList, i: int) -> tuple[nn.Module, str]:
+        self.io.load(i, layers[i], self.device)
+        return layers[i], f"{self.arch.layers}.{i}"
 
 
 @torch.no_grad()
 def quantize_model(
     model: nn.Module,
     input_ids: torch.Tensor,
-    scheme: object,
+    scheme: Scheme,
     *,
     ignore: tuple[str, ...] = (),
     device: str | torch.device | None = None,
@@ -185,35 +233,26 @@ def quantize_model(
     dev = _device(device)
     bs = _batch_size(batch_size, dev, input_ids.shape[1])
     quantizer = quantizer_for(scheme)
-
-    def run() -> PipelineResult:
+    with flushed_denormals():
         t0 = time.perf_counter()
         arch, names = plan(model, scheme, ignore)
-        targets = set(names)
-        result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - targets))
+        result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - set(names)))
         model.eval()
-        search_chunks, error_chunks = _chunks(search_samples, bs), _chunks(ERROR_SAMPLES, bs)
+        search_chunks, error_chunks = chunk_count(search_samples, bs), chunk_count(ERROR_SAMPLES, bs)
         needs = quantizer.needs(scheme)
         ids = input_ids[: error_chunks * bs] if needs.data_free else input_ids
         result.tokens = int(ids.numel())
         shard = plan_shard(int(ids.shape[0]), bs, not needs.data_free, search_chunks if needs.live_blocks else 0)
-        errors, searches = shard.local(error_chunks), shard.local(search_chunks)
-
-        def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
-                    moe_block: MoeLayer | None) -> LayerContext:
-            return LayerContext(layer, prefix, X, calls, view, targets, result, errors, searches, moe_block, spill)
-
+        loop = LayerLoop(model, arch, result, dev, "quantize", targets=set(names),
+                         error_chunks=shard.local(error_chunks), search_chunks=shard.local(search_chunks), moe=moe,
+                         spill=spill, io=layer_io or LayerIO(), progress=progress or no_progress)
         with sharding(shard):
-            _run_layers(model, arch, _capture(model, arch, ids, bs, dev, shard, result, t0),
-                        lambda ctx: quantizer.quantize_layer(ctx, scheme), context, moe, result, dev, "quantize",
-                        progress or no_progress, layer_io or LayerIO())
+            loop.run(loop.capture(ids, bs, shard, t0), lambda ctx: quantizer.quantize_layer(ctx, scheme))
         result.seconds["total"] = time.perf_counter() - t0
-        return result
-
-    return _with_flushed_denormals(run)
+    return result
 
 
-def _measure_stats(ctx: LayerContext) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _measure_stats(ctx: LayerContext) -> LayerOutputs:
     """Every linear group's statistics (with Hessians) on the layer's fp inputs; Ŷ = Y."""
     heads = group_modules(ctx.layer, ctx.arch)
     accs = {k: StatsAccumulator(weight_nk(m, ctx.arch.conv1d).shape[1], hessian=True) for k, m in heads.items()}
@@ -223,7 +262,7 @@ def _measure_stats(ctx: LayerContext) -> tuple[list[torch.Tensor], list[torch.Te
         st = accs[group[0]].result()
         for n in group:
             ctx.result.stats[ctx.full(n)] = st
-    return Y, Y
+    return LayerOutputs(Y, Y)
 
 
 @torch.no_grad()
@@ -240,26 +279,20 @@ def collect_stats(
     layer by layer on `input_ids` (B, T), quantizing nothing (`calibrate`)."""
     dev = _device(device)
     bs = _batch_size(batch_size, dev, input_ids.shape[1])
-
-    def run() -> PipelineResult:
+    with flushed_denormals():
         t0 = time.perf_counter()
         arch, _ = plan(model, None)
         _refuse_moe(arch, "calibrate")
         result = PipelineResult(tokens=int(input_ids.numel()))
         model.eval()
         shard = plan_shard(int(input_ids.shape[0]), bs, True, 0)
-
-        def context(layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall], view: Architecture,
-                    moe_block: MoeLayer | None) -> LayerContext:
-            return LayerContext(layer, prefix, X, calls, view, set(), result, len(X), 0, moe_block)
-
+        every_chunk = shard.local(chunk_count(int(input_ids.shape[0]), bs))
+        loop = LayerLoop(model, arch, result, dev, "calibrate", error_chunks=every_chunk,
+                         io=layer_io or LayerIO(), progress=progress or no_progress)
         with sharding(shard):
-            _run_layers(model, arch, _capture(model, arch, input_ids, bs, dev, shard, result, t0), _measure_stats, context,
-                        MoeCalibration(), result, dev, "calibrate", progress or no_progress, layer_io or LayerIO())
+            loop.run(loop.capture(input_ids, bs, shard, t0), _measure_stats)
         result.seconds["total"] = time.perf_counter() - t0
-        return result
-
-    return _with_flushed_denormals(run)
+    return result
 
 
 def _refuse_moe(arch: Architecture, what: str) -> None:
@@ -271,7 +304,7 @@ def _refuse_moe(arch: Architecture, what: str) -> None:
 def quantize_from_stats(
     model: nn.Module,
     stats: dict[str, LayerStats],
-    scheme: object,
+    scheme: Scheme,
     *,
     ignore: tuple[str, ...] = (),
     device: str | torch.device | None = None,
@@ -283,7 +316,6 @@ def quantize_from_stats(
     Every Hessian was measured on the fp model, so GPTQ no longer sees the quantization
     error of earlier layers and earlier groups (true-sequential is lost); methods that need
     live activations (AWQ's block outputs, the KV-cache pass) are refused."""
-    progress = progress or no_progress
     quantizer = quantizer_for(scheme)
     refusal = quantizer.stats_refusal(scheme)
     if refusal:
@@ -294,25 +326,24 @@ def quantize_from_stats(
     _refuse_moe(arch, "--stats")
     missing = [n for n in names if n not in stats]
     if missing:
-        raise BadInput(f"the statistics lack {len(missing)} layers (first: {missing[0]}); they were made for another model")
+        raise BadInput(
+            f"the statistics lack {len(missing)} layers (first: {missing[0]}); they were made for another model"
+        )
     result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - set(names)))
     result.tokens = max((s.tokens for s in stats.values()), default=0)
-    layers = decoder_layers(model, arch)
-    targets = set(names)
-    io = layer_io or LayerIO()
-    start, _ = io.start([], len(layers), result)
-    for i in range(start, len(layers)):
-        layer, prefix = layers[i], f"{arch.layers}.{i}"
-        io.load(i, layer, dev)
+    loop = LayerLoop(model, arch, result, dev, "quantize", targets=set(names), io=layer_io or LayerIO(),
+                     progress=progress or no_progress)
+
+    def solve(layer: nn.Module, prefix: str) -> None:
         for n in arch.linears:
             full = f"{prefix}.{n}"
-            if full in targets:
+            if full in loop.targets:
                 st = stats[full]
                 if st.H is not None:
                     st = LayerStats(st.H.to(dev), st.act_abs_mean.to(dev), st.act_abs_max, st.tokens)
                 result.stats[full] = stats[full]
                 quantizer.quantize_linear(result, full, get_submodule(layer, n), arch, st, scheme)
-        io.done(i, layer, [], result)
-        progress("quantize", i + 1, len(layers))
+
+    loop.run_without_data(solve)
     result.seconds["layers"] = result.seconds["total"] = time.perf_counter() - t0
     return result

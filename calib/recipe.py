@@ -18,8 +18,8 @@ true` is `sym: false`). Values are typed strictly: booleans are true/false, numb
 numbers, lists are lists (a single string is one pattern).
 
 Algorithm defaults (group size, symmetry, damping) are not restated here: `None` keeps the
-default of the method's scheme in `packers/scheme.py`. This module imports only the
-standard library and `packers/scheme.py` (PyYAML lazily, for .yaml files).
+default of the method's scheme (`schemes/`). This module imports only the standard library
+and `schemes/` (PyYAML lazily, for .yaml files).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.scheme import SCHEMES, Scheme, make_scheme, scheme_fields
+from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.registry import SCHEMES, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_METHOD = "awq"

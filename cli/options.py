@@ -7,7 +7,6 @@ Imports only typer and the stdlib-only option declarations: `--help` stays fast.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Annotated, Any, Optional
@@ -15,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from infer_tool.calib.recipe import DEFAULTS, OPTIONS
-from infer_tool.packers.scheme import SCHEMES
+from infer_tool.schemes.registry import SCHEMES
 from infer_tool.sizing.roofline import Efficiency
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -53,14 +52,14 @@ def _shown(value: Any, name: str) -> str:
 
 def default_text(name: str) -> str:
     """' (default: X)' for option `name`: its declared default, or for a scheme option the
-    default of each method's scheme that has the field (packers/scheme.py)."""
+    default of each method's scheme that has the field (`Scheme.option_defaults`)."""
     target = OPTIONS[name].metadata["scheme"]
     if target:
         found = {}
         for method, cls in SCHEMES.items():
-            f = next((f for f in dataclasses.fields(cls) if f.name == target), None)
-            if f is not None:
-                found[method] = _shown(f.default, name)
+            defaults = cls.option_defaults()
+            if target in defaults:
+                found[method] = _shown(defaults[target], name)
         if len(set(found.values())) == 1:
             return f" (default: {next(iter(found.values()))})"
         return " (default: " + ", ".join(f"{m} {v}" for m, v in found.items()) + ")"

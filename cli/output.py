@@ -161,36 +161,81 @@ def _routing_library_bars(update: Callable[..., None] | None) -> Iterator[None]:
             _ACTIVE.pop()
 
 
+# Libraries' bar descriptions, as short task names (the bar's count and time need the width).
+_LIBRARY_TASKS = {
+    "Converting and de-quantizing GGUF tensors": "read GGUF",  # transformers' GGUF conversion
+    "Loading weights": "load weights",  # transformers 5's weight loading
+}
+TASK_WIDTH = 24  # the most a bar's description takes
+_WIDE = 100  # from this many columns on, the bar also shows the estimated time left
+
+
+def task_name(task: str) -> str:
+    """A bar's description in at most TASK_WIDTH characters: a library's by its short name,
+    a path after the first word by its last part ("perplexity /a/b/ckpt" -> "perplexity ckpt"),
+    then cut in the middle."""
+    task = _LIBRARY_TASKS.get(task, task)
+    head, _, rest = task.partition(" ")
+    if "/" in rest:
+        task = f"{head} {rest.rstrip('/').rsplit('/', 1)[-1]}"
+    if len(task) > TASK_WIDTH:
+        keep = TASK_WIDTH - 1
+        task = task[: keep // 2] + "\u2026" + task[len(task) - (keep - keep // 2):]
+    return task
+
+
+def bar_columns(width: int) -> tuple[Any, ...]:
+    """The columns of a progress bar `width` characters wide. The count and the elapsed time
+    always fit whole, and the description up to TASK_WIDTH; the bar takes what is left (4 to
+    40 characters); the live figures (`info`) are shown where at least 12 characters remain
+    for them beside a 10-character bar, cut at the end; the estimated time left only from
+    _WIDE columns on."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.table import Column
+
+    def fixed(max_width: int | None = None) -> Column:
+        return Column(no_wrap=True, overflow="ellipsis", max_width=max_width)
+
+    count, elapsed = 10, 8  # "9999/9999" and "0:00:00", each with its gap
+    task = max(4, min(TASK_WIDTH, width - count - elapsed - 1))
+    info = width - (task + 1) - count - elapsed - (10 + 1)
+    columns: list[Any] = [TextColumn("[bold]{task.description}", table_column=fixed(task))]
+    if width - task - count - elapsed >= 5:
+        columns.append(BarColumn(bar_width=None, table_column=Column(max_width=40)))
+    columns.append(MofNCompleteColumn(table_column=fixed()))
+    if info >= 12:
+        columns.append(TextColumn("{task.fields[info]}", table_column=fixed(info)))
+    columns.append(TimeElapsedColumn(table_column=fixed()))
+    if width >= _WIDE:
+        columns.append(TimeRemainingColumn(table_column=fixed()))
+    return tuple(columns)
+
+
+def _fitting_progress(console: Console) -> Any:
+    """A rich Progress whose columns follow the console's width at every refresh."""
+    from rich.progress import Progress
+
+    class FittingProgress(Progress):
+        def make_tasks_table(self, tasks: Any) -> Any:
+            self.columns = bar_columns(console.width)
+            return super().make_tasks_table(tasks)
+
+    return FittingProgress(*bar_columns(console.width), console=console, transient=False)
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Callable[..., None]]:
     """A `common.progress.Progress` callback drawing rich bars on stderr, one per task.
 
     Extra keyword figures (`tok_s`, `ppl`, ...) are shown after the bar. Libraries' own
-    tqdm bars are drawn as rich bars too (or silenced when not `enabled`).
+    tqdm bars are drawn as rich bars too (or silenced when not `enabled`). At any width the
+    description, the count and the elapsed time stay whole (`bar_columns`).
     """
     if not enabled:
         with _routing_library_bars(None):
             yield lambda *a, **k: None
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bars = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err(),
-        transient=False,
-    )
+    bars = _fitting_progress(err())
     ids: dict[str, Any] = {}
 
     def update(task: str, done: int, total: int, **info: float) -> None:
@@ -198,7 +243,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[..., None]]:
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items()
         )
         if task not in ids:
-            ids[task] = bars.add_task(task, total=total, info=text)
+            ids[task] = bars.add_task(task_name(task), total=total, info=text)
         bars.update(ids[task], completed=done, total=total, info=text)
 
     with bars, _routing_library_bars(update):

@@ -54,7 +54,7 @@ def _tensor(model: nn.Module, name: str) -> torch.Tensor:
     return getattr(model.get_submodule(module_name) if module_name else model, attr)
 
 
-def lookup(lm: nn.Module, weights: Any, layers_path: str, ids: torch.Tensor, seq_len: int, device: torch.device,
+def lookup(lm: nn.Module, weights: Any, layers_path: str, ids: torch.Tensor, seq_len: int, *, device: torch.device,
            corpus: str) -> tuple[dict[str, Any] | None, Any, Any]:
     """(the cache identity or None when the cache is off, the cached `PplResult` or None, the
     `CacheUse`)."""

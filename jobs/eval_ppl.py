@@ -3,7 +3,6 @@ windows) as a library function, `evaluate(EvalOptions) -> dict` (the report)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +31,7 @@ def check(opts: EvalOptions) -> None:
     from infer_tool.calib.corpora import check_corpus
     from infer_tool.calib.models import classify_model_spec
     from infer_tool.common.device import check_device, torch_dtype
-    from infer_tool.evals.quantized import KV_CACHE_DTYPES
+    from infer_tool.evals.load_quantized import KV_CACHE_DTYPES
 
     if opts.seq_len < 2:
         raise BadInput(f"--seq-len must be >= 2 (got {opts.seq_len})")
@@ -50,18 +49,13 @@ def check(opts: EvalOptions) -> None:
             classify_model_spec(spec, opts.allow_pickle)
 
 
-def rank0() -> bool:
-    """Under accelerate launch / torchrun only rank 0 reports."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str, Any]:
     """Load, tokenize, evaluate (and the baseline); returns the report dict."""
     check(opts)
     progress = progress or no_progress
     from infer_tool.calib.corpora import load_text, tokenize
     from infer_tool.common.device import pick_device, torch_dtype
-    from infer_tool.evals.loading import backend_of, load_for_eval
+    from infer_tool.evals.load_model import backend_of, load_for_eval
     from infer_tool.evals.ppl import PROTOCOL, evaluate_ppl, finish_distributed
 
     dt, dev = torch_dtype(opts.dtype), pick_device(opts.device)

@@ -66,7 +66,8 @@ class LayerStream(LayerIO):
     """The `LayerIO` of a quantize run (see the module docstring)."""
 
     def __init__(
-        self, model: nn.Module, layers_path: str, run: RunDir, part_tensors: Callable[[str | None, dict[str, Any]], dict],
+        self, model: nn.Module, layers_path: str, run: RunDir, *,
+        part_tensors: Callable[[str | None, dict[str, Any]], dict],
         read_part: Callable[[dict[str, torch.Tensor]], dict[str, Any]], weights: StreamedWeights | None,
         evals: EvalStreams | None, deployed: Callable[[nn.Module, str, Any], AbstractContextManager],
     ) -> None:
@@ -181,7 +182,7 @@ class _Skip(nn.Module):
 
 @torch.no_grad()
 def ppl_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, seq_len: int,
-                   outputs: list[torch.Tensor], device: torch.device, progress: Any) -> Any:
+                   outputs: list[torch.Tensor], device: torch.device, *, progress: Any) -> Any:
     """`evaluate_ppl` of `ids` (T,) in `seq_len` windows, where the decoder layers' output for
     window w is `outputs[w]`: the layers are replaced (the rest of the model, embeddings,
     norm and head, runs on `device`, then goes back to the CPU)."""

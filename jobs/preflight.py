@@ -52,13 +52,6 @@ class MemoryEstimate:
         return out
 
 
-def _numel(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def weight_numels(model: Any, layers_path: str) -> tuple[int, int]:
     """(parameters outside the decoder layers, parameters of the largest layer), tied tensors once."""
     seen: set[int] = set()
@@ -76,7 +69,9 @@ def weight_numels(model: Any, layers_path: str) -> tuple[int, int]:
     return rest, max(per_layer.values(), default=0)
 
 
-def estimate(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str, spill: bool = False) -> MemoryEstimate:
+def estimate(
+    model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str, *, spill: bool = False
+) -> MemoryEstimate:
     """The run's peak memory (see the module docstring); `spill`: GPTQ's replayed
     activations kept in a file (`calib/spill.py`), not counted."""
     from infer_tool.calib.pipeline import BATCH_SIZE, CPU_BATCH_TOKENS, ERROR_SAMPLES

@@ -11,18 +11,19 @@ function, i.e. at import (of our modules, and of `triton.language.standard` itse
 `resolve` re-wraps a compiled kernel as an interpreted one when interpretation is
 requested later, so TRITON_INTERPRET never has to be set process-wide (which would send
 every CPU caller in the test run through the slow interpreter) and the import order of
-test modules does not matter. The price: kernels call only Triton builtins, never other
-`@triton.jit` functions (our own helpers, or `tl.cdiv`/`tl.zeros`/`tl.sum`/`tl.max`,
-which are jit functions in `triton.language.standard`). Reductions call `tl.reduce`
-with the combine function `tl.sum`/`tl.max` use (`tl.standard._sum_combine`,
-`_elementwise_max`): the same compiled code, and the interpreter recognises them and
-reduces with numpy instead of one Python call per element.
+test modules does not matter. The `@triton.jit` helpers a kernel calls by a name of its
+own module are re-wrapped with it (`_interpreted`). The price: kernels call no jit
+functions of `triton.language.standard` (`tl.cdiv`/`tl.zeros`/`tl.sum`/`tl.max`), which
+stay compiled. Reductions call `tl.reduce` with the combine function `tl.sum`/`tl.max`
+use (`tl.standard._sum_combine`, `_elementwise_max`): the same compiled code, and the
+interpreter recognises them and reduces with numpy instead of one Python call per element.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,9 +67,22 @@ def resolve(kernel: Any) -> Any:
 
 @functools.cache
 def _interpreted(kernel: Any) -> Any:
+    """The interpreted twin of a compiled `@triton.jit` function. The jit functions its
+    code names among its module's globals (our helpers) are replaced by their interpreted
+    twins in a copy of those globals; the module itself is left as it is."""
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
-    return InterpretedFunction(kernel.fn)
+    fn = kernel.fn
+    helpers = {name: _interpreted(value) for name in fn.__code__.co_names
+               if isinstance(value := fn.__globals__.get(name), JITFunction)}
+    if helpers:
+        twin = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,
+                                  fn.__closure__)
+        for attr in ("__annotations__", "__kwdefaults__", "__qualname__", "__module__", "__doc__"):
+            setattr(twin, attr, getattr(fn, attr))
+        fn = twin
+    return InterpretedFunction(fn)
 
 
 def empty_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -40,6 +40,7 @@ from infer_tool.kernels.splitk import sum_partials
 from infer_tool.kernels.layout import PACK_FACTOR, unpack_int4_k
 
 SYMMETRIC_ZERO = 8  # implied zero point of symmetric 4-bit weights
+_SYMMETRIC_ZERO: tl.constexpr = tl.constexpr(SYMMETRIC_ZERO)  # the same, inside the kernels
 PATHS = ("gemv", "splitk", "tiled")
 
 
@@ -84,6 +85,22 @@ def choose_config(M: int, N: int, K: int, num_sms: int, *, group_size: int = 128
     split = triton.cdiv(2 * num_sms, tiles)
     split = max(1, min(split, k_blocks // 2, 16))
     return replace(cfg, SPLIT_K=split)
+
+
+@triton.jit
+def _group_params(s_ptr, z_ptr, g, offs_n, mask, stride_sg, stride_sn, stride_zg, stride_zn,
+                  HAS_ZEROS: tl.constexpr):
+    """Scales (fp32) and zero points (int32) of groups `g` at output columns `offs_n`.
+
+    `g` (a scalar or a tile of group indices), `offs_n` and `mask` broadcast to the shape
+    of the result, e.g. g `(BK, 1)` and offs_n `(1, BN)` give `(BK, BN)`. Without zeros
+    (symmetric weights) the zero point is `SYMMETRIC_ZERO`."""
+    s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask, other=0).to(tl.int32)
+    else:
+        z = _SYMMETRIC_ZERO
+    return s, z
 
 
 @triton.jit
@@ -140,25 +157,15 @@ def _w4a16_kernel(
         q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF  # (BK, BN)
         if SCALE_PER_BLOCK:
             g = (kb * BLOCK_K) // group_size
-            s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0)
-            s = s.to(tl.float32)[None, :]  # (1, BN)
-            if HAS_ZEROS:
-                z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask_n, other=0)
-                z = z.to(tl.int32)[None, :]
-            else:
-                z = 8
+            s, z = _group_params(s_ptr, z_ptr, g, offs_n[None, :], mask_n[None, :],
+                                 stride_sg, stride_sn, stride_zg, stride_zn, HAS_ZEROS)  # (1, BN)
         else:
             if HAS_G_IDX:
                 g = tl.load(g_ptr + offs_k, mask=mask_k, other=0)  # (BK,)
             else:
                 g = offs_k // group_size
-            s = tl.load(s_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn,
-                        mask=mask_w, other=0.0).to(tl.float32)  # (BK, BN)
-            if HAS_ZEROS:
-                z = tl.load(z_ptr + g[:, None] * stride_zg + offs_n[None, :] * stride_zn,
-                            mask=mask_w, other=0).to(tl.int32)
-            else:
-                z = 8
+            s, z = _group_params(s_ptr, z_ptr, g[:, None], offs_n[None, :], mask_w,
+                                 stride_sg, stride_sn, stride_zg, stride_zn, HAS_ZEROS)  # (BK, BN)
         w = ((q - z).to(tl.float32) * s).to(x.dtype)  # (BK, BN)
         acc += tl.dot(x, w, input_precision=DOT_PRECISION)
 
@@ -218,26 +225,16 @@ def _w4a16_gemv_kernel(
         q = (packed[:, None, :] >> (offs_i * 4)[None, :, None]) & 0xF  # (R, 8, BN)
         if SCALE_PER_BLOCK:
             g = (kb * BLOCK_K) // group_size
-            s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0)
-            s = s.to(tl.float32)[None, None, :]  # (1, 1, BN)
-            if HAS_ZEROS:
-                z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask_n, other=0)
-                z = z.to(tl.int32)[None, None, :]
-            else:
-                z = 8
+            s, z = _group_params(s_ptr, z_ptr, g, offs_n[None, None, :], mask_n[None, None, :],
+                                 stride_sg, stride_sn, stride_zg, stride_zn, HAS_ZEROS)  # (1, 1, BN)
         else:
             if HAS_G_IDX:
                 g = tl.load(g_ptr + offs_k, mask=mask_k, other=0)  # (R, 8)
             else:
                 g = offs_k // group_size
             mask_w = mask_k[:, :, None] & mask_n[None, None, :]
-            s = tl.load(s_ptr + g[:, :, None] * stride_sg + offs_n[None, None, :] * stride_sn,
-                        mask=mask_w, other=0.0).to(tl.float32)  # (R, 8, BN)
-            if HAS_ZEROS:
-                z = tl.load(z_ptr + g[:, :, None] * stride_zg + offs_n[None, None, :] * stride_zn,
-                            mask=mask_w, other=0).to(tl.int32)
-            else:
-                z = 8
+            s, z = _group_params(s_ptr, z_ptr, g[:, :, None], offs_n[None, None, :], mask_w,
+                                 stride_sg, stride_sn, stride_zg, stride_zn, HAS_ZEROS)  # (R, 8, BN)
         w = ((q - z).to(tl.float32) * s).to(x.dtype)  # (R, 8, BN), rounded like the dot paths
         acc += x.to(tl.float32)[:, :, :, None] * w.to(tl.float32)[None, :, :, :]
     acc2 = tl.reduce(tl.reduce(acc, 2, tl.standard._sum_combine), 1, tl.standard._sum_combine)

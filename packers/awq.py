@@ -1,7 +1,7 @@
 """AWQ (Lin et al. 2023, "AWQ: Activation-aware Weight Quantization"): the per-channel
 scale search (§3.2) and the weight-clipping search, as functions returning data, and the
 clip's apply step (a tensor operation). Folding the scales into a block is module surgery
-and lives with the pipeline (`calib/quantizers/awq.fold_scales`).
+and lives with the pipeline (`calib/quantizers/awq_fold.fold_scales`).
 
 The caller knows the block: it passes a `forward` callable that runs the inspected block
 with given effective weights for the balanced linears. This module knows nothing about
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infer_tool.packers.rtn import fake_quantize
-from infer_tool.packers.scheme import AWQScheme
+from infer_tool.schemes.integer import AWQScheme
 
 
 @dataclass
@@ -25,7 +25,7 @@ class AWQScaleResult:
     ratio: float | None  # the best alpha; None when no scaling beat plain RTN (s = 1)
     rtn_loss: float | None  # block-output MSE with plain RTN weights (s = 1); None: screened out (not the minimum)
     losses: list[float | None] = field(default_factory=list)  # MSE per alpha on the grid; None: not evaluated
-    search: str = "full"  # the grid search that ran (`scheme.AWQ_SEARCHES`)
+    search: str = "full"  # the grid search that ran (`schemes/integer.AWQ_SEARCHES`)
     fell_back: bool = False  # fast: a loss curve that is not unimodal; screen: so inexact that every ratio was scored
     screen_losses: list[float] | None = None  # screen: the low-precision MSE per alpha (every grid point)
     screen_error: float | None = None  # screen: the spread of L_lo / L where both were measured (`screen_grid`)

@@ -25,7 +25,7 @@ from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import CheckpointFormat
 from infer_tool.packers.packing import pack_int32, unpack_int32
 from infer_tool.packers.quantized import QuantizedWeight
-from infer_tool.packers.scheme import QuantScheme
+from infer_tool.schemes.integer import QuantScheme
 
 FORMAT_NAME = "pack-quantized"
 SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")

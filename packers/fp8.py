@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.scheme import GRANULARITIES, Fp8Scheme
+from infer_tool.schemes.fp8 import GRANULARITIES, Fp8Scheme
 
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 E4M3_MANTISSA_BITS = 3

@@ -16,7 +16,7 @@ import torch
 
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.rtn import qparams, quantize_codes, quantize_rtn
-from infer_tool.packers.scheme import GPTQScheme
+from infer_tool.schemes.integer import GPTQScheme
 
 
 def _hessian_of(stats: object) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from infer_tool.packers.quantized import QuantizedWeight
-from infer_tool.packers.scheme import QuantScheme, RTNScheme
+from infer_tool.schemes.integer import QuantScheme, RTNScheme
 
 
 def qparams(

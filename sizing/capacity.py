@@ -1,6 +1,6 @@
 """Capacity planning: weights + KV cache + reserve per GPU against the usable budget
-(`mem_util x GPU memory`, as vLLM's --gpu-memory-utilization, or a fixed KV-cache size
-as vLLM's --kv-cache-memory-bytes), for a grid of contexts and concurrencies; the
+(`ceil(mem_util x GPU memory)`, as vLLM's --gpu-memory-utilization, or a fixed KV-cache
+size as vLLM's --kv-cache-memory-bytes), for a grid of contexts and concurrencies; the
 largest concurrency at each context and the longest context at each concurrency. This
 is the plain per-token arithmetic; `vllm_kv` holds vLLM's block accounting.
 
@@ -14,11 +14,12 @@ replicated head or MLA latent.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from infer_tool.common.errors import BadInput
-from infer_tool.sizing.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MEM_UTIL, DEFAULT_RESERVE_BYTES
+from infer_tool.sizing.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MEM_UTIL
 from infer_tool.sizing.kv import KvDtype, SequenceBytes, ceil_div, sequence_bytes, token_bytes
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, ModelShape
 
@@ -33,7 +34,7 @@ class Deployment:
     pp: int
     kv: KvDtype
     mem_util: float = DEFAULT_MEM_UTIL
-    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    reserve_bytes: int | None = None  # None: vLLM's start-up profile, modelled by `fit.Fit`
     block_size: int = DEFAULT_BLOCK_SIZE
     shared_prefix: int = 0
     kv_cache_memory_bytes: int | None = None  # fixed KV cache per GPU (ignores mem_util)
@@ -47,7 +48,7 @@ class Deployment:
         """Memory per GPU the weights, reserve and KV cache may use."""
         if self.kv_cache_memory_bytes is not None:
             return self.gpu_memory_bytes
-        return int(self.gpu_memory_bytes * self.mem_util)
+        return math.ceil(self.gpu_memory_bytes * self.mem_util)  # vLLM's request_memory
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def validate(shape: ModelShape, dep: Deployment) -> None:
         raise BadInput(f"--mem-util {dep.mem_util} must be in (0, 1]")
     if dep.gpu_memory_bytes <= 0:
         raise BadInput(f"GPU memory {dep.gpu_memory_bytes} must be greater than zero")
-    if dep.reserve_bytes < 0:
+    if dep.reserve_bytes is not None and dep.reserve_bytes < 0:
         raise BadInput(f"--reserve {dep.reserve_bytes} must be 0 or more")
     if dep.kv_cache_memory_bytes is not None and dep.kv_cache_memory_bytes <= 0:
         raise BadInput(f"--kv-cache-memory {dep.kv_cache_memory_bytes} must be greater than zero")
@@ -119,15 +120,22 @@ def _divisors(n: int) -> list[int]:
 
 
 class Planner:
-    """Memory arithmetic for one model on one deployment (all sizes in bytes)."""
+    """Memory arithmetic for one model on one deployment (all sizes in bytes). `reserve`
+    (else `dep.reserve_bytes`) is what the GPU keeps beside weights and KV cache;
+    `weights_per_gpu` overrides an even split of `weight_bytes`."""
 
-    def __init__(self, shape: ModelShape, dep: Deployment, weight_bytes: int) -> None:
+    def __init__(self, shape: ModelShape, dep: Deployment, weight_bytes: int, *, reserve: int | None = None,
+                 weights_per_gpu: int | None = None) -> None:
         validate(shape, dep)
         self.shape, self.dep = shape, dep
+        self.reserve_bytes = dep.reserve_bytes if reserve is None else reserve
+        if self.reserve_bytes is None:
+            raise ValueError("Planner needs a reserve: Deployment.reserve_bytes or reserve=")
         self.stages = [shape.layers[a:b] for a, b in pp_stages(shape.num_layers, dep.pp)]
-        self.weight_bytes_per_gpu = ceil_div(weight_bytes, dep.tp * dep.pp)
+        self.weight_bytes_per_gpu = weights_per_gpu if weights_per_gpu is not None else \
+            ceil_div(weight_bytes, dep.tp * dep.pp)
         # KV budget per GPU; <= 0 when the weights (and reserve) alone do not fit
-        spare = dep.usable_bytes - self.weight_bytes_per_gpu - dep.reserve_bytes
+        spare = dep.usable_bytes - self.weight_bytes_per_gpu - self.reserve_bytes
         if dep.kv_cache_memory_bytes is None:
             self.kv_budget_per_gpu = spare
         else:
@@ -142,7 +150,7 @@ class Planner:
     def weights_shortfall(self) -> int:
         """Bytes per GPU by which weights + reserve (+ fixed KV) exceed the usable memory."""
         fixed = self.dep.kv_cache_memory_bytes or 0
-        return self.weight_bytes_per_gpu + self.dep.reserve_bytes + fixed - self.dep.usable_bytes
+        return self.weight_bytes_per_gpu + self.reserve_bytes + fixed - self.dep.usable_bytes
 
     # --- per-token / per-sequence figures -------------------------------------------
     def bytes_per_token_by_kind(self) -> dict[str, int]:
@@ -185,7 +193,7 @@ class Planner:
         stages = self._stage_bytes(context)
         replicas = min(d.dp, concurrency)
         kv_gpu = self.kv_per_gpu(context, concurrency)
-        used = self.weight_bytes_per_gpu + kv_gpu + d.reserve_bytes
+        used = self.weight_bytes_per_gpu + kv_gpu + self.reserve_bytes
         return Row(
             context=context,
             concurrency=concurrency,
@@ -193,7 +201,7 @@ class Planner:
             kv_bytes_total=sum(replicas * s.shared + concurrency * s.unique for s in stages) * d.tp,
             kv_bytes_per_gpu=kv_gpu,
             weight_bytes_per_gpu=self.weight_bytes_per_gpu,
-            reserve_bytes_per_gpu=d.reserve_bytes,
+            reserve_bytes_per_gpu=self.reserve_bytes,
             used_bytes_per_gpu=used,
             usable_bytes_per_gpu=d.usable_bytes,
             fits=self.fits(context, concurrency),

@@ -25,6 +25,8 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"tie_word_embeddings": False},
     "qwen3_moe": {"tie_word_embeddings": False},
     "qwen3_next": {"tie_word_embeddings": False, "full_attention_interval": 4},
+    "qwen3_5_text": {"tie_word_embeddings": False, "full_attention_interval": 4},
+    "gpt_oss": {"tie_word_embeddings": False, "attention_bias": True},
     "gemma": {"tie_word_embeddings": True, "head_dim": 256},
     "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "sliding_window": 4096},
     "gemma3_text": {

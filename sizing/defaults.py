@@ -3,11 +3,13 @@ field defaults and the CLI's help text quotes them (this module imports nothing,
 CLI can read it at start-up)."""
 
 DEFAULT_GPU = "H100-80GB"
-DEFAULT_MEM_UTIL = 0.9  # vLLM's --gpu-memory-utilization default
+# vLLM's --gpu-memory-utilization default before 0.21 (spec-profile's projection uses it;
+# kv-budget takes the chosen release's own, `vllm_versions.VllmPolicy.default_mem_util`).
+DEFAULT_MEM_UTIL = 0.9
 DEFAULT_BLOCK_SIZE = 16  # vLLM's default paged-attention block
-# Activation peak + CUDA graphs + NCCL/cuBLAS workspaces kept aside per GPU. vLLM
-# measures it by profiling; for Llama-3-8B on an H100 it logs ~1.3 GiB activation peak
-# + ~1.8 GiB non-torch memory (vllm-project/vllm#10511), hence 3 GiB.
+# A flat allowance for activations, CUDA graphs and workspaces per GPU, kept by
+# spec-profile's projection; kv-budget models vLLM's profile instead (`vllm_memory`) and
+# takes a flat figure only from --reserve.
 DEFAULT_RESERVE_BYTES = 3 * 2**30
 DEFAULT_CONCURRENCY = (1, 8, 32, 128)
 DEFAULT_OUTPUT_LEN = 256

@@ -2,8 +2,10 @@
 default) or the plain per-token arithmetic, and what binds when it does not.
 
 `Fit` wraps `capacity.Planner` (plain bytes, always computed) and, with vLLM
-accounting, `vllm_kv` (blocks); each row carries both so the two can be compared.
-Knows nothing of speed (`roofline`) or of searching deployments (`solve`).
+accounting, `vllm_kv` (blocks); each row carries both so the two can be compared. What a
+GPU keeps beside weights and KV cache is vLLM's start-up profile (`vllm_memory`, one per
+pipeline stage; the engine keeps the smallest block count) unless the deployment gives a
+flat reserve. Knows nothing of speed (`roofline`) or of searching deployments (`solve`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from infer_tool.common.errors import BadInput
-from infer_tool.sizing import vllm_kv
-from infer_tool.sizing.capacity import MAX_CONTEXT_SEARCH, Deployment, Planner, Row, pp_stages
+from infer_tool.sizing import vllm_kv, vllm_memory
+from infer_tool.sizing.capacity import MAX_CONTEXT_SEARCH, Deployment, Planner, Row, pp_stages, validate
 from infer_tool.sizing.kv import ceil_div
+from infer_tool.sizing.presets import GpuPreset
 from infer_tool.sizing.shape import ModelShape
 
 ACCOUNTINGS = ("vllm", "plain")
@@ -45,29 +48,86 @@ class Fit:
         *,
         accounting: str = "vllm",
         engine: vllm_kv.EngineArgs = vllm_kv.EngineArgs(),
-        gpu_name: str = "",
+        gpu: GpuPreset | None = None,
+        weights_per_gpu: int | None = None,
     ) -> None:
         if accounting not in ACCOUNTINGS:
             raise BadInput(f"--accounting {accounting!r} not known; accepted: {', '.join(ACCOUNTINGS)}")
+        validate(shape, dep)
         self.shape, self.dep, self.accounting, self.engine = shape, dep, accounting, engine
-        self.planner = Planner(shape, dep, weight_total)
+        self.policy = engine.policy
         self.stages = [range(a, b) for a, b in pp_stages(shape.num_layers, dep.pp)]
-        self.gpu_name = gpu_name
+        self.gpu_name = gpu.name if gpu else ""
+        self.stage_weights = self._stage_weights(weight_total, weights_per_gpu)
+        self.profiles: list[vllm_memory.MemoryProfile] | None = None
+        reserve = dep.reserve_bytes
+        if reserve is None:
+            cc = gpu.compute_capability if gpu else ""
+            self.profiles = [
+                vllm_memory.profile(shape, self.profile_engine(), self.policy, total=dep.gpu_memory_bytes,
+                                    mem_util=dep.mem_util, weights=weights, compute_capability=cc, tp=dep.tp,
+                                    layers=stage, last_stage=i == len(self.stages) - 1)
+                for i, (stage, weights) in enumerate(zip(self.stages, self.stage_weights))
+            ]
+            reserve = max(p.overhead for p in self.profiles)
+        self.planner = Planner(shape, dep, weight_total, reserve=reserve, weights_per_gpu=max(self.stage_weights))
         self.layout = (
             vllm_kv.layout(shape, dep.kv, tp=dep.tp, block_size=dep.block_size) if accounting == "vllm" else None
         )
         self.vllm = lru_cache(maxsize=4096)(self._vllm)
 
+    def _stage_weights(self, total: int, per_gpu: int | None) -> list[int]:
+        """Weight bytes on one GPU of each pipeline stage: its share of the decoder layers,
+        the embedding on the first stage and the LM head on the last (a second copy of a
+        tied embedding there, as vLLM builds it); each split over the TP ranks."""
+        d = self.dep
+        if per_gpu is not None:
+            return [per_gpu] * len(self.stages)
+        params = self.shape.params
+        if d.pp == 1 or params is None:
+            return [ceil_div(total, d.tp * d.pp)] * len(self.stages)
+        edge = self.shape.vocab_size * self.shape.hidden_size * 2  # 16-bit embedding / head
+        head_in_total = edge if not params.tied_head else 0
+        per_layer = max(0, total - edge - head_in_total) / self.shape.num_layers
+        out = []
+        for i, stage in enumerate(self.stages):
+            b = per_layer * len(stage) + (edge if i == 0 else 0) + (edge if i == len(self.stages) - 1 else 0)
+            out.append(ceil_div(int(b), d.tp))
+        return out
+
     # --- vLLM ---------------------------------------------------------------------
-    def max_num_batched_tokens(self, max_model_len: int) -> int:
+    def max_num_batched_tokens(self, max_model_len: int | None = None) -> int:
+        """The engine's value, else `vllm serve`'s default (capped at max_num_seqs x
+        max_model_len when one is given)."""
         if self.engine.max_num_batched_tokens is not None:
             return self.engine.max_num_batched_tokens
-        return vllm_kv.default_max_num_batched_tokens(self.dep.gpu_memory_bytes, self.gpu_name, max_model_len)
+        tokens, seqs = vllm_kv.serve_batch_defaults(self.dep.gpu_memory_bytes, self.gpu_name)
+        return tokens if max_model_len is None else min(tokens, seqs * max_model_len)
+
+    def max_num_seqs(self) -> int:
+        if self.engine.max_num_seqs is not None:
+            return self.engine.max_num_seqs
+        return vllm_kv.serve_batch_defaults(self.dep.gpu_memory_bytes, self.gpu_name)[1]
+
+    def profile_engine(self) -> vllm_memory.ProfileEngine:
+        e = self.engine
+        return vllm_memory.ProfileEngine(self.max_num_batched_tokens(), self.max_num_seqs(), e.enforce_eager,
+                                         e.cudagraph_capture_sizes, e.max_cudagraph_capture_size)
+
+    def stage_budgets(self) -> list[int]:
+        """KV-cache bytes each pipeline stage's workers have (vLLM sizes them apart)."""
+        if self.profiles is None or self.dep.kv_cache_memory_bytes is not None:
+            spare = self.planner.kv_budget_per_gpu
+            if self.dep.kv_cache_memory_bytes is None:  # a flat reserve: each stage's own weights
+                spare += self.planner.weight_bytes_per_gpu
+                return [spare - w for w in self.stage_weights]
+            return [spare] * len(self.stages)
+        return [p.available for p in self.profiles]
 
     def num_blocks(self) -> int:
         assert self.layout is not None
         d = self.dep
-        return vllm_kv.num_blocks(self.layout, self.stages, self.planner.kv_budget_per_gpu, self.shape, d.kv, d.tp)
+        return vllm_kv.num_blocks(self.layout, self.stages, self.stage_budgets(), self.shape, d.kv, d.tp)
 
     def bytes_per_block(self) -> int:
         """Pool bytes of one block on the stage that limits num_blocks."""
@@ -76,15 +136,25 @@ class Fit:
         return max(vllm_kv.bytes_per_block(self.layout, s, self.shape, d.kv, d.tp) for s in self.stages)
 
     def _vllm(self, max_model_len: int) -> vllm_kv.Capacity:
+        return self.vllm_at(self.stage_budgets(), max_model_len)
+
+    def vllm_at(self, budgets: list[int], max_model_len: int) -> vllm_kv.Capacity:
+        """vLLM's capacity with the given KV bytes per GPU of each pipeline stage (as its
+        workers log "Available KV cache memory")."""
         assert self.layout is not None
+        d = self.dep
+        if len(budgets) != len(self.stages):
+            raise BadInput(f"{len(budgets)} KV budgets given for {len(self.stages)} pipeline stages")
+        blocks = vllm_kv.num_blocks(self.layout, self.stages, budgets, self.shape, d.kv, d.tp)
         in_flight = vllm_kv.in_flight_tokens(self.engine, self.max_num_batched_tokens(max_model_len), self.dep.pp)
         return vllm_kv.capacity(
             self.layout,
-            self.num_blocks(),
+            blocks,
             max_model_len,
             in_flight=in_flight,
             prefix_caching=self.engine.enable_prefix_caching,
             prefix=self.dep.shared_prefix,
+            tokens_per_concurrency=self.policy.kv_tokens_per_concurrency,
         )
 
     # --- rows and limits -------------------------------------------------------------

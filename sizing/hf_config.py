@@ -6,6 +6,13 @@ Layer kinds come from, in order: an explicit `layer_types` list; Qwen3-Next's
 (`kv_lora_rank`); then `sliding_window` -- alternating for Gemma 2, every
 `sliding_window_pattern`-th layer global for Gemma 3, Qwen2's `use_sliding_window` /
 `max_window_layers`, otherwise uniform (Mistral-7B-v0.1).
+
+State dtypes follow vLLM 0.32's config hooks (`vllm/model_executor/models/config.py`)
+and `MambaStateDtypeCalculator` (`model_executor/layers/mamba/mamba_utils.py`): the conv
+state is kept in the model dtype (16-bit; float32 checkpoints are served in bf16), the
+recurrent (SSM) state in the same dtype unless a hook names another: Qwen3.5 / Qwen4Exp
+architectures take `mamba_ssm_dtype` from the config, NemotronH `mamba_ssm_cache_dtype`
+(float32 when absent).
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.config_view import KNOWN_MODEL_TYPES, ConfigView
-from infer_tool.sizing.params import estimate_params
-from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, ModelShape
+from infer_tool.sizing.params import UNGATED_MLP, estimate_params, is_moe_layer
+from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, ForwardShape, LayerSpec, ModelShape
 
 # `layer_types` names (transformers and vLLM spellings) -> our kinds.
 _LAYER_TYPE_NAMES = {
@@ -29,6 +36,15 @@ _LAYER_TYPE_NAMES = {
     "local": SLIDING,
     "linear_attention": STATE,
     "mamba": STATE,
+}
+
+# Bytes of the state dtypes vLLM's `--mamba-ssm-cache-dtype` accepts ("auto": the model dtype).
+STATE_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
+# vLLM 0.32 `models/config.py` hooks: architecture prefix -> (config field, value when absent).
+_SSM_DTYPE_HOOKS = {
+    "Qwen3_5": ("mamba_ssm_dtype", None),  # Qwen3_5ForConditionalGenerationConfig
+    "Qwen4Exp": ("mamba_ssm_dtype", None),  # Qwen4ExpForConditionalGenerationConfig
+    "NemotronH": ("mamba_ssm_cache_dtype", "float32"),  # NemotronHForCausalLMConfig
 }
 
 
@@ -67,6 +83,11 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
     except BadInput as e:  # weights may still come from safetensors headers
         params = None
         notes.append(f"parameter count unknown: {e}")
+    try:
+        forward = _forward_shape(cfg, layers, hidden)
+    except BadInput as e:
+        forward = None
+        notes.append(f"activation widths unknown ({e}); vLLM's activation peak is not modelled")
     return ModelShape(
         name=name,
         layers=layers,
@@ -75,9 +96,55 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
         vocab_size=cfg.int("vocab_size", default=0, minimum=0),
         max_position_embeddings=cfg.get("max_position_embeddings", "n_positions", "max_seq_len", default=None),
         params=params,
+        forward=forward,
         source=source,
         notes=tuple(notes),
     )
+
+
+def _forward_shape(cfg: ConfigView, layers: tuple[LayerSpec, ...], hidden: int) -> ForwardShape:
+    """The intermediate widths vLLM's forward pass allocates (see `ForwardShape`)."""
+    moe = [is_moe_layer(cfg, i) for i in range(len(layers))]
+    out: dict[str, int | bool] = {"gated_mlp": cfg.model_type not in UNGATED_MLP}
+    if not all(moe):
+        if cfg.model_type in UNGATED_MLP:
+            out["intermediate_size"] = cfg.int("n_inner", "intermediate_size", default=4 * hidden)
+        else:
+            out["intermediate_size"] = cfg.int("intermediate_size")
+    if any(moe):
+        out["num_experts"] = cfg.int("n_routed_experts", "num_local_experts", "num_experts")
+        out["experts_per_token"] = min(out["num_experts"], cfg.int("num_experts_per_tok", "moe_topk"))
+        out["moe_intermediate_size"] = cfg.int("moe_intermediate_size", "intermediate_size")
+        if cfg.has("n_shared_experts"):
+            out["shared_intermediate_size"] = cfg.int("n_shared_experts") * out["moe_intermediate_size"]
+        elif cfg.has("shared_expert_intermediate_size"):
+            out["shared_intermediate_size"] = cfg.int("shared_expert_intermediate_size")
+    kinds = {l.kind for l in layers}
+    if MLA in kinds:
+        out["q_lora_rank"] = cfg.int("q_lora_rank", default=0, minimum=0)
+        out["qk_nope_head_dim"] = cfg.int("qk_nope_head_dim")
+        out["v_head_dim"] = cfg.int("v_head_dim")
+    if STATE in kinds and cfg.has("linear_num_value_heads"):
+        out["linear_key_dim"] = cfg.int("linear_num_key_heads") * cfg.int("linear_key_head_dim")
+        out["linear_value_dim"] = cfg.int("linear_num_value_heads") * cfg.int("linear_value_head_dim")
+        out["linear_value_heads"] = cfg.int("linear_num_value_heads")
+    elif STATE in kinds:
+        out["mamba_d_inner"] = cfg.int("mamba_expand") * hidden
+    return ForwardShape(**out)  # type: ignore[arg-type]
+
+
+def ssm_state_dtype(cfg: ConfigView) -> str:
+    """The recurrent-state dtype vLLM 0.32's config hook picks for this architecture."""
+    archs = cfg.get("architectures", default=[]) or []
+    for prefix, (field, absent) in _SSM_DTYPE_HOOKS.items():
+        if any(str(a).startswith(prefix) for a in archs):
+            value = cfg.get(field, default=absent)
+            if value is None:
+                return "auto"
+            if value not in STATE_DTYPE_BYTES:
+                raise BadInput(f"{cfg.source}: {field} {value!r} not known; accepted: {', '.join(STATE_DTYPE_BYTES)}")
+            return str(value)
+    return "auto"
 
 
 def _layer_kinds(cfg: ConfigView, n_layers: int) -> list[str]:
@@ -142,22 +209,28 @@ def _state_spec(cfg: ConfigView, hidden: int) -> LayerSpec:
         conv_dim = 2 * nk * dk + nv * dv
         conv = conv_dim * (cfg.int("linear_conv_kernel_dim") - 1)
         recurrent = nv * dk * dv
+        ssm = ssm_state_dtype(cfg)
         return LayerSpec(
             kind=STATE,
             state_elements=conv + recurrent,
             state_shards=nv,
-            state_note=f"gated-deltanet conv {conv} + recurrent {recurrent} elements",
+            state_note=f"gated-deltanet conv {conv} + recurrent {recurrent} elements ({ssm} recurrent state)",
+            ssm_state_elements=recurrent,
+            ssm_dtype_bytes=STATE_DTYPE_BYTES[ssm],
         )
     if cfg.has("mamba_d_state", "mamba_expand"):
         # Mamba-1 (Jamba): conv state (d_inner, d_conv - 1) + SSM state (d_inner, d_state).
         d_inner = cfg.int("mamba_expand") * hidden
         conv = d_inner * (cfg.int("mamba_d_conv") - 1)
         ssm = d_inner * cfg.int("mamba_d_state")
+        dtype = ssm_state_dtype(cfg)
         return LayerSpec(
             kind=STATE,
             state_elements=conv + ssm,
             state_shards=d_inner,
-            state_note=f"mamba conv {conv} + ssm {ssm} elements",
+            state_note=f"mamba conv {conv} + ssm {ssm} elements ({dtype} ssm state)",
+            ssm_state_elements=ssm,
+            ssm_dtype_bytes=STATE_DTYPE_BYTES[dtype],
         )
     raise BadInput(
         f"{cfg.source}: linear/recurrent layers need 'linear_num_value_heads' "

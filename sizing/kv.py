@@ -7,7 +7,9 @@ split by heads). A paged cache holds whole blocks of `block_size` tokens: full l
 `ceil(L / B)` blocks; sliding layers at most the blocks `W` consecutive tokens can span,
 `ceil((W - 1) / B) + 1` (worst case over positions, so memory never shrinks as L
 grows). Linear-attention / Mamba layers hold a constant state per sequence, split over
-TP ranks by heads or channels, in the serving dtype (KV quantization does not apply).
+TP ranks by heads or channels: the conv state in the model dtype, the recurrent (SSM)
+state in its own dtype (`LayerSpec.ssm_dtype_bytes`, float32 where the config asks);
+KV quantization does not apply.
 
 A shared prompt prefix of P tokens (prefix caching) is stored once per replica: only
 whole blocks are shared, and in sliding layers only the part still inside the window.
@@ -48,9 +50,6 @@ KV_DTYPES: dict[str, KvDtype] = {
     )
 }
 
-STATE_ELEMENT_BYTES = 2  # recurrent/conv state kept in the 16-bit serving dtype
-
-
 def kv_dtype(name: str) -> KvDtype:
     try:
         return KV_DTYPES[name.lower()]
@@ -79,7 +78,10 @@ def state_bytes(layer: LayerSpec, tp: int) -> int:
     """Constant bytes a state layer holds per sequence on one TP rank."""
     if layer.kind != STATE:
         return 0
-    return ceil_div(layer.state_elements, min(tp, layer.state_shards)) * STATE_ELEMENT_BYTES
+    shards = min(tp, layer.state_shards)
+    conv = layer.state_elements - layer.ssm_state_elements
+    return (ceil_div(conv, shards) * layer.conv_dtype_bytes
+            + ceil_div(layer.ssm_state_elements, shards) * layer.ssm_dtype_bytes)
 
 
 def held_blocks(layer: LayerSpec, context: int, block: int) -> int:

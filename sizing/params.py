@@ -17,7 +17,7 @@ from infer_tool.sizing.config_view import ConfigView
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, LinearShape, ParamCount
 
 # Families whose MLP is `fc2(act(fc1 x))` (two matrices) rather than gated (three).
-_UNGATED_MLP = {"gpt2", "gpt_neox", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "starcoder2"}
+UNGATED_MLP = {"gpt2", "gpt_neox", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "starcoder2"}
 # Families with LayerNorm (weight + bias) rather than RMSNorm (weight only).
 _LAYERNORM_BIAS = {"gpt2", "gpt_neox", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "starcoder2"}
 
@@ -58,7 +58,7 @@ def estimate_params(cfg: ConfigView, layers: tuple[LayerSpec, ...]) -> ParamCoun
 def _attention(cfg: ConfigView, layer: LayerSpec, h: int, n_heads: int, out: list[LinearShape]) -> int:
     q_dim = n_heads * layer.head_dim
     kv_dim = layer.kv_heads * layer.head_dim
-    gate = 2 if cfg.model_type == "qwen3_next" else 1  # Qwen3-Next gates the attention output
+    gate = 2 if cfg.model_type in ("qwen3_next", "qwen3_5_text") else 1  # gated attention output
     out += [
         LinearShape(h, q_dim * gate),
         LinearShape(h, kv_dim, count=2),
@@ -67,7 +67,7 @@ def _attention(cfg: ConfigView, layer: LayerSpec, h: int, n_heads: int, out: lis
     extra = 0
     if cfg.get("attention_bias", "qkv_bias", default=False):
         extra += q_dim + 2 * kv_dim + (h if cfg.model_type == "gpt2" else 0)
-    if cfg.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text"):
+    if cfg.model_type in ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "gemma3_text"):
         extra += 2 * layer.head_dim  # q_norm, k_norm
     return extra
 
@@ -119,7 +119,7 @@ def _state_mixer(cfg: ConfigView, h: int, out: list[LinearShape]) -> int:
     return conv + d_inner + d_inner * d_state + d_inner + norms  # conv, dt bias, A_log, D
 
 
-def _is_moe(cfg: ConfigView, i: int) -> bool:
+def is_moe_layer(cfg: ConfigView, i: int) -> bool:
     if cfg.has("n_routed_experts"):  # DeepSeek
         first_dense = cfg.int("first_k_dense_replace", default=0, minimum=0)
         return i >= first_dense and i % cfg.int("moe_layer_freq", default=1) == 0
@@ -143,8 +143,8 @@ def _gated(h: int, inter: int, count: int = 1) -> list[LinearShape]:
 def _mlp(cfg: ConfigView, i: int, h: int, out: list[LinearShape]) -> tuple[int, int]:
     """Append layer i's MLP linears; return (other params, routed-expert params a token
     does not use)."""
-    if not _is_moe(cfg, i):
-        if cfg.model_type in _UNGATED_MLP:
+    if not is_moe_layer(cfg, i):
+        if cfg.model_type in UNGATED_MLP:
             inter = cfg.int("n_inner", "intermediate_size", default=4 * h)
             out += [LinearShape(h, inter), LinearShape(inter, h)]
             return (inter + h if cfg.model_type == "gpt2" else 0), 0  # fc biases

@@ -1,7 +1,8 @@
 """Built-in model and GPU presets, loaded from the JSON files next to this module.
 
 Model presets are config.json excerpts (see `models.json`, each with its source URL) and
-go through the same reader as a user's config; GPU presets give driver-reported memory.
+go through the same reader as a user's config; GPU presets give the driver-reported
+memory and, where a log showed it, the total CUDA reports (what vLLM plans with).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ class ModelPreset:
 
 @dataclass(frozen=True)
 class GpuPreset:
-    """A GPU: driver-reported memory, and the datasheet figures the speed model uses
-    (None where the vendor does not state them)."""
+    """A GPU: driver-reported memory (`memory_bytes`, nvidia-smi's figure), the total CUDA
+    reports (`cuda_memory_bytes`, None where no source was found), and the datasheet
+    figures the speed model uses (None where the vendor does not state them)."""
 
     key: str
     name: str
@@ -39,6 +41,14 @@ class GpuPreset:
     fp8_flops: float | None = None
     link_bytes_per_s: float | None = None  # per GPU, one direction
     spec_source: str = ""
+    cuda_memory_bytes: int | None = None
+    cuda_source: str = ""
+    compute_capability: str = ""  # "9.0", or a ROCm arch such as "gfx942"
+
+    @property
+    def total_bytes(self) -> int:
+        """The total vLLM takes --gpu-memory-utilization of: CUDA's, else the driver's."""
+        return self.cuda_memory_bytes if self.cuda_memory_bytes is not None else self.memory_bytes
 
     @property
     def has_speed(self) -> bool:

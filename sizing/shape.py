@@ -30,7 +30,8 @@ class LayerSpec:
       all heads (no K/V pair, so no factor 2);
     - linear state: `state_elements` per sequence whatever the context (conv + recurrent
       state), split over at most `state_shards` tensor-parallel ranks (its heads or
-      channels).
+      channels); `ssm_state_elements` of them are the recurrent (SSM) state, stored in
+      `ssm_dtype_bytes`, the rest the conv state in `conv_dtype_bytes`.
     """
 
     kind: LayerKind
@@ -43,10 +44,42 @@ class LayerSpec:
     state_elements: int = 0
     state_shards: int = 1
     state_note: str = ""
+    ssm_state_elements: int = 0
+    conv_dtype_bytes: int = 2
+    ssm_dtype_bytes: int = 2
 
     @property
     def latent_dim(self) -> int:
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """Widths (elements per token, whole model before tensor parallelism) of the
+    intermediates one decoder layer computes, for the activation peak of a forward pass.
+
+    - `intermediate_size`: the dense MLP's width (0 when every layer is MoE); `gated_mlp`:
+      gate and up fused into one `2 x intermediate_size` output, then the activation;
+    - MoE: `num_experts`, `experts_per_token`, `moe_intermediate_size`, and the shared
+      experts' total width `shared_intermediate_size`;
+    - MLA: `q_lora_rank`, `qk_nope_head_dim`, `v_head_dim` (with the layer's latent);
+    - Gated DeltaNet: `linear_key_dim` / `linear_value_dim` (heads x head dim) and
+      `linear_value_heads`; Mamba: `mamba_d_inner`.
+    """
+
+    intermediate_size: int = 0
+    gated_mlp: bool = True
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    linear_value_heads: int = 0
+    mamba_d_inner: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +136,7 @@ class ModelShape:
     vocab_size: int = 0
     max_position_embeddings: int | None = None
     params: ParamCount | None = None
+    forward: ForwardShape | None = None  # None: the reader could not tell (no activation model)
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 

@@ -101,7 +101,8 @@ def solve(
     limit: int = 10,
 ) -> list[Candidate]:
     """Deployments that serve `target`, smallest first. `base` carries the memory
-    settings (mem_util, reserve, block size, prefix) every candidate keeps."""
+    settings (mem_util, reserve or None for vLLM's profile, block size, prefix) every
+    candidate keeps; each candidate's GPU total is the one CUDA reports."""
     if shape.params is None:
         raise BadInput(f"{shape.name}: parameter count unknown; --solve needs it to size each weight dtype")
     latency = target.max_tpot_s is not None or target.max_ttft_s is not None
@@ -116,9 +117,9 @@ def solve(
                 for w in weight_dtypes:
                     total = weight_bytes(shape.params, w, group_size).total
                     for k in kv_dtypes:
-                        dep = replace(base, gpu_memory_bytes=gpu.memory_bytes, num_gpus=n, tp=tp, pp=pp,
+                        dep = replace(base, gpu_memory_bytes=gpu.total_bytes, num_gpus=n, tp=tp, pp=pp,
                                       kv=kv_dtype(k), kv_cache_memory_bytes=None)
-                        fit = Fit(shape, dep, total, accounting=accounting, engine=engine, gpu_name=gpu.name)
+                        fit = Fit(shape, dep, total, accounting=accounting, engine=engine, gpu=gpu)
                         if not fit.fits(target.context, target.concurrency):
                             continue
                         speed = speed_of(shape, gpu, target, weights=w, kv=k, tp=tp, pp=pp, dp=dep.dp,

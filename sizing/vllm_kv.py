@@ -21,12 +21,18 @@ Rules, read from vLLM 0.32.0's source (the file named on each):
 - per request at `max_model_len` L (`max_memory_usage_bytes`): full / MLA
   `cdiv(L, B)` blocks; sliding window W `cdiv(min(W - 1 + in_flight, L), B) + 1` with
   `in_flight = max_concurrent_batches x max_num_batched_tokens` (2 batches with async
-  scheduling, the default, pp + 1 with pipeline parallelism; `config/vllm.py`); state
-  `1` block, `2` when prefix caching is on (mamba_cache_mode "align", the default for
-  hybrid models).
+  scheduling, the default since 0.14, pp + 1 with pipeline parallelism; `config/vllm.py`;
+  one batch before 0.26); state `1` block, `2` when prefix caching is on
+  (mamba_cache_mode "align", the default for hybrid models).
 - `max_concurrency = num_blocks / sum of the groups' blocks per request`;
-  "GPU KV cache size" = `int(max_concurrency x L)` tokens (`update_kv_cache_capacity`).
-  One block is the null block: the scheduler can hand out `num_blocks - 1`.
+  "GPU KV cache size" = `int(max_concurrency x L)` tokens (`update_kv_cache_capacity`;
+  before 0.20 `num_blocks // groups x min block size`). One block is the null block: the
+  scheduler can hand out `num_blocks - 1`.
+- `vllm serve`'s batch defaults (`engine/arg_utils.py` `get_batch_defaults`), keyed on
+  the total CUDA reports: 16384 tokens / 1024 sequences at >= 160 GiB, 8192 / 1024 at
+  >= 70 GiB except A100, else 2048 / 256.
+
+Release differences are `vllm_versions.VllmPolicy`.
 
 Modelled for bf16 / fp16 / fp8 (per-tensor scales) caches on the default FlashAttention
 backend (kernel blocks of 16). Knows nothing of weights or GPUs: `available` comes in.
@@ -40,6 +46,7 @@ from infer_tool.common.errors import BadInput
 from infer_tool.sizing.defaults import VLLM_VERSION
 from infer_tool.sizing.kv import KvDtype, ceil_div, state_bytes, token_bytes
 from infer_tool.sizing.shape import MLA, SLIDING, STATE, ModelShape
+from infer_tool.sizing.vllm_versions import VllmPolicy, policy
 
 KERNEL_BLOCK = 16  # FlashAttention's kernel block multiple
 GiB = 2**30
@@ -47,25 +54,36 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class EngineArgs:
-    """The vLLM engine arguments that change the cache arithmetic (vLLM's names)."""
+    """The vLLM engine arguments that change the cache and memory arithmetic (vLLM's
+    names; None: the release's or `vllm serve`'s default)."""
 
     block_size: int = 16
-    max_num_batched_tokens: int | None = None  # None: `vllm serve`'s default for the GPU
-    async_scheduling: bool = True
+    max_num_batched_tokens: int | None = None
+    async_scheduling: bool | None = None
     enable_prefix_caching: bool = True
+    max_num_seqs: int | None = None
+    enforce_eager: bool = False
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None
+    vllm_version: str = VLLM_VERSION
+
+    @property
+    def policy(self) -> VllmPolicy:
+        return policy(self.vllm_version)
+
+    @property
+    def async_on(self) -> bool:
+        return self.policy.async_scheduling if self.async_scheduling is None else self.async_scheduling
 
 
-def default_max_num_batched_tokens(gpu_memory_bytes: int, gpu_name: str, max_model_len: int) -> int:
-    """`vllm serve`'s default (`EngineArgs.get_batch_defaults`): 16384 on GPUs with at
-    least 160 GiB, 8192 on other GPUs of at least 70 GiB except A100, else 2048; never
-    above `max_num_seqs x max_model_len`."""
+def serve_batch_defaults(gpu_memory_bytes: int, gpu_name: str) -> tuple[int, int]:
+    """`vllm serve`'s (max_num_batched_tokens, max_num_seqs) for a GPU of this total."""
     if gpu_memory_bytes >= 160 * GiB:
-        tokens, seqs = 16384, 1024
-    elif gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
-        tokens, seqs = 8192, 1024
-    else:
-        tokens, seqs = 2048, 256
-    return min(tokens, seqs * max_model_len)
+        return 16384, 1024
+    if gpu_memory_bytes >= 70 * GiB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256
+
 
 
 @dataclass(frozen=True)
@@ -177,16 +195,20 @@ def bytes_per_block(lay: Layout, stage: range, shape: ModelShape, kv: KvDtype, t
     )
 
 
-def num_blocks(lay: Layout, stages: list[range], available: int, shape: ModelShape, kv: KvDtype, tp: int) -> int:
-    """Blocks every worker can hold (the smallest stage count wins), 0 if none."""
-    if available <= 0:
-        return 0
-    return min(available // bytes_per_block(lay, s, shape, kv, tp) for s in stages if len(s))
+def num_blocks(lay: Layout, stages: list[range], available: list[int], shape: ModelShape, kv: KvDtype,
+               tp: int) -> int:
+    """Blocks every worker can hold with `available[i]` bytes on stage i (the smallest
+    count wins), 0 if none."""
+    counts = [a // bytes_per_block(lay, s, shape, kv, tp) for s, a in zip(stages, available) if len(s)]
+    return max(0, min(counts))
 
 
 def in_flight_tokens(engine: EngineArgs, max_num_batched_tokens: int, pp: int) -> int:
-    """`VllmConfig.max_in_flight_tokens`: concurrent batches x max_num_batched_tokens."""
-    batches = pp + 1 if engine.async_scheduling else pp  # Model Runner V2, the default
+    """`VllmConfig.max_in_flight_tokens`: concurrent batches x max_num_batched_tokens
+    (one batch before 0.26)."""
+    if not engine.policy.sliding_in_flight_batches:
+        return max_num_batched_tokens
+    batches = pp + 1 if engine.async_on else pp  # Model Runner V2, the default
     return batches * max_num_batched_tokens
 
 
@@ -221,7 +243,8 @@ class Capacity:
 
 
 def capacity(
-    lay: Layout, blocks: int, max_model_len: int, *, in_flight: int, prefix_caching: bool, prefix: int = 0
+    lay: Layout, blocks: int, max_model_len: int, *, in_flight: int, prefix_caching: bool, prefix: int = 0,
+    tokens_per_concurrency: bool = True,
 ) -> Capacity:
     prefix = min(prefix, max_model_len - 1)  # a request owns at least its last token
     per_request = sum(group_blocks(g, max_model_len, in_flight, prefix_caching) for g in lay.groups)
@@ -230,11 +253,13 @@ def capacity(
     log = blocks / per_request
     own = per_request - shared
     usable = blocks - 1 - shared
+    tokens = int(log * max_model_len) if tokens_per_concurrency else \
+        blocks // len(lay.groups) * min(g.block for g in lay.groups)
     return Capacity(
         num_blocks=blocks,
         blocks_per_request=per_request,
         shared_blocks=shared,
         max_concurrency_log=log,
-        kv_cache_tokens=int(log * max_model_len),
+        kv_cache_tokens=tokens,
         max_concurrency=max(0, usable // own) if usable >= 0 else 0,
     )

@@ -18,7 +18,8 @@ import torch
 from infer_tool.calib.architectures import ARCHITECTURES
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.awq import awq_search_scale, choose, screen_grid, search_grid, unimodal
-from infer_tool.packers.scheme import AWQScheme, make_scheme
+from infer_tool.schemes.integer import AWQScheme
+from infer_tool.schemes.registry import make_scheme
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -244,7 +245,7 @@ def test_tiny_architectures_fast_equals_full(model_type: str) -> None:
     from test_pipeline import ids, tiny_model
 
     from infer_tool.calib.pipeline import quantize_model
-    from infer_tool.calib.quantizers.awq import QUANTIZER
+    from infer_tool.calib.quantizers.awq import AWQQuantizer
 
     runs = {}
     for search in ("full", "fast", "screen"):
@@ -266,9 +267,9 @@ def test_tiny_architectures_fast_equals_full(model_type: str) -> None:
     c = [e for e in screen.method_report["awq"] if "losses" in e]
     assert [x["ratio"] for x in a] == [z["ratio"] for z in c]
     assert {z["search"] for z in c} == {"screen"}  # up -> down too: its Gram-matrix loss screened with H in bfloat16
-    assert "screened in bfloat16" in QUANTIZER.notes(screen, screen_scheme)[0]
-    assert "would choose the same ratio on" in QUANTIZER.notes(full, full_scheme)[0]
-    assert "grid evaluations" in QUANTIZER.notes(fast, fast_scheme)[0]
+    assert "screened in bfloat16" in AWQQuantizer().notes(screen, screen_scheme)[0]
+    assert "would choose the same ratio on" in AWQQuantizer().notes(full, full_scheme)[0]
+    assert "grid evaluations" in AWQQuantizer().notes(fast, fast_scheme)[0]
 
 
 def test_screen_edge_cases_end() -> None:

@@ -8,12 +8,12 @@ import torch
 from typer.testing import CliRunner
 
 from infer_tool.cli.app import app
-from infer_tool.evals.loading import backend_of, load_for_eval
+from infer_tool.evals.load_model import backend_of, load_for_eval
 from infer_tool.kernels.quant_linear import Fp8Linear, Int4Linear
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Scheme, quantize_fp8_weight
 from infer_tool.packers.rtn import quantize_rtn
-from infer_tool.packers.scheme import make_scheme
+from infer_tool.schemes.registry import make_scheme
 from tiny import TEXT, make_llama, make_tokenizer
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

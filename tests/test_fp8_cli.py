@@ -63,7 +63,7 @@ def test_static_kv_checkpoint_loads_and_reports(tiny: dict[str, Path], tmp_path:
     our reader's, bit for bit) and `eval ppl`'s loader (same W8A8 logits within 1e-4)."""
     from transformers import AutoModelForCausalLM
 
-    from infer_tool.evals.loading import load_for_eval
+    from infer_tool.evals.load_model import load_for_eval
     from infer_tool.packers.checkpoint import read_checkpoint
 
     out = tmp_path / "ckpt"

@@ -19,7 +19,7 @@ from infer_tool.calib.pipeline import quantize_model
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Weight
-from infer_tool.packers.scheme import Fp8Scheme
+from infer_tool.schemes.fp8 import Fp8Scheme
 from infer_tool.packers.fp8_formats import kv_scale_tensors, read_kv_scales
 
 
@@ -132,7 +132,7 @@ def test_fp8_runtime_runs_w8a8_and_restores(model: Any, ids: torch.Tensor) -> No
     per-token activation QDQ hooks; tolerance 1e-4 of the logit range, fp32 summation
     order differs), with the KV cache rounded when scales are given; outside, the plain
     dequantized model is back."""
-    from infer_tool.evals.fp8_runtime import fp8_runtime
+    from infer_tool.evals.fp8_in_memory import fp8_runtime
 
     m = copy.deepcopy(model)
     result, kv = quantize_model_fp8(m, ids[:2], Fp8Scheme(granularity="channel", kv_cache="fp8"), device="cpu")

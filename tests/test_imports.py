@@ -2,7 +2,7 @@
 
 - the module import graph (top-level and function-level imports alike) has no cycle;
 - each top-level package imports only the packages below it:
-  cli -> jobs -> evals -> calib -> packers -> kernels, with sizing and common beside them;
+  cli -> jobs -> spec -> evals -> calib -> packers -> kernels, with sizing and common beside them;
 - packages stay free of the libraries they must not use (no typer/rich below cli; sizing
   is standard-library only);
 - every module imports on its own, in a fresh set of `infer_tool` modules.
@@ -16,26 +16,30 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "sizing", "kernels", "packers", "calib", "evals", "jobs", "cli")
+PACKAGES = ("common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec", "jobs", "cli")
 # package -> the infer_tool packages it may import
 ALLOWED = {
     "common": set(),
     "sizing": {"common"},
+    "schemes": {"common"},
     "kernels": {"common"},
-    "packers": {"common", "kernels"},
-    "calib": {"common", "packers"},
+    "packers": {"common", "schemes", "kernels"},
+    "calib": {"common", "schemes", "packers"},
     "evals": {"common", "kernels", "packers", "calib"},
-    "jobs": {"common", "kernels", "packers", "calib", "evals"},
-    "cli": {"common", "sizing", "kernels", "packers", "calib", "evals", "jobs"},
+    "spec": {"common", "sizing", "calib", "evals"},
+    "jobs": {"common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec"},
+    "cli": {"common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec", "jobs"},
 }
 # package -> third-party libraries it must not import
 BANNED = {
     "sizing": {"torch", "transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},
+    "schemes": {"transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},  # torch: inside functions only
     "common": {"transformers", "triton", "datasets", "typer", "rich"},  # torch: inside functions only (common/device.py)
     "kernels": {"transformers", "datasets", "typer", "rich"},
     "packers": {"transformers", "datasets", "typer", "rich"},
     "calib": {"typer", "rich", "triton"},
     "evals": {"typer", "rich"},
+    "spec": {"typer", "rich"},
     "jobs": {"typer", "rich"},
 }
 

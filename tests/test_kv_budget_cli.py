@@ -4,6 +4,7 @@ one-line exit-2 errors, real weight bytes from files, and the start-up import ru
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -47,10 +48,20 @@ def test_json_contract_llama_8b():
         used = r["weight_bytes_per_gpu"] + r["kv_bytes_per_gpu"] + r["reserve_bytes_per_gpu"]
         assert r["fits"] == (used <= r["usable_bytes_per_gpu"])
     assert set(doc["max_concurrency"]) == {"8192", "32768"} and set(doc["max_context"]) == {"1", "2", "4"}
-    # independent: (0.9 x 81559 MiB - bf16 weights - 3 GiB reserve) // 1 GiB per 8K sequence
-    budget = int(0.9 * 81559 * 2**20) - 2 * 8_030_261_248 - 3 * GiB
-    assert doc["max_concurrency"]["8192"] == budget // GiB
+    # independent: (ceil(0.92 x 79.22 GiB, the H100's CUDA total) - bf16 weights - the modelled
+    # overhead) in 1 GiB sequences of 8K, one 16-token block held back (the null block)
+    mem = doc["memory"]
+    assert doc["gpu"]["memory_bytes"] == round(79.22 * GiB) and doc["gpu"]["driver_memory_bytes"] == 81559 * 2**20
+    assert mem["requested_bytes"] == math.ceil(0.92 * round(79.22 * GiB))
+    budget = mem["requested_bytes"] - 2 * 8_030_261_248 - mem["overhead_bytes"]
+    assert mem["available_kv_bytes"] == budget
+    assert doc["max_concurrency"]["8192"] == (budget // (16 * 131072) - 1) // 512
     assert doc["weights"]["bytes_total"] == 2 * 8_030_261_248
+    # a flat --reserve and --mem-util replace the profile: the arithmetic of the plain budget
+    flat = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--mem-util", "0.9", "--reserve", "3GiB")
+    flat_budget = math.ceil(0.9 * round(79.22 * GiB)) - 2 * 8_030_261_248 - 3 * GiB
+    assert flat["memory"]["source"] == "--reserve" and flat["rows"][0]["reserve_bytes_per_gpu"] == 3 * GiB
+    assert flat["rows"][0]["plain"]["max_concurrency"] == flat_budget // GiB
 
 
 def test_issue_example_70b_int4_fp8_two_h100():
@@ -63,7 +74,8 @@ def test_issue_example_70b_int4_fp8_two_h100():
     # request, one null block kept back
     block = 16 * 80 * 4 * 256
     assert row["kv_bytes_per_gpu"] == (16 * 2048 + 1) * block
-    per_gpu_budget = doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"] - 3 * GiB
+    per_gpu_budget = (doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"]
+                      - doc["memory"]["overhead_bytes"])
     assert doc["vllm"]["32768"]["num_blocks"] == per_gpu_budget // block
     assert doc["max_concurrency"]["32768"] == (per_gpu_budget // block - 1) // 2048
     assert doc["rows"][1]["plain"]["max_concurrency"] == per_gpu_budget // (32768 * 163840 // 2)
@@ -274,6 +286,15 @@ def test_unknown_model_type_gets_a_note(tmp_path):
         (["llama-3.1-8b", "--max-tpot", "-1", "--solve"], "--max-tpot"),
         (["llama-3.1-8b", "--kv-cache-memory", "0GB"], "--kv-cache-memory '0GB'"),
         (["llama-3.1-8b", "--output-len", "0"], "--output-len"),
+        (["llama-3.1-8b", "--vllm-version", "0.9"], "accepted: 0.10 to 0.32"),
+        (["llama-3.1-8b", "--vllm-version", "0.33.0"], "--vllm-version '0.33.0' is not modelled"),
+        (["llama-3.1-8b", "--vllm-version", "latest"], "--vllm-version 'latest'"),
+        (["llama-3.1-8b", "--max-num-seqs", "0"], "--max-num-seqs 0"),
+        (["llama-3.1-8b", "--cudagraph-capture-sizes", "1,x"], "--cudagraph-capture-sizes 'x'"),
+        (["llama-3.1-8b", "--max-cudagraph-capture-size", "0"], "--max-cudagraph-capture-size 0"),
+        (["qwen3.5-27b", "--mamba-ssm-cache-dtype", "int8"], "--mamba-ssm-cache-dtype 'int8'"),
+        (["llama-3.1-8b", "--weights-memory", "10GB", "--weights", "int4"], "not both"),
+        (["llama-3.1-8b", "--weights-memory", "0GB"], "--weights-memory '0GB'"),
     ],
 )
 def test_more_bad_inputs_exit_2_one_line(args, needle):
@@ -285,3 +306,56 @@ def test_more_bad_inputs_exit_2_one_line(args, needle):
     assert r.exit_code == 2, r.output
     assert needle in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+# --- issue 31: vLLM's start-up memory, term by term --------------------------------------
+def test_memory_terms_each_a_row_and_summing():
+    doc = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1")
+    mem = doc["memory"]
+    (stage,) = mem["stages"]
+    assert mem["source"] == "vllm profile" and doc["vllm_version"] == "0.32.0"
+    assert stage["overhead_bytes"] == (stage["activation_peak_bytes"] + stage["non_torch_bytes"]
+                                       + stage["cudagraph_bytes"])
+    assert sum(stage["non_torch"].values()) == stage["non_torch_bytes"]
+    assert mem["available_kv_bytes"] == mem["requested_bytes"] - mem["weights_bytes"] - mem["overhead_bytes"]
+    assert stage["cudagraphs"] == {**stage["cudagraphs"], "piecewise": 51, "full": 51, "largest": 512}
+    assert doc["engine"]["max_num_seqs"] == 1024 and doc["engine"]["max_num_batched_tokens"] == 8192
+    human = run("llama-3.1-8b", "--context", "8k", "--concurrency", "1")
+    for term in ("x 0.92 requested", "- weights", "- activation peak", "- non-torch", "- CUDA graphs",
+                 "= available KV"):
+        assert term in human.stdout, term
+
+
+def test_engine_flags_move_the_terms():
+    base = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1")["memory"]["stages"][0]
+    eager = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--enforce-eager")
+    assert eager["memory"]["stages"][0]["cudagraph_bytes"] == 0 and eager["engine"]["enforce_eager"] is True
+    few = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--max-num-seqs", "16")
+    s = few["memory"]["stages"][0]
+    assert s["sampler_peak_bytes"] < base["sampler_peak_bytes"]
+    assert (s["cudagraphs"]["piecewise"], s["cudagraphs"]["full"]) == (7, 5)  # 1, 2, 4, 8..32; FULL <= 16
+    sizes = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--cudagraph-capture-sizes", "1,2,4")
+    assert sizes["memory"]["stages"][0]["cudagraphs"]["piecewise"] == 3
+    old = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--vllm-version", "0.20")
+    assert old["memory"]["stages"][0]["cudagraph_bytes"] == 0 and old["memory"]["mem_util"] == 0.9
+    assert old["vllm_version"] == "0.20"
+    weights = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--weights-memory", "15.27GiB")
+    assert weights["memory"]["weights_bytes"] == round(15.27 * GiB)
+
+
+def test_help_readable_at_80_columns():
+    import os
+    import re
+
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    r = subprocess.run([sys.executable, "-c", "from infer_tool.cli.app import main; main()", "kv-budget", "--help"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    for panel in ("Model", "Deployment", "Output"):
+        assert panel in out
+    for flag in ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--cudagraph-capture-sizes",
+                 "--max-cudagraph-capture-size", "--vllm-version", "--mem-util", "--kv-cache-memory", "--reserve"):
+        assert re.search(re.escape(flag) + r"(?![\w-])", out), flag  # whole, not cut
+    assert not re.search(r"--[\w-]*…", out)  # no flag name ends in an ellipsis

@@ -11,7 +11,7 @@ from math import ceil
 
 import pytest
 
-from infer_tool.sizing.budget import PlanRequest, plan
+from infer_tool.jobs.kv_budget import PlanRequest, plan
 
 GiB = 2**30
 KV12 = 12 * GiB

@@ -126,7 +126,7 @@ def test_transformers_reads_int4_experts(root: Path, family: str) -> None:
     tensors into the fused experts) gives the logits of our loader's model."""
     from transformers import AutoModelForCausalLM
 
-    from infer_tool.evals.quantized import load_quantized
+    from infer_tool.evals.load_quantized import load_quantized
 
     out = f"{family}-ct-sym"
     quantize(root, family, out, "--method", "rtn", "--sym", "--group-size", "32")

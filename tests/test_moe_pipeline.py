@@ -26,7 +26,7 @@ from infer_tool.calib.moe import MoeCalibration, MoeExperts, all_tokens, moe_lay
 from infer_tool.calib.pipeline import collect_stats, quantize_model  # noqa: E402
 from infer_tool.calib.quantizers.awq import fold_scales  # noqa: E402
 from infer_tool.common.errors import BadInput  # noqa: E402
-from infer_tool.packers.scheme import make_scheme  # noqa: E402
+from infer_tool.schemes.registry import make_scheme  # noqa: E402
 
 V, T, B = 300, 24, 6
 

@@ -82,7 +82,7 @@ def test_quantized_moe_in_vllm(tmp_path: Path) -> None:
             import torch
 
             from infer_tool.evals.ppl import evaluate_ppl
-            from infer_tool.evals.quantized import load_quantized
+            from infer_tool.evals.load_quantized import load_quantized
 
             assert rec.get("loaded"), (row.id, rec)
             ours = evaluate_ppl(load_quantized(ckpts[row.id], dtype=torch.bfloat16)[0], torch.tensor(ids), len(ids)).ppl

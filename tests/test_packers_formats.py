@@ -21,7 +21,7 @@ from infer_tool.packers.checkpoint import CheckpointFormat, get_format, read_che
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
-from infer_tool.packers.scheme import GPTQScheme, RTNScheme
+from infer_tool.schemes.integer import GPTQScheme, RTNScheme
 
 AWQ_NIBBLE_TO_COLUMN = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds column order[i]
 

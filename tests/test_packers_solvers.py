@@ -14,7 +14,9 @@ from infer_tool.packers.awq import (
 )
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.rtn import fake_quantize, quantize_rtn
-from infer_tool.packers.scheme import AWQScheme, GPTQScheme, RTNScheme, check_group_size, make_scheme
+from infer_tool.schemes.base import check_group_size
+from infer_tool.schemes.integer import AWQScheme, GPTQScheme, RTNScheme
+from infer_tool.schemes.registry import make_scheme
 
 
 def _representable(n, k, g, bits, symmetric, seed=0):

@@ -19,7 +19,7 @@ from infer_tool.calib.pipeline import collect_stats, quantize_from_stats, quanti
 from infer_tool.calib.quantizers.awq import fold_scales, smooth_channels
 from infer_tool.calib.stats import StatsAccumulator, load_stats, relative_output_error, save_stats
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.scheme import make_scheme
+from infer_tool.schemes.registry import make_scheme
 
 V, T, B = 96, 24, 6
 
@@ -338,3 +338,18 @@ def test_stats_accumulator_against_fp64(K: int, block: int) -> None:
     assert torch.equal(st.H, st.H.T)
     assert torch.allclose(st.act_abs_mean.double(), flat.abs().mean(0), rtol=1e-6)
     assert st.act_abs_max == pytest.approx(float(flat.abs().max()), rel=1e-7)
+
+
+def test_flushed_denormals_flush_inside_and_restore_after() -> None:
+    """Inside `flushed_denormals` a float32 subnormal reads as zero; after it (even after an
+    error inside), subnormals are kept again."""
+    from infer_tool.calib.pipeline import flushed_denormals
+
+    subnormal = torch.tensor([1e-39], dtype=torch.float32)
+    assert float(subnormal * 1.0) != 0.0
+    with flushed_denormals():
+        assert float(subnormal * 1.0) == 0.0
+    assert float(subnormal * 1.0) != 0.0
+    with pytest.raises(RuntimeError), flushed_denormals():
+        raise RuntimeError("inside")
+    assert float(subnormal * 1.0) != 0.0

@@ -140,7 +140,7 @@ def test_asymmetric_awq_checkpoint_equals_in_process_pipeline(tiny: dict[str, Pa
 
     from infer_tool.calib.corpora import calibration_batch
     from infer_tool.calib.pipeline import quantize_model
-    from infer_tool.packers.scheme import make_scheme
+    from infer_tool.schemes.registry import make_scheme
 
     out = tmp_path / "ckpt"
     code, _, stderr = quantize(tiny, out, "--group-size", "32")

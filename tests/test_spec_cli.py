@@ -189,15 +189,36 @@ def test_spec_bench_turns_field(files) -> None:
     assert [c["category"] for c in report["drafts"][0]["per_category"]] == ["math", "writing"]
 
 
+def test_job_runs_as_a_library(files) -> None:
+    """`jobs.spec_profile` without the CLI: options in, the report the CLI prints out."""
+    from infer_tool.jobs.spec_profile import SpecProfileOptions, spec_profile
+
+    opts = SpecProfileOptions(target=str(files["target"]), drafts=["truncated:1", "ngram"],
+                              prompts=str(files["prompts"]), num_prompts=2, max_new_tokens=6, k="1,2", loop=False,
+                              device="cpu")
+    tasks: list[str] = []
+    report = spec_profile(opts, progress=lambda task, done, total, **info: tasks.append(task))
+    assert [d.name for d in report.profile.drafts] == ["truncated:1", "ngram:3"]
+    assert report.profile.basis == "predicted" and report.profile.tokens == 2 * 5
+    assert report.settings["k"] == [1, 2] and report.settings["loop"] is False and report.settings["num_prompts"] == 2
+    assert {"target decode", "acceptance", "cost timing"} <= set(tasks)
+    res = run("--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram", "--prompts",
+              str(files["prompts"]), "--num-prompts", "2", "--max-new-tokens", "6", "--k", "1,2", "--no-loop", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [d["alpha"] for d in doc["drafts"]] == [d.acceptance.alpha for d in report.profile.drafts]  # T = 0
+    assert doc["settings"] == report.settings and doc["notes"] == report.notes
+
+
 @pytest.fixture
 def no_model_loads(monkeypatch):
     """Fail the test if the command gets as far as loading a model."""
-    import infer_tool.evals.loading as loading
+    import infer_tool.evals.load_model as load_model
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was refused")
 
-    monkeypatch.setattr(loading, "load_for_eval", refuse)
+    monkeypatch.setattr(load_model, "load_for_eval", refuse)
 
 
 @pytest.mark.parametrize(

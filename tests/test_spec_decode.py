@@ -7,12 +7,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infer_tool.evals.spec_acceptance import beta, expected_tokens, summarize, vllm_rate
-from infer_tool.evals.spec_decode import speculative_decode, target_decode
-from infer_tool.evals.spec_drafts import ModelDraft, NgramDraft, truncated_copy
-from infer_tool.evals.spec_models import CachedLM
-from infer_tool.evals.spec_profile import profile
-from infer_tool.evals.spec_sampling import warp
+from infer_tool.spec.acceptance import beta, expected_tokens, summarize, vllm_rate
+from infer_tool.spec.decode import speculative_decode, target_decode
+from infer_tool.spec.drafts import ModelDraft, NgramDraft, truncated_copy
+from infer_tool.spec.cached_lm import CachedLM
+from infer_tool.spec.profile import profile
+from infer_tool.spec.sampling import warp
 
 V = 96
 NEW = 24

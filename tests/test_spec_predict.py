@@ -11,17 +11,17 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from infer_tool.evals.spec_acceptance import expected_tokens
-from infer_tool.evals.spec_drafts import ModelDraft
-from infer_tool.evals.spec_predict import (
+from infer_tool.spec.acceptance import expected_tokens
+from infer_tool.spec.drafts import ModelDraft
+from infer_tool.spec.predict import (
     alpha_prediction,
     outcome_probs,
     sequence_prediction,
     vllm_measured,
     vllm_predicted,
 )
-from infer_tool.evals.spec_profile import profile
-from infer_tool.evals.spec_ranking import best
+from infer_tool.spec.profile import profile
+from infer_tool.spec.ranking import best
 
 V = 96
 
@@ -41,7 +41,7 @@ class FakeCosts:
 
 
 def simulate(acceptance: list[list[float]], k: int, costs: FakeCosts, rng: random.Random) -> tuple[float, int]:
-    """One run of spec_decode's rules with random acceptances: (cost, target passes)."""
+    """One run of spec.decode's rules with random acceptances: (cost, target passes)."""
     N, t, catch_up, cost, passes = len(acceptance), 1, False, 0.0, 0
     while t < N:
         kk = min(k, N - t - 1)

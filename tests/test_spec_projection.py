@@ -6,15 +6,15 @@ compute-bound (and not without it); configs read into served models."""
 import pytest
 
 from infer_tool.common.errors import BadInput
-from infer_tool.evals.spec_acceptance import expected_tokens
-from infer_tool.evals.spec_costs import RooflineCosts
-from infer_tool.evals.spec_predict import sequence_prediction
-from infer_tool.evals.spec_projection import ProjectionRequest, project
+from infer_tool.spec.acceptance import expected_tokens
+from infer_tool.spec.costs import RooflineCosts
+from infer_tool.spec.predict import sequence_prediction
+from infer_tool.spec.projection import ProjectionRequest, project
 from infer_tool.sizing.hf_config import shape_from_config
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, model_presets
 from infer_tool.sizing.roofline import Efficiency
 from infer_tool.sizing.shape import FULL, LayerSpec, LinearShape, ModelShape, ParamCount
-from infer_tool.sizing.spec_roofline import (
+from infer_tool.spec.roofline import (
     ServedModel,
     Serving,
     batch_times,

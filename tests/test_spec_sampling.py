@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from infer_tool.evals.spec_sampling import residual, verify, warp
+from infer_tool.spec.sampling import residual, verify, warp
 
 # 99.9% quantiles of chi-square (df = 3 and 15), from standard tables.
 CHI2_999 = {3: 16.266, 15: 37.697}

@@ -13,7 +13,7 @@ from test_pipeline import ids, tiny_model
 
 from infer_tool.calib.pipeline import quantize_model
 from infer_tool.calib.spill import SpilledChunks, chunk_store, drain
-from infer_tool.packers.scheme import make_scheme
+from infer_tool.schemes.registry import make_scheme
 
 
 def test_round_trip_every_dtype_and_shape(tmp_path) -> None:

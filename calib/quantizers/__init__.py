@@ -1,44 +1,68 @@
-"""Layer quantizers: one module per method, registered by its scheme's method name.
+"""Layer quantizers: one module per method, each registered by its scheme's type.
 
-The pipeline (`calib/pipeline.py`) asks the registry for the quantizer of a scheme and
-calls it on one decoder layer at a time; it knows no method by name.
+A quantizer module decorates its `LayerQuantizer` subclass (`base.py`) with
+`@register_quantizer(TheScheme)` (torchao's `register_quantize_module_handler` pattern).
+The pipeline (`calib/pipeline.py`) asks `quantizer_for(scheme)` for the quantizer of a
+scheme and calls it on one decoder layer at a time; it knows no method by name.
 
-Adding a method:
-1. its solver, a pure function `(W (N, K), LayerStats, scheme) -> weight`, in `packers/`;
-2. its scheme dataclass (defaults, `kind`, `check_shapes`, `for_storage`, `describe`) in
-   `packers/scheme.py`, with one line in `SCHEMES`;
-3. a module here, `calib/quantizers/<method>.py`, defining `QUANTIZER`, an instance of a
-   `LayerQuantizer` subclass (`base.py`) that declares what it needs (`needs`: Hessian,
-   activation statistics, live block outputs, an extra pass over the quantized layer,
-   or nothing), whether it can run from saved statistics (`stats_refusal`), and
-   implements `solve` (one linear) or overrides `quantize_layer` (a whole layer);
-4. one line in `QUANTIZERS` below.
-The CLI flags and recipe keys of the scheme's options are declared once, in
-`calib/recipe.py`.
+Nothing is imported until a quantizer is first asked for: then every module of this
+package is imported once, registering what it defines (the CLI's start-up and the schemes
+stay free of torch). The recipe for adding a method or a number format is in
+`schemes/registry.py`.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import pkgutil
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from infer_tool.common.errors import BadInput
+from infer_tool.schemes.base import Scheme
 
 if TYPE_CHECKING:
     from infer_tool.calib.quantizers.base import LayerQuantizer
 
-# scheme method name -> module defining QUANTIZER (imported when first used)
-QUANTIZERS: dict[str, str] = {
-    "rtn": "infer_tool.calib.quantizers.rtn",
-    "gptq": "infer_tool.calib.quantizers.gptq",
-    "awq": "infer_tool.calib.quantizers.awq",
-    "fp8": "infer_tool.calib.quantizers.fp8",
-}
+Q = TypeVar("Q", bound=type)
+
+_QUANTIZERS: dict[type[Scheme], LayerQuantizer] = {}  # scheme type -> its quantizer (an instance)
+_imported = False
 
 
-def quantizer_for(scheme: Any) -> LayerQuantizer:
-    """The layer quantizer registered for `scheme`'s method."""
-    module = QUANTIZERS.get(scheme.method)
-    if module is None:
-        raise BadInput(f"no layer quantizer is registered for method {scheme.method!r}; registered: {', '.join(QUANTIZERS)}")
-    return importlib.import_module(module).QUANTIZER
+def register_quantizer(scheme_type: type[Scheme]) -> Callable[[Q], Q]:
+    """Class decorator: the decorated `LayerQuantizer` subclass quantizes schemes of exactly
+    `scheme_type` (a subclass of it needs its own registration)."""
+
+    def register(cls: Q) -> Q:
+        taken = _QUANTIZERS.get(scheme_type)
+        if taken is not None and type(taken).__qualname__ != cls.__qualname__:
+            raise ValueError(f"{scheme_type.__name__} already has the quantizer {type(taken).__name__}")
+        _QUANTIZERS[scheme_type] = cls()
+        return cls
+
+    return register
+
+
+def _import_all() -> None:
+    """Import every module of this package once (each registers its quantizers)."""
+    global _imported
+    if not _imported:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _imported = True
+
+
+def quantizer_for(scheme: Scheme) -> LayerQuantizer:
+    """The layer quantizer registered for `scheme`'s type."""
+    found = _QUANTIZERS.get(type(scheme))
+    if found is None:
+        _import_all()
+        found = _QUANTIZERS.get(type(scheme))
+    if found is None:
+        registered = ", ".join(sorted(t.method for t in _QUANTIZERS))
+        raise BadInput(
+            f"no layer quantizer is registered for method {scheme.method!r} ({type(scheme).__name__}); "
+            f"registered: {registered}"
+        )
+    return found

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodule
+from infer_tool.calib.architectures import AWQMapping, get_submodule
 from infer_tool.calib.distributed import on_first
 from infer_tool.calib.layers import (
     LayerCall,
@@ -40,10 +40,14 @@ from infer_tool.calib.layers import (
 from infer_tool.calib.quantizers.awq_fold import fold_scales, smooth_channels
 from infer_tool.calib.quantizers.awq_moe import ExpertsAWQ
 from infer_tool.calib.quantizers.awq_screen import SCREEN_DTYPE, low_precision_block, native_low_precision
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record
+from infer_tool.calib.quantizers import register_quantizer
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, record
+from infer_tool.calib.result import PipelineResult
 from infer_tool.calib.stats import StatsAccumulator
 from infer_tool.packers.awq import apply_awq_clip, awq_search_clip, awq_search_scale, unimodal
 from infer_tool.packers.rtn import quantize_rtn
+from infer_tool.schemes.integer import AWQScheme
+
 
 @dataclass
 class MappingResult:
@@ -66,14 +70,15 @@ class MappingResult:
         return {**head, "ratio": self.ratio, "loss": self.loss, "rtn_loss": self.rtn_loss, **(self.search or {})}
 
 
-class AWQQuantizer(LayerQuantizer):
-    def needs(self, scheme: Any) -> Needs:
+@register_quantizer(AWQScheme)
+class AWQQuantizer(LayerQuantizer[AWQScheme]):
+    def needs(self, scheme: AWQScheme) -> Needs:
         return Needs(activation_stats=True, live_blocks=True)
 
-    def stats_refusal(self, scheme: Any) -> str | None:
+    def stats_refusal(self, scheme: AWQScheme) -> str | None:
         return "--stats works with --method gptq or rtn: AWQ's scale search needs block outputs on live activations"
 
-    def notes(self, result: Any, scheme: Any) -> list[str]:
+    def notes(self, result: PipelineResult, scheme: AWQScheme) -> list[str]:
         """One line on the ratio search: with the full grid, how often the loss over alpha was
         unimodal and how often the fast search would choose the same ratio; with the fast one,
         the evaluations it spent and its fallbacks (per mapping: the report's "awq" entries)."""
@@ -97,13 +102,13 @@ class AWQQuantizer(LayerQuantizer):
         return [f"AWQ fast search: {spent} of {n * grid} grid evaluations; the full grid on the {fell} of {n} mappings "
                 "whose loss over alpha was not unimodal where it looked"]
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def quantize_layer(self, ctx: LayerContext, scheme: AWQScheme) -> LayerOutputs:
         Y = self._search_fold_quantize(ctx, scheme)[: ctx.error_chunks]
-        return Y, run_layer(ctx.layer, ctx.X, ctx.calls)
+        return LayerOutputs(Y, run_layer(ctx.layer, ctx.X, ctx.calls))
 
-    def _search_fold_quantize(self, ctx: LayerContext, scheme: Any) -> list[torch.Tensor]:
+    def _search_fold_quantize(self, ctx: LayerContext, scheme: AWQScheme) -> list[torch.Tensor]:
         """AWQ on one block; returns the fp block outputs Y (measured before any change)."""
-        layer, arch, prefix, result = ctx.layer, ctx.arch, ctx.prefix, ctx.result
+        layer, arch, result = ctx.layer, ctx.arch, ctx.result
         heads = group_modules(layer, arch)
         accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=False) for k, m in heads.items()}
         keep: dict[str, list[torch.Tensor]] = {k: [] for k in heads}
@@ -127,7 +132,8 @@ class AWQQuantizer(LayerQuantizer):
         found: list[tuple[AWQMapping, torch.Tensor]] = []
         entries = result.method_report.setdefault("awq", [])
         for m in arch.mappings:
-            s = self.search_mapping(ctx, m, scheme, lambda: stats[group_of(arch, m.balance[0])].act_abs_mean, icalls, iouts, entries)
+            s = self.search_mapping(ctx, m, scheme, lambda: stats[group_of(arch, m.balance[0])].act_abs_mean, icalls,
+                                    iouts, entries=entries)
             if s is not None:
                 found.append((m, s))
         if experts:
@@ -150,8 +156,8 @@ class AWQQuantizer(LayerQuantizer):
         return Y
 
     def search_mapping(
-        self, ctx: LayerContext, m: AWQMapping, scheme: Any, x_abs_mean: Callable[[], torch.Tensor],
-        icalls: dict[str, list[LayerCall]], iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]],
+        self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme, x_abs_mean: Callable[[], torch.Tensor],
+        icalls: dict[str, list[LayerCall]], iouts: dict[str, list[torch.Tensor]], *, entries: list[dict[str, Any]],
     ) -> torch.Tensor | None:
         """The scale search of one mapping on the fp block (its entry appended to `entries`):
         s (K,), or None when the mapping is skipped. `icalls` / `iouts`: the inspected
@@ -211,7 +217,7 @@ class AWQQuantizer(LayerQuantizer):
         entries.append(entry.to_dict())
         return found_scale.scales
 
-    def clip_and_record(self, ctx: LayerContext, n: str, scheme: Any, x: torch.Tensor | None) -> None:
+    def clip_and_record(self, ctx: LayerContext, n: str, scheme: AWQScheme, x: torch.Tensor | None) -> None:
         """The clip search of linear `n` on its (scaled) inputs x (t, K), then RTN; x None or
         empty: RTN only."""
         module = ctx.module(n)
@@ -222,5 +228,3 @@ class AWQQuantizer(LayerQuantizer):
             W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_rtn(W, None, scheme), ctx.arch, None)
 
-
-QUANTIZER = AWQQuantizer()

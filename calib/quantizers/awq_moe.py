@@ -27,14 +27,15 @@ import torch
 
 from infer_tool.calib.architectures import AWQMapping
 from infer_tool.calib.distributed import on_first
-from infer_tool.calib.layers import LayerCall, StopForward, capturing_inputs
-from infer_tool.calib.moe import Routing, all_tokens, capturing_routing
+from infer_tool.calib.layers import LayerCall, capturing_inputs
+from infer_tool.calib.moe import Routing, all_tokens, capturing_routing, run_until_down
 from infer_tool.calib.quantizers.awq_fold import fold_scales
 from infer_tool.calib.quantizers.base import LayerContext, record_rtn_fallback
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
+from infer_tool.schemes.integer import AWQScheme
 
 
-def clip_rows(x: torch.Tensor, scheme: Any) -> torch.Tensor:
+def clip_rows(x: torch.Tensor, scheme: AWQScheme) -> torch.Tensor:
     """The evenly spaced tokens the clip search reads (`awq_search_clip` subsamples alike)."""
     return x[:: max(1, x.shape[0] // scheme.clip_tokens)][: scheme.clip_tokens]
 
@@ -42,25 +43,22 @@ def clip_rows(x: torch.Tensor, scheme: Any) -> torch.Tensor:
 class ExpertsAWQ:
     """AWQ's state for the MoE block of one layer (`ctx.moe`); see the module docstring."""
 
-    def __init__(self, ctx: LayerContext, scheme: Any) -> None:
+    def __init__(self, ctx: LayerContext, scheme: AWQScheme) -> None:
         self.ctx, self.scheme, self.moe = ctx, scheme, ctx.moe
-        self.jobs: list[int | None] = ([None] if self.moe.shared else []) + list(range(len(self.moe)))  # None: shared
-        gate_ups = tuple(n for j in self.jobs for n in self.names(j)[:2])
+        self.jobs = self.moe.order()  # None: the shared expert
+        gate_ups = tuple(n for j in self.jobs for n in self.moe.expert(j)[:2])
         self.mapping = AWQMapping(self.moe.smooth or "", gate_ups, self.moe.spec.block)
         self.routing: Routing | None = None
         self.stats: dict[str, LayerStats] = {}  # "in": the block input; f"{j}": expert j's down_proj input
         self.found: list[tuple[AWQMapping, torch.Tensor, int | None]] = []  # (mapping, s, expert) to fold
         self.x_down: dict[int | None, torch.Tensor] = {}  # the clip search's rows of each down_proj input
 
-    def names(self, j: int | None) -> tuple[str, str, str]:
-        return self.moe.shared if j is None else self.moe.expert(j)
-
     @contextlib.contextmanager
     def measuring(self) -> Iterator[None]:
         ctx = self.ctx
-        downs = {str(j): ctx.module(self.names(j)[2]) for j in self.jobs}
+        downs = {str(j): ctx.module(self.moe.expert(j)[2]) for j in self.jobs}
         heads = {"in": self.moe.experts, **downs}
-        width = ctx.module(self.names(self.jobs[0])[0]).in_features  # H
+        width = ctx.module(self.moe.expert(self.jobs[0])[0]).in_features  # H
         accs = {k: StatsAccumulator(width if k == "in" else m.in_features, hessian=False) for k, m in heads.items()}
         with capturing_inputs(heads, accs=accs), capturing_routing(self.moe, keep_chunks=ctx.search_chunks) as routing, \
                 all_tokens(self.moe, self.moe.calibration.mode == "all"):
@@ -93,11 +91,12 @@ class ExpertsAWQ:
                 iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]]) -> None:
         ctx = self.ctx
         if self.moe.smooth:
-            s = search_mapping(ctx, self.mapping, self.scheme, lambda: self.stats["in"].act_abs_mean, icalls, iouts, entries)
+            s = search_mapping(ctx, self.mapping, self.scheme, lambda: self.stats["in"].act_abs_mean, icalls, iouts,
+                               entries=entries)
             if s is not None:
                 self.found.append((self.mapping, s, None))
         for j in self.jobs:
-            gate, up, down = self.names(j)
+            gate, up, down = self.moe.expert(j)
             if self.starved(j):
                 continue
             x = self._down_inputs(j)  # (t, I) per chunk
@@ -108,23 +107,16 @@ class ExpertsAWQ:
             mapping = AWQMapping(up, (down,), down)
             calls = {down: [LayerCall((c,), {}) for c in x]}
             outs = {down: [head(c) for c in x]}
-            s = search_mapping(ctx, mapping, self.scheme, lambda: self.stats[str(j)].act_abs_mean, calls, outs, entries)
+            s = search_mapping(ctx, mapping, self.scheme, lambda: self.stats[str(j)].act_abs_mean, calls, outs,
+                               entries=entries)
             if s is not None:
                 self.found.append((mapping, s, j))
 
     def _down_inputs(self, j: int | None) -> list[torch.Tensor]:
         """Expert j's down_proj inputs on its search rows, through its current gate/up."""
-        down = self.ctx.module(self.names(j)[2])
-        expert = self.ctx.module(self.names(j)[2].rpartition(".")[0])
-        keep: dict[str, list[torch.Tensor]] = {"x": []}
-        rows = [r for r in self.rows(j) if r.shape[0]]
-        with capturing_inputs({"x": down}, keep=keep, keep_chunks=len(rows), stop=True):
-            for r in rows:
-                try:
-                    expert(r)
-                except StopForward:
-                    pass
-        return keep["x"]
+        keep: list[torch.Tensor] = []
+        run_until_down(self.ctx.module(self.moe.module_name(j)), [r for r in self.rows(j) if r.shape[0]], keep=keep)
+        return keep
 
     def fold(self) -> None:
         """Fold every scale found; the norm's also into the router (and the shared gate)."""
@@ -143,7 +135,7 @@ class ExpertsAWQ:
         s_in = getattr(self, "s_in", None)
         every_row = None
         for j in self.jobs:
-            names = self.names(j)
+            names = self.moe.expert(j)
             reason = self.starved(j)
             if reason:
                 for n in names:

@@ -4,7 +4,7 @@ again in float32.
 
 On a CPU the copy's attention runs as `screen_attention` (batched matmuls and a softmax
 in reused buffers) instead of torch's fused sdpa kernel, which gains nothing from
-bfloat16 there: the screen's block forwards on the demo take 56 instead of 75 ms.
+bfloat16 there (`benchmarks/awq_search.py --search screen` times the search against the full grid).
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def screen_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention as plain batched matmuls and a softmax, for the bfloat16
     screen on a CPU: there torch's fused kernel gains nothing from bfloat16, while a bfloat16
-    matmul runs ~5x faster than a float32 one (this CPU). The (B·H, Lq, Lk) scores and
-    probabilities live in buffers kept on the module per shape and reused by every
-    candidate (a fresh one costs a page fault per 4 KiB). query (B, H, Lq, D), key/value
+    matmul does. The (B·H, Lq, Lk) scores and probabilities live in buffers kept on the module
+    per shape and reused by every candidate (a fresh one costs a page fault per 4 KiB).
+    query (B, H, Lq, D), key/value
     (B, Hkv, Lk, D or Dv); returns ((B, Lq, H, Dv), None) like sdpa. A call that sdpa treats
     otherwise (dropout, softcap, position bias, sinks), or not on a CPU, goes to sdpa itself."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

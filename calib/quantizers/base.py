@@ -3,10 +3,10 @@ solved linear (`record`).
 
 A quantizer is called once per decoder layer with a `LayerContext` (the layer on the
 calibration device, its input chunks X and calls, the architecture entry, the linears to
-quantize, the run's `PipelineResult`). It returns (Y, Ŷ): the fp layer outputs on the
-first `error_chunks` chunks and the quantized layer's outputs on every chunk (the next
-layer's inputs). The default `quantize_layer` quantizes every target linear alone with
-`solve` (no statistics); methods that read activations override it.
+quantize, the run's `PipelineResult`). It returns `LayerOutputs` (Y, Ŷ): the fp layer
+outputs on the first `error_chunks` chunks and the quantized layer's outputs on every
+chunk (the next layer's inputs). The default `quantize_layer` quantizes every target
+linear alone with `solve` (no statistics); methods that read activations override it.
 
 In an MoE layer, `ctx.arch` holds the attention's groups and mappings only and `ctx.moe`
 the MoE block: its experts' (and shared expert's) linears are each method's to handle,
@@ -15,9 +15,9 @@ one expert at a time (`calib/moe.py`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -29,6 +29,10 @@ from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, relative_output_error
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.rtn import quantize_rtn
+from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.integer import QuantScheme
+
+S = TypeVar("S", bound=Scheme)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,15 @@ class Needs:
         return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass)
 
 
+class LayerOutputs(NamedTuple):
+    """What a quantizer returns for one decoder layer: the fp outputs Y on the first
+    `error_chunks` chunks, and the quantized layer's outputs Ŷ on every chunk (the next
+    layer's inputs), each a list of (b, T, D) chunks."""
+
+    Y: list[torch.Tensor]
+    Y_hat: list[torch.Tensor]
+
+
 @dataclass
 class LayerContext:
     """One decoder layer being quantized."""
@@ -54,6 +67,7 @@ class LayerContext:
     prefix: str  # its full name, e.g. model.layers.3
     X: list[torch.Tensor]  # input chunks (b, T, D)
     calls: list[LayerCall]  # the layer's other arguments per chunk
+    _: KW_ONLY
     arch: Architecture
     targets: set[str]  # full names of the linears to quantize
     result: PipelineResult
@@ -124,7 +138,7 @@ def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, ar
         result.fallbacks.append(Fallback(full, weight.info["fallback"], weight.info.get("reason")))
 
 
-def record_rtn_fallback(ctx: LayerContext, name: str, scheme: Any, reason: str) -> None:
+def record_rtn_fallback(ctx: LayerContext, name: str, scheme: QuantScheme, reason: str) -> None:
     """RTN-quantize linear `name` of the layer and record it as a fallback (`reason`)."""
     module = ctx.module(name)
     weight = quantize_rtn(weight_nk(module, ctx.arch.conv1d).detach().float(), None, scheme)
@@ -132,33 +146,35 @@ def record_rtn_fallback(ctx: LayerContext, name: str, scheme: Any, reason: str) 
     record(ctx.result, ctx.full(name), module, weight, ctx.arch, None)
 
 
-class LayerQuantizer:
-    """One method's driver over a decoder layer. Subclasses set `needs`, and implement
+class LayerQuantizer(Generic[S]):
+    """One method's driver over a decoder layer, for schemes of type S (registered with
+    `calib/quantizers.register_quantizer`). Subclasses declare `needs`, and implement
     `solve` or override `quantize_layer`."""
 
-    def needs(self, scheme: Any) -> Needs:
+    def needs(self, scheme: S) -> Needs:
         return Needs()
 
-    def stats_refusal(self, scheme: Any) -> str | None:
+    def stats_refusal(self, scheme: S) -> str | None:
         """Why `quantize --stats` cannot run this scheme, or None when it can."""
         return None
 
-    def notes(self, result: PipelineResult, scheme: Any) -> list[str]:
+    def notes(self, result: PipelineResult, scheme: S) -> list[str]:
         """Notes for the report about what was written (e.g. shapes a runtime refuses)."""
         return []
 
-    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Any, name: str) -> Any:
+    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: S, name: str) -> Any:
         """Quantize one linear's weight W (N, K); `name` is its full name (for messages)."""
         raise NotImplementedError
 
     def quantize_linear(
-        self, result: PipelineResult, full: str, module: nn.Module, arch: Architecture, stats: LayerStats | None, scheme: Any
+        self, result: PipelineResult, full: str, module: nn.Module, arch: Architecture, stats: LayerStats | None,
+        scheme: S,
     ) -> None:
         """Solve one linear and record it."""
         weight = self.solve(weight_nk(module, arch.conv1d).detach(), stats, scheme, full)
         record(result, full, module, weight, arch, stats)
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def quantize_layer(self, ctx: LayerContext, scheme: S) -> LayerOutputs:
         """Every target linear alone (each expert's too), without statistics. Returns
         (Y on the error chunks, Ŷ); the routed tokens are counted on Ŷ's run."""
         e = ctx.error_chunks
@@ -166,7 +182,7 @@ class LayerQuantizer:
         for n in ctx.linears:
             if ctx.is_target(n):
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, None, scheme)
-        return Y, run_counting(ctx)
+        return LayerOutputs(Y, run_counting(ctx))
 
 
 def run_counting(ctx: LayerContext) -> list[torch.Tensor]:

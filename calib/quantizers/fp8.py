@@ -29,16 +29,18 @@ import torch
 
 from infer_tool.calib.distributed import all_max, all_sum, chunks
 from infer_tool.calib.kv_scales import recording_kv
-from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, weight_nk
-from infer_tool.calib.moe import Routing, capturing_routing
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, run_counting
+from infer_tool.calib.layers import capturing_inputs, run_layer, weight_nk
+from infer_tool.calib.moe import Routing, capturing_routing, run_until_down
+from infer_tool.calib.quantizers import register_quantizer
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, run_counting
 from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.fp8 import Fp8Weight, check_finite, quantize_fp8_weight, search_fp8_clip, static_input_scale
-from infer_tool.packers.scheme import Fp8Scheme
+from infer_tool.schemes.fp8 import Fp8Scheme
 
 
-class Fp8Quantizer(LayerQuantizer):
+@register_quantizer(Fp8Scheme)
+class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
     def needs(self, scheme: Fp8Scheme) -> Needs:
         return Needs(hessian=scheme.needs_hessian, activation_stats=scheme.needs_activation_stats,
                      layer_pass=scheme.kv_cache == "fp8")
@@ -87,7 +89,7 @@ class Fp8Quantizer(LayerQuantizer):
             fw.info["clip_loss_ratio"] = search.loss_chosen / max(search.loss_unclipped, 1e-30)
         return fw
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Fp8Scheme) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def quantize_layer(self, ctx: LayerContext, scheme: Fp8Scheme) -> LayerOutputs:
         layer, arch, e = ctx.layer, ctx.arch, ctx.error_chunks
         Y = run_layer(layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
         groups = [g for g in arch.groups if any(ctx.is_target(n) for n in g)]
@@ -115,41 +117,37 @@ class Fp8Quantizer(LayerQuantizer):
             with recording_kv(layer, f"{ctx.prefix}.") as kv:
                 run_layer(layer, ctx.X, ctx.calls)
             ctx.result.kv_amax.update(_over_processes(kv))
-        return Y, run_counting(ctx) if ctx.moe is not None and routing is None else run_layer(layer, ctx.X, ctx.calls)
+        uncounted = ctx.moe is not None and routing is None  # no statistics pass counted the routed tokens
+        return LayerOutputs(Y, run_counting(ctx) if uncounted else run_layer(layer, ctx.X, ctx.calls))
 
     def _quantize_experts(self, ctx: LayerContext, scheme: Fp8Scheme, routing: Routing | None) -> None:
         """The shared expert, then every expert, one at a time; `routing` None: no statistics."""
         moe = ctx.moe
-        for j in ([None] if moe.shared else []) + list(range(len(moe))):
-            names = moe.shared if j is None else moe.expert(j)
+        for j in moe.order():
+            names = moe.expert(j)
             todo = [n for n in names if ctx.is_target(n)]
             stats: dict[str, LayerStats | None] = dict.fromkeys(names)
             reason = None
             if routing is not None and todo:
                 reason = None if j is None else ctx.starved(routing, j)
                 rows = routing.x if j is None or reason else routing.rows(j, moe.calibration.mode)
-                stats = _expert_stats(ctx, names, rows, scheme.needs_hessian)
+                stats = _expert_stats(ctx, j, rows, scheme.needs_hessian)
             for n in todo:
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, stats[n], scheme)
                 if reason:
                     ctx.result.fallbacks.append(Fallback(ctx.full(n), "statistics over every token", f"expert {j} {reason}"))
 
 
-def _expert_stats(ctx: LayerContext, names: tuple[str, str, str], rows: list[torch.Tensor], hessian: bool) -> dict[str, LayerStats]:
-    """{gate, up: statistics of `rows`; down: of the expert's fp intermediate activations on them}."""
-    gate, up, down = names
-    head = ctx.module(down)
-    acc = {"in": StatsAccumulator(ctx.module(gate).in_features, hessian=hessian), "down": StatsAccumulator(head.in_features, hessian=hessian)}
-    expert = ctx.module(down.rpartition(".")[0])
-    with capturing_inputs({"down": head}, accs=acc, stop=True):
-        for x in chunks(rows):
-            acc["in"].add(x)
-            try:
-                expert(x)
-            except StopForward:
-                pass
-    st = acc["in"].result()
-    return {gate: st, up: st, down: acc["down"].result()}
+def _expert_stats(ctx: LayerContext, j: int | None, rows: list[torch.Tensor], hessian: bool) -> dict[str, LayerStats]:
+    """{gate, up: statistics of `rows`; down: of expert j's fp intermediate activations on them}."""
+    gate, up, down = ctx.moe.expert(j)
+    acc_in = StatsAccumulator(ctx.module(gate).in_features, hessian=hessian)
+    acc_down = StatsAccumulator(ctx.module(down).in_features, hessian=hessian)
+    for x in chunks(rows):
+        acc_in.add(x)
+    run_until_down(ctx.module(ctx.moe.module_name(j)), rows, acc=acc_down)
+    st = acc_in.result()
+    return {gate: st, up: st, down: acc_down.result()}
 
 
 def _over_processes(kv: dict[str, Any]) -> dict[str, Any]:
@@ -161,5 +159,3 @@ def _over_processes(kv: dict[str, Any]) -> dict[str, Any]:
         kv[n].k_amax, kv[n].v_amax, kv[n].tokens = amax[2 * i], amax[2 * i + 1], tokens[i]
     return kv
 
-
-QUANTIZER = Fp8Quantizer()

@@ -21,31 +21,40 @@ quantized gate/up. Starved experts (routed mode) fall back to RTN.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 from infer_tool.calib.distributed import chunks
-from infer_tool.calib.layers import StopForward, capturing_inputs, run_layer, run_until, weight_nk
-from infer_tool.calib.moe import Routing, capturing_routing
-from infer_tool.calib.quantizers.base import LayerContext, LayerQuantizer, Needs, record, record_rtn_fallback
+from infer_tool.calib.layers import capturing_inputs, run_layer, run_until, weight_nk
+from infer_tool.calib.moe import Routing, capturing_routing, run_until_down
+from infer_tool.calib.quantizers import register_quantizer
+from infer_tool.calib.quantizers.base import (
+    LayerContext,
+    LayerOutputs,
+    LayerQuantizer,
+    Needs,
+    record,
+    record_rtn_fallback,
+)
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.schemes.integer import GPTQScheme
 
 SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the solver keeps ~3 copies)
 
 
-class GPTQQuantizer(LayerQuantizer):
-    def needs(self, scheme: Any) -> Needs:
+@register_quantizer(GPTQScheme)
+class GPTQQuantizer(LayerQuantizer[GPTQScheme]):
+    def needs(self, scheme: GPTQScheme) -> Needs:
         return Needs(hessian=True)
 
-    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Any, name: str) -> QuantizedWeight:
+    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: GPTQScheme, name: str) -> QuantizedWeight:
         return quantize_gptq(W, stats, scheme)
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def quantize_layer(self, ctx: LayerContext, scheme: GPTQScheme) -> LayerOutputs:
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
         e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
         Y, points = replay_points(layer, arch, X[:e], calls[:e])
@@ -77,13 +86,13 @@ class GPTQQuantizer(LayerQuantizer):
             del routing
         with replaying(points, cached):
             Y_hat = run_layer(layer, X, calls)
-        return Y, Y_hat
+        return LayerOutputs(Y, Y_hat)
 
-    def _quantize_experts(self, ctx: LayerContext, scheme: Any, routing: Routing) -> None:
+    def _quantize_experts(self, ctx: LayerContext, scheme: GPTQScheme, routing: Routing) -> None:
         """Gate/up of the shared expert and of every expert, then every down (see above)."""
         moe, mode = ctx.moe, ctx.moe.calibration.mode
         jobs: list[int | None] = []  # None: the shared expert
-        for j in ([None] if moe.shared else []) + list(range(len(moe))):
+        for j in moe.order():
             reason = None if j is None else ctx.starved(routing, j)
             if reason:
                 for n in moe.expert(j):
@@ -92,36 +101,28 @@ class GPTQQuantizer(LayerQuantizer):
             else:
                 jobs.append(j)
 
-        def names(j: int | None) -> tuple[str, str, str]:
-            return moe.shared if j is None else moe.expert(j)
-
         def every_row(j: int | None) -> bool:
             return j is None or mode == "all"
 
         # gate/up: one Hessian for every row of the block input, one per expert's routed rows
-        shared = [n for j in jobs if every_row(j) for n in names(j)[:2] if ctx.is_target(n)]
+        shared = [n for j in jobs if every_row(j) for n in moe.expert(j)[:2] if ctx.is_target(n)]
         if shared:
             self._solve_together(ctx, shared, _hessian(routing.x, ctx.module(shared[0])), scheme)
         for j in jobs:
-            todo = [n for n in names(j)[:2] if ctx.is_target(n)]
+            todo = [n for n in moe.expert(j)[:2] if ctx.is_target(n)]
             if todo and not every_row(j):
                 self._solve_together(ctx, todo, _hessian(routing.rows(j, mode), ctx.module(todo[0])), scheme)
         # down: each expert's inputs through its quantized gate/up
         for j in jobs:
-            down = names(j)[2]
+            down = moe.expert(j)[2]
             if not ctx.is_target(down):
                 continue
-            expert, head = ctx.module(down.rpartition(".")[0]), ctx.module(down)
-            acc = {"down": StatsAccumulator(head.in_features, hessian=True)}
-            with capturing_inputs({"down": head}, accs=acc, stop=True):
-                for x in chunks(routing.x if every_row(j) else routing.rows(j, mode)):
-                    try:
-                        expert(x)
-                    except StopForward:
-                        pass
-            self.quantize_linear(ctx.result, ctx.full(down), head, ctx.arch, acc["down"].result(), scheme)
+            head, rows = ctx.module(down), routing.x if every_row(j) else routing.rows(j, mode)
+            acc = StatsAccumulator(head.in_features, hessian=True)
+            run_until_down(ctx.module(moe.module_name(j)), rows, acc=acc)
+            self.quantize_linear(ctx.result, ctx.full(down), head, ctx.arch, acc.result(), scheme)
 
-    def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: Any) -> None:
+    def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: GPTQScheme) -> None:
         """GPTQ of linears that share one Hessian as one solve over their stacked rows: GPTQ's
         updates are row-wise given H, so this is each linear's own solve (up to rounding),
         with one factorisation and one column loop instead of one per linear."""
@@ -147,5 +148,3 @@ def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
         acc.add(x)
     return acc.result()
 
-
-QUANTIZER = GPTQQuantizer()

@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from infer_tool.calib.quantizers import register_quantizer
 from infer_tool.calib.quantizers.base import LayerQuantizer
 from infer_tool.calib.stats import LayerStats
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
+from infer_tool.schemes.integer import RTNScheme
 
 
-class RTNQuantizer(LayerQuantizer):
-    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Any, name: str) -> QuantizedWeight:
+@register_quantizer(RTNScheme)
+class RTNQuantizer(LayerQuantizer[RTNScheme]):
+    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: RTNScheme, name: str) -> QuantizedWeight:
         return quantize_rtn(W, stats, scheme)
-
-
-QUANTIZER = RTNQuantizer()

@@ -35,7 +35,8 @@ def ppl(
     no_progress: NoProgress = False,
 ) -> None:
     """Perplexity of MODEL on a corpus (token-level; see the protocol in the output)."""
-    from infer_tool.jobs.eval_ppl import EvalOptions, check, evaluate, rank0
+    from infer_tool.common.launch import rank0
+    from infer_tool.jobs.eval_ppl import EvalOptions, check, evaluate
 
     opts = EvalOptions(model, data, text_field, seq_len, max_tokens, stride, baseline, dtype, device, kv_cache_dtype,
                        allow_pickle, trust_remote_code)

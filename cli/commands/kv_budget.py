@@ -1,11 +1,12 @@
 """`infer-tool kv-budget MODEL`: what fits (by vLLM's KV-cache accounting or the plain
 per-token arithmetic), the smallest deployment that does (`--solve`) and how fast it
-serves, per context x concurrency. The library job is `sizing.budget.plan`; this module
+serves, per context x concurrency. The library job is `jobs.kv_budget.plan`; this module
 parses text into its `PlanRequest` and prints the `Report`. At import it loads only typer
 and `sizing.defaults`."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import fields
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
@@ -17,16 +18,23 @@ from infer_tool.sizing.defaults import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CONCURRENCY,
     DEFAULT_GPU,
-    DEFAULT_MEM_UTIL,
     DEFAULT_OUTPUT_LEN,
-    DEFAULT_RESERVE_BYTES,
     VLLM_VERSION,
 )
 
 if TYPE_CHECKING:
-    from infer_tool.sizing.budget import Report
+    from infer_tool.jobs.kv_budget import Report
 
 Opt = typer.Option
+MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, OUTPUT = (
+    "Model", "Deployment", "vLLM engine", "vLLM switches", "Workload", "Speed", "Solve", "Output")
+
+
+def _in_panel(option: Any, panel: str) -> Any:
+    """A shared `Annotated` option (cli/options.py) shown in this command's `panel`."""
+    info = copy.copy(option.__metadata__[0])
+    info.rich_help_panel = panel
+    return Annotated[option.__origin__, info]
 
 
 def register(app: typer.Typer) -> None:
@@ -35,40 +43,47 @@ def register(app: typer.Typer) -> None:
 
 def kv_budget(
     model: Annotated[Optional[str], typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")] = None,
-    gpu: Annotated[Optional[str], Opt(help=f"GPU preset (--list-gpus; default {DEFAULT_GPU}).")] = None,
-    gpu_mem: Annotated[Optional[str], Opt(help="GPU memory instead of a preset: 80GiB, 80GB, 24G.")] = None,
-    num_gpus: Annotated[Optional[int], Opt(help="GPUs in all (default tp x pp); extra ones are data-parallel replicas.")] = None,
-    tp: Annotated[Optional[int], Opt(help="Tensor-parallel size (default num-gpus / pp).")] = None,
-    pp: Annotated[Optional[int], Opt(help="Pipeline-parallel size (default 1).")] = None,
-    mem_util: Annotated[Optional[float], Opt(help=f"Fraction of GPU memory usable (default {DEFAULT_MEM_UTIL}, as vLLM).")] = None,
-    weights: Annotated[Optional[str], Opt(help="bf16|fp16|fp8|int8|int4 (default: the model files' real bytes if any, else bf16).")] = None,
-    group_size: Annotated[Optional[int], Opt(help="int4 group size, -1 per channel (default 128).")] = None,
-    kv_dtype: Annotated[Optional[str], Opt(help="KV cache dtype: bf16|fp16|fp8 (int8|int4 with --accounting plain); default bf16.")] = None,
-    block_size: Annotated[Optional[int], Opt(help=f"Tokens per cache block (default {DEFAULT_BLOCK_SIZE}, as vLLM).")] = None,
-    context: Annotated[Optional[list[str]], Opt(help="Contexts (vLLM's --max-model-len): 8192, 32k, lists 4k,8k, ranges 4k..128k (doubling) or 1k..8k:1k; default 4k doubling to the model's limit.")] = None,
-    concurrency: Annotated[Optional[list[str]], Opt(help=f"Concurrent sequences, same syntax (default {','.join(map(str, DEFAULT_CONCURRENCY))}).")] = None,
-    shared_prefix: Annotated[Optional[int], Opt(help="Prompt-prefix tokens shared by all sequences (prefix caching); below every context.")] = None,
-    reserve: Annotated[Optional[str], Opt(help=f"Activation/workspace memory kept aside per GPU (default {DEFAULT_RESERVE_BYTES / 2**30:g}GiB).")] = None,
-    kv_cache_memory: Annotated[Optional[str], Opt(help="KV cache size per GPU, as vLLM's --kv-cache-memory-bytes (ignores --mem-util): 12GiB.")] = None,
-    accounting: Annotated[Optional[str], Opt(help=f"vllm: vLLM {VLLM_VERSION}'s block accounting; plain: bytes per token (default {DEFAULT_ACCOUNTING}).")] = None,
-    max_num_batched_tokens: Annotated[Optional[int], Opt(help="vLLM's --max-num-batched-tokens (default: vllm serve's for the GPU); sizes sliding-window reservations.")] = None,
-    async_scheduling: Annotated[Optional[bool], Opt("--async-scheduling/--no-async-scheduling", help="vLLM async scheduling (default on): 2 batches in flight.")] = None,
-    prefix_caching: Annotated[Optional[bool], Opt("--prefix-caching/--no-prefix-caching", help="vLLM prefix caching (default on): 2 state blocks per request on hybrid models.")] = None,
-    prompt_len: Annotated[Optional[int], Opt(help="Prompt tokens for TTFT and TPOT (default: the row's context less --output-len).")] = None,
-    output_len: Annotated[Optional[int], Opt(help=f"Output tokens per request (default {DEFAULT_OUTPUT_LEN}).")] = None,
-    spec: Annotated[Optional[str], Opt(help="Speculative decoding ALPHA,K,C (acceptance, drafts per pass, draft/target cost): 0.8,4,0.05.")] = None,
-    spec_profile: Annotated[Optional[str], Opt(help="Speculative decoding from a `spec-profile --json` report (its top-ranked draft).")] = None,
-    hbm_efficiency: HbmEfficiency = None,
-    mfu: Mfu = None,
-    link_efficiency: LinkEfficiency = None,
-    solve: Annotated[bool, Opt("--solve", help="List the smallest deployments (GPU x count x TP/PP x weights x KV dtype) serving the largest context x concurrency asked.")] = False,
-    solve_gpu: Annotated[Optional[list[str]], Opt(help="GPU presets --solve may use (default: all).")] = None,
-    max_tpot: Annotated[Optional[float], Opt(help="--solve latency target: time per output token, ms.")] = None,
-    max_ttft: Annotated[Optional[float], Opt(help="--solve latency target: time to first token, ms.")] = None,
-    require_fit: Annotated[bool, Opt("--require-fit", help="Exit 3 when a requested row does not fit (capacity check in CI).")] = False,
-    json_out: Json = False,
-    list_models: Annotated[bool, Opt("--list-models", help="List model presets and exit.")] = False,
-    list_gpus: Annotated[bool, Opt("--list-gpus", help="List GPU presets and exit.")] = False,
+    weights: Annotated[Optional[str], Opt(help="bf16|fp16|fp8|int8|int4 (default: the files' real bytes, else bf16).", rich_help_panel=MODEL)] = None,
+    weights_memory: Annotated[Optional[str], Opt(help="Weights per GPU as vLLM logs them (\"Model loading took\"): 14.99GiB.", rich_help_panel=MODEL)] = None,
+    group_size: Annotated[Optional[int], Opt(help="int4 group size, -1 per channel (default 128).", rich_help_panel=MODEL)] = None,
+    gpu: Annotated[Optional[str], Opt(help=f"GPU preset (--list-gpus; default {DEFAULT_GPU}).", rich_help_panel=DEPLOY)] = None,
+    gpu_mem: Annotated[Optional[str], Opt(help="GPU total as CUDA reports it, instead of a preset: 79.2GiB.", rich_help_panel=DEPLOY)] = None,
+    num_gpus: Annotated[Optional[int], Opt(help="GPUs in all (default tp x pp); the rest are replicas.", rich_help_panel=DEPLOY)] = None,
+    tp: Annotated[Optional[int], Opt(help="Tensor-parallel size (default num-gpus / pp).", rich_help_panel=DEPLOY)] = None,
+    pp: Annotated[Optional[int], Opt(help="Pipeline-parallel size (default 1).", rich_help_panel=DEPLOY)] = None,
+    vllm_version: Annotated[Optional[str], Opt(help=f"vLLM release whose policies apply, 0.10 to 0.32 (default {VLLM_VERSION}).", rich_help_panel=ENGINE)] = None,
+    mem_util: Annotated[Optional[float], Opt(help="--gpu-memory-utilization (default: the release's, 0.92 since 0.21).", rich_help_panel=ENGINE)] = None,
+    max_num_batched_tokens: Annotated[Optional[int], Opt(help="Tokens per step (default: vllm serve's for the GPU).", rich_help_panel=ENGINE)] = None,
+    max_num_seqs: Annotated[Optional[int], Opt(help="Sequences per step (default: vllm serve's for the GPU).", rich_help_panel=ENGINE)] = None,
+    cudagraph_capture_sizes: Annotated[Optional[str], Opt(help="CUDA-graph sizes, e.g. 1,2,4,8 (default vLLM's list).", rich_help_panel=ENGINE)] = None,
+    max_cudagraph_capture_size: Annotated[Optional[int], Opt(help="Largest CUDA-graph size (default 2 x max-num-seqs, <= 512).", rich_help_panel=ENGINE)] = None,
+    kv_cache_memory: Annotated[Optional[str], Opt(help="KV cache per GPU, as --kv-cache-memory-bytes: 12GiB.", rich_help_panel=ENGINE)] = None,
+    reserve: Annotated[Optional[str], Opt(help="Flat memory beside weights and KV per GPU, instead of vLLM's profile.", rich_help_panel=ENGINE)] = None,
+    kv_dtype: Annotated[Optional[str], Opt(help="KV cache dtype bf16|fp16|fp8 (int8|int4: plain accounting).", rich_help_panel=ENGINE)] = None,
+    mamba_ssm_cache_dtype: Annotated[Optional[str], Opt(help="Recurrent-state dtype auto|float32|bfloat16|float16.", rich_help_panel=ENGINE)] = None,
+    block_size: Annotated[Optional[int], Opt(help=f"Tokens per cache block (default {DEFAULT_BLOCK_SIZE}).", rich_help_panel=ENGINE)] = None,
+    accounting: Annotated[Optional[str], Opt(help=f"vllm: vLLM's blocks; plain: bytes per token (default {DEFAULT_ACCOUNTING}).", rich_help_panel=ENGINE)] = None,
+    enforce_eager: Annotated[bool, Opt("--enforce-eager", help="No CUDA graphs (no graph memory).", rich_help_panel=SWITCHES)] = False,
+    async_scheduling: Annotated[Optional[bool], Opt("--async-scheduling/--no-async-scheduling", help="Default: on since 0.14.", rich_help_panel=SWITCHES)] = None,
+    prefix_caching: Annotated[Optional[bool], Opt("--prefix-caching/--no-prefix-caching", help="Default on.", rich_help_panel=SWITCHES)] = None,
+    context: Annotated[Optional[list[str]], Opt(help="--max-model-len values: 32k, 4k,8k, 4k..128k (doubling), 1k..8k:1k; default 4k doubling to the model's limit.", rich_help_panel=WORKLOAD)] = None,
+    concurrency: Annotated[Optional[list[str]], Opt(help=f"Concurrent sequences, same syntax (default {','.join(map(str, DEFAULT_CONCURRENCY))}).", rich_help_panel=WORKLOAD)] = None,
+    shared_prefix: Annotated[Optional[int], Opt(help="Prompt-prefix tokens all sequences share; below every context.", rich_help_panel=WORKLOAD)] = None,
+    prompt_len: Annotated[Optional[int], Opt(help="Prompt tokens for TTFT/TPOT (default: context - output).", rich_help_panel=WORKLOAD)] = None,
+    output_len: Annotated[Optional[int], Opt(help=f"Output tokens per request (default {DEFAULT_OUTPUT_LEN}).", rich_help_panel=WORKLOAD)] = None,
+    spec: Annotated[Optional[str], Opt(help="Speculative decoding ALPHA,K,C: 0.8,4,0.05.", rich_help_panel=SPEED)] = None,
+    spec_profile: Annotated[Optional[str], Opt(help="Speculation from a spec-profile --json report.", rich_help_panel=SPEED)] = None,
+    hbm_efficiency: _in_panel(HbmEfficiency, SPEED) = None,
+    mfu: _in_panel(Mfu, SPEED) = None,
+    link_efficiency: _in_panel(LinkEfficiency, SPEED) = None,
+    solve: Annotated[bool, Opt("--solve", help="List the smallest deployments serving the largest context x concurrency.", rich_help_panel=SOLVE)] = False,
+    solve_gpu: Annotated[Optional[list[str]], Opt(help="GPU presets --solve may use (default: all).", rich_help_panel=SOLVE)] = None,
+    max_tpot: Annotated[Optional[float], Opt(help="Latency target: time per output token, ms.", rich_help_panel=SOLVE)] = None,
+    max_ttft: Annotated[Optional[float], Opt(help="Latency target: time to first token, ms.", rich_help_panel=SOLVE)] = None,
+    require_fit: Annotated[bool, Opt("--require-fit", help="Exit 3 when a row does not fit (a CI check).", rich_help_panel=SOLVE)] = False,
+    json_out: _in_panel(Json, OUTPUT) = False,
+    list_models: Annotated[bool, Opt("--list-models", help="List model presets and exit.", rich_help_panel=OUTPUT)] = False,
+    list_gpus: Annotated[bool, Opt("--list-gpus", help="List GPU presets and exit.", rich_help_panel=OUTPUT)] = False,
 ) -> None:
     opts = {k: v for k, v in locals().items() if v is not None}
     from infer_tool.cli.output import cli_command
@@ -76,16 +91,20 @@ def kv_budget(
     cli_command(_run)(opts)
 
 
-kv_budget.__doc__ = f"Fits, smallest deployment and speed of MODEL per context x concurrency (vLLM {VLLM_VERSION} KV-cache accounting)."
+kv_budget.__doc__ = (f"Fits, smallest deployment and speed of MODEL per context x concurrency, with vLLM's KV-cache "
+                     f"accounting and start-up memory profile (default release {VLLM_VERSION}).")
 
 
 def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """CLI option -> (PlanRequest field, parser of its text)."""
     from infer_tool.sizing import units
-    from infer_tool.sizing.spec_report import parse_spec
+    from infer_tool.spec.report import parse_spec
 
     return {
         "gpu_mem": ("gpu_mem_bytes", lambda t: units.parse_bytes(t, "--gpu-mem")),
+        "weights_memory": ("weights_per_gpu_bytes", lambda t: units.parse_bytes(t, "--weights-memory")),
+        "cudagraph_capture_sizes": ("cudagraph_capture_sizes",
+                                    lambda t: tuple(units.parse_counts([t], "--cudagraph-capture-sizes"))),
         "reserve": ("reserve_bytes", lambda t: units.parse_bytes(t, "--reserve", allow_zero=True)),
         "kv_cache_memory": ("kv_cache_memory_bytes", lambda t: units.parse_bytes(t, "--kv-cache-memory")),
         "context": ("contexts", lambda v: tuple(units.parse_counts(v, "--context"))),
@@ -108,8 +127,8 @@ def _ms(value: float, flag: str) -> float:
 def build_request(opts: dict[str, Any]) -> tuple[Any, list[str]]:
     """PlanRequest from the given CLI options (absent ones keep the library defaults)."""
     from infer_tool.common.errors import BadInput
-    from infer_tool.sizing.budget import PlanRequest
-    from infer_tool.sizing.spec_report import from_report
+    from infer_tool.jobs.kv_budget import PlanRequest
+    from infer_tool.spec.report import from_report
 
     opts, notes = dict(opts), []
     report = opts.pop("spec_profile", None)
@@ -142,7 +161,7 @@ def _run(opts: dict[str, Any]) -> None:
         raise BadInput("MODEL is required (a model directory, config.json, .gguf file or a preset from --list-models)")
     request, notes = build_request(opts)
     from infer_tool.cli.commands import kv_budget_render as render
-    from infer_tool.sizing.budget import plan
+    from infer_tool.jobs.kv_budget import plan
 
     report = plan(request)
     report.notes[:0] = notes
@@ -169,6 +188,8 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
         if gpus:
             doc["gpus"] = {
                 k: {"name": p.name, "memory_bytes": p.memory_bytes, "source": p.source,
+                    "cuda_memory_bytes": p.cuda_memory_bytes, "cuda_source": p.cuda_source,
+                    "compute_capability": p.compute_capability,
                     "hbm_bytes_per_s": p.hbm_bytes_per_s, "bf16_flops": p.bf16_flops, "fp8_flops": p.fp8_flops,
                     "link_bytes_per_s": p.link_bytes_per_s, "spec_source": p.spec_source}
                 for k, p in gpu_presets.items()
@@ -183,14 +204,15 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
             t.add_row(k, p.hf_id, p.source)
         out().print(t)
     if gpus:
-        t = Table(title="GPU presets (driver-reported memory; datasheet bandwidth and dense FLOP/s)")
-        for col in ("preset", "memory", "HBM TB/s", "BF16 TF/s", "FP8 TF/s", "link GB/s"):
+        t = Table(title="GPU presets (driver and CUDA totals; datasheet bandwidth and dense FLOP/s)")
+        for col in ("preset", "memory", "CUDA total", "HBM TB/s", "BF16 TF/s", "FP8 TF/s", "link GB/s"):
             t.add_column(col, justify="left" if col == "preset" else "right")
 
         def num(v: float | None, scale: float) -> str:
             return "-" if v is None else f"{v / scale:,.4g}"
 
         for k, p in gpu_presets.items():
-            t.add_row(k, f"{p.memory_bytes / 2**30:,.2f} GiB", num(p.hbm_bytes_per_s, 1e12), num(p.bf16_flops, 1e12),
+            cuda = "-" if p.cuda_memory_bytes is None else f"{p.cuda_memory_bytes / 2**30:,.2f} GiB"
+            t.add_row(k, f"{p.memory_bytes / 2**30:,.2f} GiB", cuda, num(p.hbm_bytes_per_s, 1e12), num(p.bf16_flops, 1e12),
                       num(p.fp8_flops, 1e12), num(p.link_bytes_per_s, 1e9))
         out().print(t)

@@ -1,5 +1,5 @@
 """Output of `kv-budget`: the --json document and the rich tables, from a
-`sizing.budget.Report`. Imported only when the command runs."""
+`jobs.kv_budget.Report`. Imported only when the command runs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 from rich.table import Table
 
 from infer_tool.cli.output import err, out
-from infer_tool.sizing.budget import Report
+from infer_tool.jobs.kv_budget import Report
 from infer_tool.sizing.capacity import KIND_LABELS
-from infer_tool.sizing.defaults import VLLM_VERSION
 from infer_tool.sizing.roofline import StepTimes
 from infer_tool.sizing.shape import KINDS
 from infer_tool.sizing.solve import Candidate, Target
@@ -37,6 +36,33 @@ def _candidate(c: Candidate | None) -> dict[str, Any] | None:
     return {"gpu": c.gpu, "num_gpus": c.num_gpus, "tp": c.tp, "pp": c.pp, "dp": c.dp, "weights": c.weights,
             "kv_dtype": c.kv_dtype, "kv_headroom": c.headroom, "max_concurrency": c.max_concurrency,
             "flags": c.flags(), "speed": _speed(c.speed)}
+
+
+def _memory(r: Report) -> dict[str, Any]:
+    """vLLM's start-up memory per pipeline stage, term by term (bytes per GPU)."""
+    dep, fit = r.fit.dep, r.fit
+    doc: dict[str, Any] = {
+        "source": "vllm profile" if r.profiles is not None else "--reserve",
+        "total_bytes": dep.gpu_memory_bytes, "total_source": r.gpu.cuda_source or r.gpu.source,
+        "mem_util": dep.mem_util, "requested_bytes": dep.usable_bytes,
+        "weights_bytes": fit.planner.weight_bytes_per_gpu,
+        "overhead_bytes": fit.planner.reserve_bytes, "available_kv_bytes": fit.planner.kv_budget_per_gpu,
+        "stages": [],
+    }
+    for stage, p in zip(fit.stages, r.profiles or ()):
+        g = p.cudagraphs
+        doc["stages"].append({
+            "layers": [stage.start, stage.stop], "weights_bytes": p.weights,
+            "activation_peak_bytes": p.activation.bytes, "activation_peak_at": p.activation.where,
+            "forward_peak_bytes": p.activation.forward_bytes, "sampler_peak_bytes": p.activation.sampler_bytes,
+            "non_torch_bytes": p.non_torch_bytes, "non_torch": dict(p.non_torch),
+            "cudagraph_bytes": g.subtracted_bytes, "cudagraph_estimate_bytes": g.estimate_bytes,
+            "cudagraphs": {"piecewise": g.piecewise, "full": g.full, "largest": g.largest,
+                           "first_bytes": g.first_bytes, "per_graph_bytes": g.per_graph_bytes,
+                           "in_budget": g.in_budget},
+            "overhead_bytes": p.overhead, "available_kv_bytes": p.available,
+        })
+    return doc
 
 
 def _target(t: Target) -> dict[str, Any]:
@@ -81,6 +107,7 @@ def document(r: Report) -> dict[str, Any]:
         "params": shape.params.total if shape.params else None,
         "active_params": shape.params.active if shape.params else None,
         "gpu": {"name": r.gpu.name, "preset": r.gpu.key, "memory_bytes": dep.gpu_memory_bytes,
+                "driver_memory_bytes": r.gpu.memory_bytes, "cuda_memory_bytes": r.gpu.cuda_memory_bytes,
                 "hbm_bytes_per_s": r.gpu.hbm_bytes_per_s, "bf16_flops": r.gpu.bf16_flops,
                 "fp8_flops": r.gpu.fp8_flops, "link_bytes_per_s": r.gpu.link_bytes_per_s},
         "deployment": {"num_gpus": dep.num_gpus, "tp": dep.tp, "pp": dep.pp, "dp": dep.dp, "mem_util": dep.mem_util,
@@ -88,10 +115,13 @@ def document(r: Report) -> dict[str, Any]:
                        "kv_cache_memory_bytes": dep.kv_cache_memory_bytes, "kv_budget_bytes_per_gpu": planner.kv_budget_per_gpu,
                        "kv_dtype": dep.kv.name, "kv_scales": dep.kv.scales, "block_size": dep.block_size,
                        "shared_prefix": dep.shared_prefix},
-        "accounting": req.accounting, "vllm_version": VLLM_VERSION,
+        "accounting": req.accounting, "vllm_version": r.engine.vllm_version,
         "engine": {"block_size": fit.layout.block_size if fit.layout else dep.block_size,
                    "kv_cache_groups": len(fit.layout.groups) if fit.layout else None,
-                   "async_scheduling": req.async_scheduling, "enable_prefix_caching": req.prefix_caching},
+                   "async_scheduling": r.engine.async_on, "enable_prefix_caching": req.prefix_caching,
+                   "max_num_batched_tokens": fit.max_num_batched_tokens(), "max_num_seqs": fit.max_num_seqs(),
+                   "enforce_eager": r.engine.enforce_eager},
+        "memory": _memory(r),
         "weights": {"bytes_total": r.weights_total, "bytes_per_gpu": planner.weight_bytes_per_gpu,
                     "how": r.weights_how, "from_files": r.weights_from_files},
         "kv_bytes_per_token": sum(per_token.values()), "kv_bytes_per_token_by_kind": per_token,
@@ -124,20 +154,22 @@ def human(r: Report) -> None:
     p = shape.params
     params = f"{p.total / 1e9:,.2f}B params ({p.active / 1e9:,.2f}B active)" if p else "params unknown"
     console.print(f"[bold]{shape.name}[/]: {shape.num_layers} layers ({layers}), {params}")
+    version = r.engine.vllm_version
     fixed = f"KV cache fixed at {_size(dep.kv_cache_memory_bytes)}/GPU" if dep.kv_cache_memory_bytes else \
-        f"usable {_size(dep.usable_bytes)}/GPU = {dep.mem_util:g} x {_size(dep.gpu_memory_bytes)}"
-    console.print(f"GPU {r.gpu.name} x {dep.num_gpus} (tp {dep.tp}, pp {dep.pp}, replicas {dep.dp}); {fixed}; "
-                  f"reserve {_size(dep.reserve_bytes)}/GPU (activations/workspace, --reserve)")
+        f"requested {_size(dep.usable_bytes)}/GPU = {dep.mem_util:g} x {_size(dep.gpu_memory_bytes)}"
+    driver = "" if r.gpu.memory_bytes == dep.gpu_memory_bytes else f" (CUDA's total; driver {_size(r.gpu.memory_bytes)})"
+    console.print(f"GPU {r.gpu.name} x {dep.num_gpus} (tp {dep.tp}, pp {dep.pp}, replicas {dep.dp}); {fixed}{driver}")
     console.print(f"weights {_size(r.weights_total)} ({r.weights_how}) = {_size(planner.weight_bytes_per_gpu)}/GPU; "
                   f"KV {dep.kv.name} (scales: {dep.kv.scales}), block {dep.block_size}, shared prefix {dep.shared_prefix} tokens")
     if fit.layout is not None:
-        console.print(f"accounting: vLLM {VLLM_VERSION} blocks ({len(fit.layout.groups)} KV-cache group(s) of "
-                      f"{fit.layout.block_size}-token blocks; async scheduling {'on' if r.request.async_scheduling else 'off'}, "
+        console.print(f"accounting: vLLM {version} blocks ({len(fit.layout.groups)} KV-cache group(s) of "
+                      f"{fit.layout.block_size}-token blocks; async scheduling {'on' if r.engine.async_on else 'off'}, "
                       f"prefix caching {'on' if r.request.prefix_caching else 'off'})")
+    _memory_table(console, r, doc["memory"])
     contexts = sorted({row.context for row in r.rows})
     _kv_table(console, doc, r, contexts)
     if doc["vllm"]:
-        t = Table(title=f"vLLM {VLLM_VERSION} KV cache at --max-model-len = context (what its start-up log says)")
+        t = Table(title=f"vLLM {version} KV cache at --max-model-len = context (what its start-up log says)")
         for col in ("context", "batched tokens", "blocks / request", "GPU blocks", "KV cache tokens",
                     "max concurrency (log)", "plain max concurrency"):
             t.add_column(col, justify="right")
@@ -160,6 +192,39 @@ def human(r: Report) -> None:
         _solutions(console, r)
     for note in r.notes:
         err().print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def _memory_table(console: Any, r: Report, mem: dict[str, Any]) -> None:
+    """Where each GPU's memory goes at vLLM's start-up (one column per pipeline stage)."""
+    if not mem["stages"]:
+        console.print(f"memory: {_size(mem['overhead_bytes'])}/GPU kept beside weights and KV cache (--reserve); "
+                      f"{_size(mem['available_kv_bytes'])}/GPU for the KV cache")
+        return
+    stages = mem["stages"]
+    t = Table(title=f"vLLM {r.engine.vllm_version} start-up memory per GPU (modelled from its profile run)")
+    t.add_column("term")
+    for s in stages:
+        t.add_column("GPU" if len(stages) == 1 else f"layers {s['layers'][0]}-{s['layers'][1] - 1}", justify="right")
+    t.add_column("what")
+
+    def row(label: str, key: str, what: str | list[str]) -> None:
+        whats = what if isinstance(what, list) else [what] * len(stages)
+        t.add_row(label, *(_size(s[key]) for s in stages), whats[0])
+
+    total = mem["total_bytes"]
+    t.add_row("total", *(_size(total) for _ in stages), "as CUDA reports it")
+    t.add_row(f"x {mem['mem_util']:g} requested", *(_size(mem["requested_bytes"]) for _ in stages),
+              "--gpu-memory-utilization")
+    row("- weights", "weights_bytes", "per GPU")
+    row("- activation peak", "activation_peak_bytes", [s["activation_peak_at"] for s in stages])
+    row("- non-torch, workspaces", "non_torch_bytes", ", ".join(stages[-1]["non_torch"]))
+    g = stages[-1]["cudagraphs"]
+    graphs = (f"{g['piecewise']} PIECEWISE + {g['full']} FULL up to {g['largest']} tokens"
+              + ("" if g["in_budget"] else f"; {_size(stages[-1]['cudagraph_estimate_bytes'])} outside the budget "
+                 "(before 0.21)")) if g["piecewise"] else "none (--enforce-eager)"
+    row("- CUDA graphs", "cudagraph_bytes", graphs)
+    row("= available KV", "available_kv_bytes", "what vLLM logs as \"Available KV cache memory\"")
+    console.print(t)
 
 
 def _kv_table(console: Any, doc: dict[str, Any], r: Report, contexts: list[int]) -> None:

@@ -67,7 +67,7 @@ def _quantize_command() -> Any:
             opts = apply_demo(opts, given)
             if opts.out is None:
                 opts.out = fresh_dir(f"{DEMO_MODEL}-{opts.method}-w4g{opts.group_size}")
-        from infer_tool.jobs.eval_ppl import rank0
+        from infer_tool.common.launch import rank0
         from infer_tool.jobs.quantize import check, quantize as run
 
         _checked(lambda: check(opts, overwrite))  # before any progress bar or library noise
@@ -96,7 +96,7 @@ def _checked(check: Any) -> None:
     """Run the option checks; under accelerate launch every process finds the same bad
     option, and only process 0 says so (the others exit 2 silently)."""
     from infer_tool.common.errors import BadInput
-    from infer_tool.jobs.eval_ppl import rank0
+    from infer_tool.common.launch import rank0
 
     try:
         check()
@@ -158,8 +158,8 @@ def _calibrate_command() -> Any:
         |x|) on the fp model and save them for `quantize --stats`."""
         from infer_tool.calib.recipe import merge
         from infer_tool.common.errors import BadInput
+        from infer_tool.common.launch import rank0
         from infer_tool.jobs.calibrate import CalibrateOptions, calibrate as run
-        from infer_tool.jobs.eval_ppl import rank0
 
         overwrite, json_, no_progress = (kwargs.pop(k) for k in ("overwrite", "json_", "no_progress"))
         for name in ("model", "out"):

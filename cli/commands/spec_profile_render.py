@@ -1,5 +1,5 @@
-"""Output of `spec-profile`: the --json document and the rich tables, from an
-`evals.spec_profile.SpecProfile`. Imported only when the command runs."""
+"""Output of `spec-profile`: the --json document and the rich tables, from a
+`jobs.spec_profile.SpecProfileReport`. Imported only when the command runs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from typing import Any
 from rich.table import Table
 
 from infer_tool.cli.output import out
+from infer_tool.jobs.spec_profile import SpecProfileReport
 
-def document(profile: Any, settings: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+
+def document(report: SpecProfileReport) -> dict[str, Any]:
     """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...],
     ranking, settings and notes."""
+    profile = report.profile
     drafts = []
     for d in profile.drafts:
         acc = d.acceptance
@@ -42,8 +45,8 @@ def document(profile: Any, settings: dict[str, Any], notes: list[str]) -> dict[s
         "drafts": drafts,
         "ranking": profile.ranking,
         "projection": None if profile.projection is None else asdict(profile.projection),
-        "settings": settings,
-        "notes": notes,
+        "settings": report.settings,
+        "notes": report.notes,
     }
 
 

@@ -53,7 +53,7 @@ def load_for_eval(
             spec, directory, notes, dtype=dtype, device=device,
             allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
         )
-    from infer_tool.evals.quantized import load_quantized
+    from infer_tool.evals.load_quantized import load_quantized
 
     model, more = load_quantized(directory, dtype=dtype, device=device, kv_cache_dtype=kv_cache_dtype)
     notes += [f"quantized checkpoint ({method})", *more]

@@ -5,22 +5,22 @@ Passes, in order (each reported through the `progress` callback):
 1. the target decodes each prompt's continuation once (greedy at temperature 0, else
    sampled with a per-prompt seed);
 2. target and every draft score prompt + continuation teacher-forced, one forward pass
-   per sequence, giving exact β per position (`spec_acceptance`) and, per k, the
+   per sequence, giving exact β per position (`acceptance`) and, per k, the
    acceptance of the drafts a round starting at each position makes;
-3. the round costs (`spec_costs.CostTimer`): the plain decode step, the verify step for
+3. the round costs (`costs.CostTimer`): the plain decode step, the verify step for
    m drafted tokens and each draft's proposals, timed side by side at one context (the
    user's c may replace the draft side);
 4. unless `loop=False` (screening): the real draft-k-then-verify loop per prompt, draft
-   and k (`spec_decode`), timed against plain decoding of the same prompt run just before
+   and k (`decode`), timed against plain decoding of the same prompt run just before
    and just after that prompt's speculative runs (their mean cancels a linear drift of the
    machine's load). The timing rounds of pass 3 are spread between the prompts, so
    predictions and measurements see the same machine.
 
-Predictions (`spec_predict`) use passes 2 and 3 only, so screening has them too; where the
+Predictions (`predict`) use passes 2 and 3 only, so screening has them too; where the
 loop ran, each k also has its measurement and the prediction's relative error, and k and
-drafts are chosen by the measurement (`spec_ranking`). Given a `ProjectionRequest`, the
+drafts are chosen by the measurement (`ranking`). Given a `ProjectionRequest`, the
 acceptance of pass 2 also goes, with roofline costs instead of the timed ones, to a
-projection onto a GPU type at several concurrencies (`spec_projection`).
+projection onto a GPU type at several concurrencies (`projection`).
 
 What this module does not know: where models and prompts come from, or how results are
 printed.
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 import torch
 
 from infer_tool.common.progress import Progress, no_progress
-from infer_tool.evals.spec_acceptance import Acceptance, beta, summarize
-from infer_tool.evals.spec_costs import CostTimer, DraftTimes, GivenCostRatio, MeasuredCosts, RoundCosts
-from infer_tool.evals.spec_decode import Clock, SpecRun, speculative_decode, target_decode
-from infer_tool.evals.spec_drafts import Draft
-from infer_tool.evals.spec_models import CachedLM
-from infer_tool.evals.spec_predict import (
+from infer_tool.spec.acceptance import Acceptance, beta, summarize
+from infer_tool.spec.cached_lm import CachedLM
+from infer_tool.spec.costs import CostTimer, DraftTimes, GivenCostRatio, MeasuredCosts, RoundCosts
+from infer_tool.spec.decode import Clock, SpecRun, speculative_decode, target_decode
+from infer_tool.spec.drafts import Draft
+from infer_tool.spec.predict import (
     Expectation,
     VllmMetrics,
     alpha_prediction,
@@ -47,9 +47,9 @@ from infer_tool.evals.spec_predict import (
     vllm_measured,
     vllm_predicted,
 )
-from infer_tool.evals.spec_projection import Projection, ProjectionRequest, project
-from infer_tool.evals.spec_ranking import CategoryResult, best, rank, speedup_on
-from infer_tool.evals.spec_sampling import warp
+from infer_tool.spec.projection import Projection, ProjectionRequest, project
+from infer_tool.spec.ranking import CategoryResult, best, rank, speedup_on
+from infer_tool.spec.sampling import warp
 
 TIMING_ROUNDS = 9  # rounds of side-by-side cost timing (after one warm-up round)
 
@@ -90,7 +90,7 @@ class DraftProfile:
     slower_everywhere: bool  # slower than plain decoding at every k, on the basis
     per_category: list[CategoryResult] = field(default_factory=list)
     # k -> per prompt, per position: acceptance of the drafts of a round starting there
-    # (what `spec_predict.sequence_prediction` needs to predict under other RoundCosts)
+    # (what `predict.sequence_prediction` needs to predict under other RoundCosts)
     round_acceptance: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
 
 

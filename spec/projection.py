@@ -7,8 +7,8 @@ B x (k + 1) tokens: nearly the cost of a plain step while the pass is memory-bou
 weights are read once for all of them), k + 1 steps once it is compute-bound. So the
 best k falls as the concurrency grows, and a draft that pays at batch 1 can lose at 128.
 
-Per concurrency and draft, the pass times of `sizing.spec_roofline.batch_times` become a
-`spec_costs.RooflineCosts` for `spec_predict`: `sequence_prediction` over each prompt's
+Per concurrency and draft, the pass times of `roofline.batch_times` become a
+`costs.RooflineCosts` for `predict`: `sequence_prediction` over each prompt's
 acceptance windows (the projected speedup, and the best k by it) and `alpha_prediction`
 (α alone).
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from infer_tool.evals.spec_costs import RooflineCosts
-from infer_tool.evals.spec_predict import alpha_prediction, sequence_prediction
-from infer_tool.evals.spec_ranking import best
+from infer_tool.spec.costs import RooflineCosts
+from infer_tool.spec.predict import alpha_prediction, sequence_prediction
+from infer_tool.spec.ranking import best
 
 
 class PassTimes(Protocol):
-    """Seconds of a round's passes at one concurrency B (`sizing.spec_roofline.BatchTimes`)."""
+    """Seconds of a round's passes at one concurrency B (`roofline.BatchTimes`)."""
 
     concurrency: int
     step_s: float  # target pass over B x 1 tokens
@@ -58,7 +58,7 @@ class ProjectedK:
     cost_ratio: float  # draft_cost / k
     predicted_speedup: float  # from the acceptance along each continuation
     alpha_speedup: float  # from α alone, under independence
-    measured_speedup: None = None  # nothing is measured (keeps `spec_ranking.best`'s contract)
+    measured_speedup: None = None  # nothing is measured (keeps `ranking.best`'s contract)
 
 
 @dataclass

@@ -6,10 +6,10 @@ the target's pass over the prompt yields the first token (the speculative run al
 the prompt to the draft); the decode phase after it is timed on its own, since that is
 what speculation changes. Each round of the speculative loop then drafts
 min(k, tokens left - 1) tokens, verifies them in one target pass over the new tokens,
-accepts a prefix with `spec_sampling.verify`, and rolls both caches back to the accepted
+accepts a prefix with `sampling.verify`, and rolls both caches back to the accepted
 prefix (`DynamicCache.crop`). At temperature 0 its output is the target's greedy output.
 
-What this module does not know: acceptance statistics or ranking (`spec_profile`).
+What this module does not know: acceptance statistics or ranking (`profile`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from typing import Callable
 
 import torch
 
-from infer_tool.evals.spec_drafts import Draft
-from infer_tool.evals.spec_models import CachedLM
-from infer_tool.evals.spec_sampling import sample, verify, warp
-
+from infer_tool.spec.cached_lm import CachedLM
+from infer_tool.spec.drafts import Draft
+from infer_tool.spec.sampling import sample, verify, warp
 
 Clock = Callable[[], float]  # seconds: time.perf_counter (wall), or time.thread_time on a one-thread CPU
 
@@ -58,9 +57,9 @@ class SpecRun:
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for a timed section (it runs again between
-    sections). Its pauses, up to a good part of a second with everything torch and
-    transformers hold, would otherwise land at random in one timed pass or another;
-    servers keep it out of their step loop too (vLLM calls `gc.freeze()` after start-up)."""
+    sections). Its pauses, which grow with everything torch and transformers hold, would
+    otherwise land at random in one timed pass or another; servers keep it out of their
+    step loop too (vLLM calls `gc.freeze()` after start-up)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

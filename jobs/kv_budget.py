@@ -1,9 +1,12 @@
 """The kv-budget job as a library call: `plan(PlanRequest) -> Report`.
 
-`PlanRequest` declares every option once, with its default; the CLI only parses text
-into it. Not fitting is an answer: every requested row comes back with `fits` and, when
-false, what binds (the weights alone, or the KV cache at that context x concurrency) and
-the smallest deployment on the same GPU that would serve the largest failing row.
+`PlanRequest` declares every option once, with its default (None where vLLM's release or
+`vllm serve` decides); the CLI only parses text into it. What a GPU keeps beside weights
+and KV cache is vLLM's start-up profile for the chosen release (`sizing.vllm_memory`),
+unless `reserve_bytes` gives a flat figure. Not fitting is an answer: every requested row
+comes back with `fits` and, when false, what binds (the weights alone, or the KV cache at
+that context x concurrency) and the smallest deployment on the same GPU that would serve
+the largest failing row.
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from infer_tool.sizing.defaults import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CONCURRENCY,
     DEFAULT_GPU,
-    DEFAULT_MEM_UTIL,
     DEFAULT_OUTPUT_LEN,
-    DEFAULT_RESERVE_BYTES,
+    VLLM_VERSION,
 )
 from infer_tool.sizing.fit import Fit, FitRow
+from infer_tool.sizing.hf_config import STATE_DTYPE_BYTES
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, gpu_presets
 from infer_tool.sizing.resolve import ResolvedModel, resolve_model
-from infer_tool.sizing.shape import ModelShape
+from infer_tool.sizing.shape import STATE, ModelShape
+from infer_tool.sizing.vllm_memory import MemoryProfile
+from infer_tool.sizing.vllm_versions import policy
 from infer_tool.sizing.weights import weight_bytes
 
 DEFAULT_CONTEXT_START = 4096
@@ -41,19 +46,26 @@ class PlanRequest:
     num_gpus: int | None = None  # default tp x pp; extra GPUs are data-parallel replicas
     tp: int | None = None  # default num_gpus / pp
     pp: int = 1
-    mem_util: float = DEFAULT_MEM_UTIL
+    mem_util: float | None = None  # None: the vLLM release's --gpu-memory-utilization default
     weights: str | None = None  # None: the files' real bytes if any, else bf16
+    weights_per_gpu_bytes: int | None = None  # as vLLM logs "Model loading took" (overrides the split)
     group_size: int = 128
     kv_dtype: str = "bf16"
     block_size: int = DEFAULT_BLOCK_SIZE
     contexts: tuple[int, ...] | None = None  # None: 4K doubling to max_position_embeddings
     concurrencies: tuple[int, ...] = DEFAULT_CONCURRENCY
     shared_prefix: int = 0
-    reserve_bytes: int = DEFAULT_RESERVE_BYTES
+    reserve_bytes: int | None = None  # None: vLLM's start-up profile, modelled
     kv_cache_memory_bytes: int | None = None  # like vLLM --kv-cache-memory-bytes
     accounting: str = DEFAULT_ACCOUNTING
+    vllm_version: str = VLLM_VERSION
     max_num_batched_tokens: int | None = None  # None: vllm serve's default for the GPU
-    async_scheduling: bool = True
+    max_num_seqs: int | None = None  # None: vllm serve's default for the GPU
+    enforce_eager: bool = False
+    cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: vLLM's default list
+    max_cudagraph_capture_size: int | None = None
+    mamba_ssm_cache_dtype: str | None = None  # None: the config hook's (vLLM's "auto")
+    async_scheduling: bool | None = None  # None: the release's default
     prefix_caching: bool = True
     prompt_len: int | None = None  # None: the row's context less the output
     output_len: int = DEFAULT_OUTPUT_LEN
@@ -79,6 +91,7 @@ class Report:
     resolved: ResolvedModel
     gpu: GpuPreset
     fit: Fit
+    engine: vllm_kv.EngineArgs
     weights_total: int
     weights_how: str
     weights_from_files: bool
@@ -93,7 +106,12 @@ class Report:
 
     @property
     def shape(self) -> ModelShape:
-        return self.resolved.shape
+        return self.fit.shape
+
+    @property
+    def profiles(self) -> list[MemoryProfile] | None:
+        """vLLM's start-up profile per pipeline stage (None with a flat --reserve)."""
+        return self.fit.profiles
 
     @property
     def all_fit(self) -> bool:
@@ -101,8 +119,9 @@ class Report:
 
 
 def resolve_gpu(req: PlanRequest) -> GpuPreset:
-    if req.gpu_mem_bytes is not None:
-        return GpuPreset("custom", f"custom {req.gpu_mem_bytes / 2**30:g} GiB", req.gpu_mem_bytes, "--gpu-mem")
+    if req.gpu_mem_bytes is not None:  # the total as CUDA reports it, given by the user
+        return GpuPreset("custom", f"custom {req.gpu_mem_bytes / 2**30:g} GiB", req.gpu_mem_bytes, "--gpu-mem",
+                         cuda_memory_bytes=req.gpu_mem_bytes, cuda_source="--gpu-mem")
     return gpu_preset(req.gpu)
 
 
@@ -115,17 +134,17 @@ def default_contexts(limit: int | None) -> tuple[int, ...]:
     return (*out, end)
 
 
-def _deployment(req: PlanRequest, gpu: GpuPreset) -> capacity.Deployment:
+def _deployment(req: PlanRequest, gpu: GpuPreset, mem_util: float) -> capacity.Deployment:
     if req.pp < 1:
         raise BadInput(f"--pp {req.pp} must be at least 1")
     tp = req.tp if req.tp is not None else max(1, (req.num_gpus or req.pp) // req.pp)
     return capacity.Deployment(
-        gpu_memory_bytes=gpu.memory_bytes,
+        gpu_memory_bytes=gpu.total_bytes,
         num_gpus=req.num_gpus if req.num_gpus is not None else tp * req.pp,
         tp=tp,
         pp=req.pp,
         kv=kv.kv_dtype(req.kv_dtype),
-        mem_util=req.mem_util,
+        mem_util=mem_util,
         reserve_bytes=req.reserve_bytes,
         block_size=req.block_size,
         shared_prefix=req.shared_prefix,
@@ -133,7 +152,10 @@ def _deployment(req: PlanRequest, gpu: GpuPreset) -> capacity.Deployment:
     )
 
 
-def _weights(req: PlanRequest, resolved: ResolvedModel) -> tuple[int, str, bool]:
+def _weights(req: PlanRequest, resolved: ResolvedModel, dep: capacity.Deployment) -> tuple[int, str, bool]:
+    if req.weights_per_gpu_bytes is not None:
+        return (req.weights_per_gpu_bytes * dep.tp * dep.pp,
+                f"{req.weights_per_gpu_bytes:,} B per GPU as given (--weights-memory)", False)
     if req.weights is None and resolved.file_weight_bytes is not None:
         return resolved.file_weight_bytes, resolved.file_weight_note, True
     shape = resolved.shape
@@ -154,8 +176,19 @@ def _validate(req: PlanRequest, contexts: tuple[int, ...]) -> None:
         )
     if req.output_len < 1 or (req.prompt_len is not None and req.prompt_len < 1):
         raise BadInput(f"--prompt-len / --output-len must be at least 1 (got {req.prompt_len}, {req.output_len})")
-    if req.max_num_batched_tokens is not None and req.max_num_batched_tokens < 1:
-        raise BadInput(f"--max-num-batched-tokens {req.max_num_batched_tokens} must be at least 1")
+    for flag, value in (("--max-num-batched-tokens", req.max_num_batched_tokens),
+                        ("--max-num-seqs", req.max_num_seqs),
+                        ("--max-cudagraph-capture-size", req.max_cudagraph_capture_size)):
+        if value is not None and value < 1:
+            raise BadInput(f"{flag} {value} must be at least 1")
+    if req.cudagraph_capture_sizes is not None and (not req.cudagraph_capture_sizes
+                                                    or min(req.cudagraph_capture_sizes) < 1):
+        raise BadInput(f"--cudagraph-capture-sizes {list(req.cudagraph_capture_sizes)} must list sizes of at least 1")
+    if req.mamba_ssm_cache_dtype is not None and req.mamba_ssm_cache_dtype not in STATE_DTYPE_BYTES:
+        raise BadInput(f"--mamba-ssm-cache-dtype {req.mamba_ssm_cache_dtype!r} not known; "
+                       f"accepted: {', '.join(STATE_DTYPE_BYTES)}")
+    if req.weights_per_gpu_bytes is not None and req.weights is not None:
+        raise BadInput("give --weights or --weights-memory, not both")
 
 
 def _speed(req: PlanRequest, gpu: GpuPreset, shape: ModelShape, dep: capacity.Deployment, weights: str,
@@ -167,24 +200,55 @@ def _speed(req: PlanRequest, gpu: GpuPreset, shape: ModelShape, dep: capacity.De
                           weight_total=weight_total, spec=req.spec, eff=req.efficiency)
 
 
+def _with_ssm_dtype(shape: ModelShape, dtype: str | None) -> ModelShape:
+    """`shape` with its recurrent states in --mamba-ssm-cache-dtype (vLLM: the user's
+    value wins over the config hook's; "auto" keeps the model dtype)."""
+    if dtype is None:
+        return shape
+    layers = tuple(replace(l, ssm_dtype_bytes=STATE_DTYPE_BYTES[dtype]) if l.kind == STATE else l
+                   for l in shape.layers)
+    return replace(shape, layers=layers)
+
+
+def engine_args(req: PlanRequest) -> vllm_kv.EngineArgs:
+    return vllm_kv.EngineArgs(
+        block_size=req.block_size,
+        max_num_batched_tokens=req.max_num_batched_tokens,
+        async_scheduling=req.async_scheduling,
+        enable_prefix_caching=req.prefix_caching,
+        max_num_seqs=req.max_num_seqs,
+        enforce_eager=req.enforce_eager,
+        cudagraph_capture_sizes=req.cudagraph_capture_sizes,
+        max_cudagraph_capture_size=req.max_cudagraph_capture_size,
+        vllm_version=req.vllm_version,
+    )
+
+
 def plan(req: PlanRequest) -> Report:
     """Size `req.model` on the requested deployment; with `req.solve`, also list the
     smallest deployments serving the largest requested context x concurrency."""
+    release = policy(req.vllm_version)  # refuse an unknown release first
     gpu = resolve_gpu(req)
-    dep = _deployment(req, gpu)
+    dep = _deployment(req, gpu, req.mem_util if req.mem_util is not None else release.default_mem_util)
     resolved = resolve_model(req.model)
-    shape = resolved.shape
-    notes = list(shape.notes)
-    contexts = req.contexts or default_contexts(shape.max_position_embeddings)
+    contexts = req.contexts or default_contexts(resolved.shape.max_position_embeddings)
     _validate(req, contexts)
+    shape = _with_ssm_dtype(resolved.shape, req.mamba_ssm_cache_dtype)
+    notes = list(shape.notes)
+    if gpu.cuda_memory_bytes is None:
+        notes.append(f"{gpu.key}: no CUDA-reported total found; planning with the driver's {gpu.memory_bytes / 2**30:.2f} "
+                     "GiB (vLLM sees a few hundred MiB less)")
     limit = shape.max_position_embeddings
     if limit and max(contexts) > limit:
         notes.append(f"context {max(contexts)} exceeds the model's max_position_embeddings {limit}")
-    total, how, from_files = _weights(req, resolved)
-    engine = vllm_kv.EngineArgs(req.block_size, req.max_num_batched_tokens, req.async_scheduling, req.prefix_caching)
-    fit = Fit(shape, dep, total, accounting=req.accounting, engine=engine, gpu_name=gpu.name)
+    total, how, from_files = _weights(req, resolved, dep)
+    engine = engine_args(req)
+    fit = Fit(shape, dep, total, accounting=req.accounting, engine=engine, gpu=gpu,
+              weights_per_gpu=req.weights_per_gpu_bytes)
     if fit.layout is not None:
         notes += fit.layout.notes
+    for p in fit.profiles or ():
+        notes += [n for n in p.notes if n not in notes]
     speed_dtype = req.weights or "bf16"
     rows = []
     for c in contexts:
@@ -196,6 +260,7 @@ def plan(req: PlanRequest) -> Report:
         resolved=resolved,
         gpu=gpu,
         fit=fit,
+        engine=engine,
         weights_total=total,
         weights_how=how,
         weights_from_files=from_files,

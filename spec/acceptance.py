@@ -6,7 +6,7 @@ and Lemma 3.3), p and q being the target's and the draft's next-token distributi
 after the same temperature and top-p. α = E[β] is the conditional per-token acceptance
 rate; under the independence approximation a round with lookahead k emits on average
 (1 − α^(k+1)) / (1 − α) tokens per target pass (eq. 1). What a round costs, and so the
-speedup, is `spec_costs` and `spec_predict`'s business.
+speedup, is `costs` and `predict`'s business.
 
 vLLM reports accepted / drafted tokens instead: E[accepted in a round] / k =
 (α − α^(k+1)) / ((1 − α)·k) (`vllm_rate`), e.g. 0.54 at α = 0.8, k = 5.

@@ -1,13 +1,13 @@
 """Predicted speedup of speculative decoding from acceptance and round costs; vLLM's metrics.
 
 Speedup is plain decoding time / speculative decoding time for the same tokens, prefill
-excluded from both (`spec_decode`). Costs come from a `spec_costs.RoundCosts` in target
+excluded from both (`decode`). Costs come from a `costs.RoundCosts` in target
 decode steps, so plain decoding of n tokens costs n.
 
 Two predictions per lookahead k:
 - `sequence_prediction`, from the acceptance along each prompt's continuation: the
   expected cost of the loop itself, by a recursion over positions that follows
-  `spec_decode`'s rules (a round at position t drafts min(k, tokens left - 1) tokens and
+  `decode`'s rules (a round at position t drafts min(k, tokens left - 1) tokens and
   accepts the first j with probability a_1···a_j·(1 - a_(j+1)); the draft catches up
   after a fully accepted round). It keeps what the mean α averages away: acceptance comes
   in runs (repeated text, prompt lookup), and the last rounds are short. At temperature 0
@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infer_tool.evals.spec_acceptance import expected_tokens, vllm_rate
-from infer_tool.evals.spec_costs import RoundCosts
+from infer_tool.spec.acceptance import expected_tokens, vllm_rate
+from infer_tool.spec.costs import RoundCosts
 
 
 def outcome_probs(a: list[float]) -> list[float]:

@@ -3,7 +3,7 @@
 Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
 `teacher_forced`, `round_acceptance`):
 - `ModelDraft`: any causal LM over the target's vocabulary (a smaller HF model, an INT4
-  copy of the target loaded by `evals.loading`, or `truncated_copy` of the target),
+  copy of the target loaded by `evals.load_model`, or `truncated_copy` of the target),
   sampling its k tokens one at a time from its own KV cache;
 - `NgramDraft`: model-free prompt lookup. It finds the most recent earlier occurrence of
   the last n tokens (n from `max_ngram` down to 1) in the sequence so far and proposes the
@@ -11,8 +11,8 @@ Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
   the acceptance step accepts with probability p(x); when nothing matches it proposes
   nothing and the target takes a plain step.
 
-What this module does not know: how tokens are verified (`spec_sampling`) or timed
-(`spec_decode`), or where models come from (the CLI resolves specs).
+What this module does not know: how tokens are verified (`sampling`) or timed
+(`decode`), or where models come from (`jobs/spec_profile.py` resolves specs).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import copy
 import torch
 
 from infer_tool.common.errors import BadInput
-from infer_tool.evals.spec_models import CachedLM
-from infer_tool.evals.spec_sampling import sample, warp
+from infer_tool.spec.cached_lm import CachedLM
+from infer_tool.spec.sampling import sample, warp
 
 NGRAM_DEFAULT = 3
 

@@ -14,7 +14,7 @@ token without speculation) the round costs
   accepted all its drafts, so the draft's first pass also feeds the last drafted token,
   which it proposed but never consumed.
 
-`RoundCosts` is all that predictions (`spec_predict`) know about hardware. Three
+`RoundCosts` is all that predictions (`predict`) know about hardware. Three
 implementations: `MeasuredCosts`, timed here on the machine the profile runs on;
 `GivenCostRatio`, which keeps the measured v(m) but takes the draft's cost per proposed
 token from the user (`--cost-ratio`); and `RooflineCosts`, a projection to a GPU type at
@@ -35,11 +35,10 @@ from typing import Callable, Protocol
 
 import torch
 
-from infer_tool.common.progress import Progress, no_progress
-from infer_tool.evals.spec_decode import Clock, gc_paused
-from infer_tool.evals.spec_drafts import Draft
-from infer_tool.evals.spec_models import CachedLM
-from infer_tool.evals.spec_sampling import sample, verify, warp
+from infer_tool.spec.cached_lm import CachedLM
+from infer_tool.spec.decode import Clock, gc_paused
+from infer_tool.spec.drafts import Draft
+from infer_tool.spec.sampling import sample, verify, warp
 
 
 class RoundCosts(Protocol):
@@ -121,7 +120,7 @@ class GivenCostRatio:
 
 @dataclass
 class RooflineCosts:
-    """`RoundCosts` projected by the roofline (`sizing.spec_roofline`) onto one GPU type at
+    """`RoundCosts` projected by the roofline (`spec.roofline`) onto one GPU type at
     one batch size B, from seconds of whole-batch passes:
 
     - verify(m) = target pass over B x (m + 1) tokens / target pass over B x 1 tokens;
@@ -153,13 +152,13 @@ def _seconds(fn: Callable[[], object], clock: Clock) -> float:
 
 class CostTimer:
     """Times, at `context` (L,) (its last token not yet in the caches, as at a round's
-    start), the steps `spec_decode`'s loops are made of: the plain decode step; the verify
+    start), the steps `decode`'s loops are made of: the plain decode step; the verify
     step for every m in `ms` (0 included); for each draft, `propose` of 1 token, of
     min(max(ms), 4) >= 2 tokens, and of 1 token with its cache two tokens behind
     (catch-up), each right after a verify step as in the loop.
 
     One `round()` times everything once, in turn, with the garbage collector paused as in
-    the loops (`spec_decode.gc_paused`); rounds can be spread over a long run so that the
+    the loops (`decode.gc_paused`); rounds can be spread over a long run so that the
     medians see the same machine as the loop does. The caches are re-filled at each round,
     so the models may be used for other work in between."""
 

@@ -27,8 +27,8 @@ import torch
 
 from infer_tool.calib.models import DEMO_MODELS, classify_model_spec
 from infer_tool.common.errors import BadInput
-from infer_tool.evals.spec_drafts import NGRAM_DEFAULT, Draft, ModelDraft, NgramDraft, truncated_copy
-from infer_tool.evals.spec_models import vocab_size
+from infer_tool.spec.cached_lm import vocab_size
+from infer_tool.spec.drafts import NGRAM_DEFAULT, Draft, ModelDraft, NgramDraft, truncated_copy
 
 NGRAM_NAMES = ("ngram", "prompt-lookup")
 CATEGORY_FIELD = "category"

@@ -2,7 +2,7 @@
 prediction, always saying which (`basis`).
 
 What this module does not know: how speedups were predicted or measured; it reads the
-per-k results `spec_profile` assembled.
+per-k results `profile` assembled.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def memory_needed(models: list[ServedModel], serving: Serving, batch: int) -> in
 @dataclass(frozen=True)
 class BatchTimes:
     """Roofline seconds of the passes of a speculative round at one concurrency B, for a
-    target and its drafts (what `evals.spec_projection` turns into round costs)."""
+    target and its drafts (what `projection` turns into round costs)."""
 
     concurrency: int
     step_s: float  # target pass over B x 1 tokens

@@ -1,0 +1,157 @@
+"""Integer weight schemes: `QuantScheme`, the options every INT solver shares, and one
+subclass per method holding that method's options and defaults (RTN, GPTQ, AWQ).
+
+A group of `group_size` consecutive input columns (along K) shares one scale and one zero
+point; `group_size=-1` means one group per output row (per-channel). Every INT scheme is
+`kind = "int"`: the compressed-tensors `pack-quantized`, AWQ GEMM and GPTQ v1 formats carry it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from infer_tool.common.errors import BadInput
+from infer_tool.schemes.base import SCALE_DTYPES, Scheme, check_group_size
+
+AWQ_SEARCHES = ("fast", "full", "screen")
+
+
+@dataclass(frozen=True)
+class QuantScheme(Scheme):
+    """Integer weight quantization shared by every INT solver.
+
+    `bits` in 2..8; `symmetric` stores no zero point (zero 2^(bits-1) implied).
+    `scale_dtype`: the dtype the checkpoint stores scales in; solvers round every scale to
+    it before computing codes, so the stored checkpoint dequantizes to exactly the weights
+    the solver produced and evaluated.
+    """
+
+    method: ClassVar[str] = "rtn"
+    kind: ClassVar[str] = "int"
+    bits: int = 4
+    group_size: int = 128
+    symmetric: bool = True
+    scale_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.bits <= 8:
+            raise BadInput(f"bits={self.bits} is not supported; use 2..8 (4 for the INT4 formats)")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise BadInput(f"scale dtype {self.scale_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
+        if self.group_size != -1 and self.group_size <= 0:
+            raise BadInput(
+                f"group_size={self.group_size} is not supported; use a positive size "
+                "dividing the input features, or -1 for per-channel"
+            )
+
+    @property
+    def torch_scale_dtype(self) -> torch.dtype:  # noqa: F821
+        import torch
+
+        return getattr(torch, self.scale_dtype)
+
+    def group_for(self, in_features: int) -> int:
+        """The group size in columns for a layer with `in_features` (K) inputs."""
+        return in_features if self.group_size == -1 else self.group_size
+
+    def check_shapes(self, shapes: Mapping[str, tuple[int, int]]) -> None:
+        """Refuse layers ({name: (N, K)}) this scheme cannot quantize, before any work."""
+        check_group_size(shapes, self.group_size)
+
+    def for_storage(self, scale_dtype: str) -> QuantScheme:
+        """This scheme with scales rounded to `scale_dtype`, the dtype the checkpoint stores."""
+        return dataclasses.replace(self, scale_dtype=scale_dtype)
+
+    def describe(self) -> str:
+        """'awq w4 g64 asym' (+ ' act-order') for the report table."""
+        order = " act-order" if getattr(self, "act_order", False) else ""
+        return f"{self.method} w{self.bits} g{self.group_size} {'sym' if self.symmetric else 'asym'}{order}"
+
+
+@dataclass(frozen=True)
+class RTNScheme(QuantScheme):
+    """Round-to-nearest: min/max (asymmetric) or absmax (symmetric) per group."""
+
+    method: ClassVar[str] = "rtn"
+
+
+@dataclass(frozen=True)
+class GPTQScheme(QuantScheme):
+    """GPTQ (Frantar et al. 2022), Algorithm 1 with lazy batch updates.
+
+    damp: fraction of mean(diag H) added to the diagonal (§3 "Cholesky Reformulation").
+    block_size: columns quantized together before the lazy batch update (§3 step 2).
+    act_order: process columns by decreasing diag(H) (the "act-order"/desc_act heuristic);
+        on by default, as llm-compressor's GPTQ (with static groups it keeps vLLM's fast path).
+    static_groups: with act_order, compute each group's scale/zero on the ORIGINAL column
+        groups before permuting, so g_idx stays k // g (vLLM's fast path; llm-compressor's
+        actorder="weight"). False gives act-order groups (actorder="group", non-trivial g_idx).
+    damp_retries / damp_growth: on a failed Cholesky multiply damp by damp_growth up to
+        damp_retries times, then fall back to RTN for that layer (reported, not raised).
+    """
+
+    method: ClassVar[str] = "gptq"
+    damp: float = 0.01
+    block_size: int = 128
+    act_order: bool = True
+    static_groups: bool = True
+    damp_retries: int = 3
+    damp_growth: float = 10.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.damp > 0:
+            raise BadInput(f"damp={self.damp} is not supported; use a positive fraction such as 0.01")
+        if self.block_size <= 0:
+            raise BadInput(f"block_size={self.block_size} is not supported; use a positive column count")
+
+
+@dataclass(frozen=True)
+class AWQScheme(QuantScheme):
+    """AWQ (Lin et al. 2023): activation-aware scale search, then clipping search.
+
+    grid: number of ratios alpha in [0, 1) tried for s = mean|x|^alpha (§3.2).
+    search: how the grid is searched: "full" (every ratio, as AutoAWQ), "fast" (coarse to
+        fine: every `search_step`-th ratio, then every ratio between the best one's coarse
+        neighbours; exact where the loss over alpha is unimodal, the full grid where the
+        points it saw are not; `packers/awq.search_grid`) or "screen", the default (every
+        ratio scored with the block in bfloat16, then the three best and those within a
+        margin (from `screen_margin`, widened to what the screen's measured error calls for)
+        scored again in float32: the full grid's choice while the screen errs alike near the
+        minimum; `packers/awq.screen_grid`).
+    duo_scaling: also divide by mean|w|^(1-alpha) (AutoAWQ's default).
+    clip: run the weight-clipping search after scaling.
+    clip_grid / max_shrink: clip thresholds max*(1 - i/clip_grid) for i < max_shrink*clip_grid.
+    clip_tokens: calibration tokens subsampled for the clip search (memory bound).
+    clip_batch: output channels searched at once (memory bound).
+    AWQ is asymmetric (zero point) by default, as in AutoAWQ.
+    """
+
+    method: ClassVar[str] = "awq"
+    symmetric: bool = False
+    grid: int = 20
+    search: str = "screen"
+    search_step: int = 4
+    screen_margin: float = 0.01
+    duo_scaling: bool = True
+    clip: bool = True
+    clip_grid: int = 20
+    max_shrink: float = 0.5
+    clip_tokens: int = 512
+    clip_batch: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.grid < 1 or self.clip_grid < 1:
+            raise BadInput(f"grid={self.grid}, clip_grid={self.clip_grid}: use at least 1 point")
+        if self.search not in AWQ_SEARCHES:
+            raise BadInput(f"AWQ search {self.search!r} is not supported; use one of {', '.join(AWQ_SEARCHES)}")
+        if not self.screen_margin > 0:
+            raise BadInput(f"screen_margin={self.screen_margin} is not supported; use a positive fraction such as 0.1")
+        if self.search_step < 2:
+            raise BadInput(f"search_step={self.search_step} is not supported; use 2 or more grid points")
+        if not 0.0 <= self.max_shrink < 1.0:
+            raise BadInput(f"max_shrink={self.max_shrink} is not supported; use a fraction in [0, 1)")

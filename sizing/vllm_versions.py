@@ -1,0 +1,87 @@
+"""The vLLM releases whose KV-cache and memory-profile policies this package models, and
+what differs between them. `--vllm-version X.Y` (or X.Y.Z) picks one; the default is the
+release whose source `vllm_kv` and `vllm_memory` were read from (`defaults.VLLM_VERSION`).
+
+Each policy names the release that introduced it, from the code or pull request that
+changed it (0.32.0's own source for the present behaviour):
+- `nccl_in_budget` (before 0.11): the worker took its init memory snapshot before the
+  distributed environment came up, so NCCL's buffers counted against
+  --gpu-memory-utilization; vllm-project/vllm#25359 moved the snapshot after NCCL init.
+- `async_scheduling` default on since 0.14: two batches in flight (`config/vllm.py`
+  `max_concurrent_batches`).
+- `sampler_sort` (before 0.17): the profile's sampler pass sorted the logits
+  (`apply_top_k_top_p_pytorch`); vllm-project/vllm#33538 replaced the sort with Triton
+  top-k/top-p kernels working in place.
+- `cudagraph_in_budget` since 0.21: the CUDA-graph memory estimate is subtracted from the
+  KV cache (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS` defaults to 1, "default since
+  v0.21.0" in 0.32's gpu_worker.py); before, graphs were captured after the KV cache was
+  sized, out of the memory --gpu-memory-utilization leaves free.
+- `default_mem_util` 0.92 since 0.21 (0.32's `CacheConfig`; 0.9 before). The release that
+  changed it is not pinned by a source we found; 0.21 is assumed, with the CUDA-graph
+  subtraction it offsets.
+- `sliding_in_flight_batches` since 0.26: a sliding-window request reserves
+  `max_in_flight_tokens` (batches x max_num_batched_tokens); before, one batch.
+- `kv_tokens_per_concurrency` since 0.20: "GPU KV cache size" is `int(max_concurrency x
+  max_model_len)` (`get_kv_cache_capacity`); before, `num_blocks // groups x min block
+  size`, which differs for hybrid models (vllm-project/vllm#40691 reports 0.19.0's line;
+  0.24.0 logs show the new one).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from infer_tool.common.errors import BadInput
+from infer_tool.sizing.defaults import VLLM_VERSION
+
+OLDEST = 10  # 0.10: the first V1-only release modelled
+NEWEST = 32
+
+
+@dataclass(frozen=True)
+class VllmPolicy:
+    """What one vLLM minor release does differently (see the module docstring)."""
+
+    version: str  # as given, less a leading "v": "0.21", "0.32.0"
+    minor: int
+
+    @property
+    def nccl_in_budget(self) -> bool:
+        return self.minor < 11
+
+    @property
+    def async_scheduling(self) -> bool:
+        return self.minor >= 14
+
+    @property
+    def sampler_sort(self) -> bool:
+        return self.minor < 17
+
+    @property
+    def kv_tokens_per_concurrency(self) -> bool:
+        return self.minor >= 20
+
+    @property
+    def cudagraph_in_budget(self) -> bool:
+        return self.minor >= 21
+
+    @property
+    def default_mem_util(self) -> float:
+        return 0.92 if self.minor >= 21 else 0.9
+
+    @property
+    def sliding_in_flight_batches(self) -> bool:
+        return self.minor >= 26
+
+
+def modelled() -> str:
+    return f"0.{OLDEST} to 0.{NEWEST} (X.Y or X.Y.Z)"
+
+
+def policy(version: str = VLLM_VERSION) -> VllmPolicy:
+    """The policies of vLLM `version` ("0.21", "0.21.1", "v0.32.0"); BadInput otherwise."""
+    m = re.fullmatch(r"\s*v?0\.(\d+)(?:\.\d+)?(?:\.post\d+)?\s*", version)
+    if not m or not OLDEST <= int(m.group(1)) <= NEWEST:
+        raise BadInput(f"--vllm-version {version!r} is not modelled; accepted: {modelled()}")
+    return VllmPolicy(version.strip().lstrip("v"), int(m.group(1)))

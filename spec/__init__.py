@@ -1,0 +1,12 @@
+"""Speculative decoding: measure how well drafts serve a target, predict and project the speedup.
+
+- `sampling`: the speculative-sampling step (warp, verify); `acceptance`: β and α from probability rows;
+- `cached_lm`: batch-1 passes with a rollback-able KV cache; `drafts`: model and prompt-lookup drafts;
+- `decode`: plain and speculative decoding loops; `costs`: round costs, timed or projected;
+- `predict`: expected speedups and vLLM's metrics; `ranking`: best k and the order of drafts;
+- `roofline` and `projection`: the same acceptance with sizing's roofline costs on a GPU type;
+- `inputs`: prompts and draft specs; `profile`: the passes of one profile; `report`: a report read back
+  for `kv-budget --spec-profile`.
+
+The job (`jobs/spec_profile.py`) loads the models and calls `profile.profile`; the CLI prints.
+"""

@@ -1,0 +1,90 @@
+"""The scheme contract (`schemes/`) and the quantizer registry keyed by scheme type."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from infer_tool.calib.quantizers import quantizer_for, register_quantizer
+from infer_tool.calib.quantizers.base import LayerQuantizer
+from infer_tool.calib.quantizers.gptq import GPTQQuantizer
+from infer_tool.common.errors import BadInput
+from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.fp8 import Fp8Scheme
+from infer_tool.schemes.integer import GPTQScheme, RTNScheme
+from infer_tool.schemes.registry import SCHEMES, make_scheme, scheme_fields, scheme_from_dict
+
+
+@pytest.mark.parametrize("method", sorted(SCHEMES))
+def test_every_scheme_round_trips_through_its_dict(method: str) -> None:
+    """to_dict is JSON-able, names the method and every option; from_dict gives the scheme back."""
+    scheme = make_scheme(method)
+    assert isinstance(scheme, Scheme) and scheme.method == method
+    d = json.loads(json.dumps(scheme.to_dict()))
+    assert d["method"] == method and set(d) == {"method", *scheme_fields(method)}
+    assert scheme_from_dict(d) == scheme
+    assert type(scheme).from_dict(d) == scheme
+
+
+def test_non_default_options_round_trip() -> None:
+    fp8 = make_scheme("fp8", granularity="block", block_size=(64, 32), clip_search=True)
+    assert fp8.to_dict()["block_size"] == [64, 32]
+    assert scheme_from_dict(json.loads(json.dumps(fp8.to_dict()))) == fp8
+    gptq = make_scheme("gptq", bits=3, group_size=-1, act_order=False, damp=0.05)
+    assert scheme_from_dict(gptq.to_dict()) == gptq
+
+
+def test_make_scheme_keeps_defaults_for_none_and_refuses_what_does_not_apply() -> None:
+    assert make_scheme("gptq", group_size=None, damp=None) == GPTQScheme()
+    with pytest.raises(BadInput, match=r"options \['granularity'\] do not apply to method 'gptq'"):
+        make_scheme("gptq", granularity="tensor")
+    with pytest.raises(BadInput, match="method 'int3' is not supported; use one of rtn, gptq, awq, fp8"):
+        make_scheme("int3")
+    with pytest.raises(BadInput, match="a 'gptq' scheme is not a 'fp8' scheme"):
+        Fp8Scheme.from_dict(GPTQScheme().to_dict())
+    with pytest.raises(BadInput, match="needs a method string"):
+        scheme_from_dict({"bits": 4})
+
+
+def test_option_defaults_are_the_dataclass_defaults() -> None:
+    for cls in SCHEMES.values():
+        assert cls.option_defaults() == {f.name: f.default for f in dataclasses.fields(cls)}
+        assert cls.option_names() == tuple(f.name for f in dataclasses.fields(cls))
+
+
+def test_a_scheme_must_implement_the_contract() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Half(Scheme):
+        method = "half"
+        kind = "half"
+
+        def describe(self) -> str:
+            return "half"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()
+
+
+def test_every_registered_scheme_has_a_quantizer_of_its_type() -> None:
+    for cls in SCHEMES.values():
+        quantizer = quantizer_for(cls())
+        assert isinstance(quantizer, LayerQuantizer)
+    assert isinstance(quantizer_for(GPTQScheme()), GPTQQuantizer)
+
+
+def test_quantizers_are_keyed_by_exact_type() -> None:
+    """A scheme subclass without its own quantizer is refused, not run by its parent's."""
+
+    @dataclasses.dataclass(frozen=True)
+    class SlowRTN(RTNScheme):
+        method = "slow-rtn"
+
+    with pytest.raises(BadInput, match=r"no layer quantizer is registered for method 'slow-rtn' \(SlowRTN\)"):
+        quantizer_for(SlowRTN())
+    with pytest.raises(ValueError, match="GPTQScheme already has the quantizer GPTQQuantizer"):
+
+        @register_quantizer(GPTQScheme)
+        class Other(LayerQuantizer[GPTQScheme]):
+            pass
