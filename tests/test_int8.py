@@ -27,7 +27,7 @@ from infer_tool.kernels.w4a8 import w4a8_reference
 from infer_tool.packers.int8 import int8_input_scale, int8_weight
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
-from infer_tool.packers.scheme import GPTQScheme, RTNScheme
+from infer_tool.schemes.integer import GPTQScheme, RTNScheme
 
 TIE_REL = 2.0**-21  # |v - (k + 0.5)| / |x / scale| within which float32 and float64 may round apart
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
