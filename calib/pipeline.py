@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -335,13 +335,15 @@ def quantize_from_stats(
                      progress=progress or no_progress)
 
     def solve(layer: nn.Module, prefix: str) -> None:
+        mine = {n: stats[f"{prefix}.{n}"] for n in arch.linears if f"{prefix}.{n}" in stats}
+        mine = quantizer.prepare_stats(layer, prefix, arch, mine, loop.targets, result, scheme)
         for n in arch.linears:
             full = f"{prefix}.{n}"
             if full in loop.targets:
-                st = stats[full]
+                st = mine[n]
+                result.stats[full] = st
                 if st.H is not None:
-                    st = LayerStats(st.H.to(dev), st.act_abs_mean.to(dev), st.act_abs_max, st.tokens)
-                result.stats[full] = stats[full]
+                    st = replace(st, H=st.H.to(dev), act_abs_mean=st.act_abs_mean.to(dev))
                 quantizer.quantize_linear(result, full, get_submodule(layer, n), arch, st, scheme)
 
     loop.run_without_data(solve)

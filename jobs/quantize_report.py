@@ -17,7 +17,13 @@ EVALUATED = {
     "fp8": "the FP8 model as deployed: quantized linears run as the kernels' Fp8Linear (W8A8: e4m3 weights, "
     "activations rounded to e4m3 per token or with the static input_scale), KV cache rounded through "
     "e4m3 with the calibrated k_scale/v_scale when --kv-cache fp8",
+    "w8a8": "the W8A8 model as served: linear weights exactly the checkpoint's dequantized int8 values, each quantized "
+    "linear's input rounded to int8 as vLLM's kernel on this device rounds it (per token, or with the static "
+    "input_scale where that kernel reads it; vLLM's AMX path on CPUs quantizes per token)",
 }
+# Added to EVALUATED["int"] with --eval-activations int8.
+W4A8_EVALUATED = (", with each quantized linear's input rounded to int8 per token as vLLM's CPU build does on AMX "
+                  "CPUs (W4A8)")
 
 
 @dataclass
@@ -48,7 +54,8 @@ class EvalSummary:
     ppl_after: float
     ratio: float
     evaluated: str
-    ppl_before_cached: bool = False  # the fp baseline was read from the ppl cache (`evals/ppl_cache.py`)
+    ppl_before_cached: bool = False
+    activations: str = "unquantized"  # what "ppl after" did to activations, e.g. "int8 per token (onednn, 14 linears)"  # the fp baseline was read from the ppl cache (`evals/ppl_cache.py`)
 
 
 @dataclass

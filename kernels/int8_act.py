@@ -88,6 +88,23 @@ def _to_codes(v: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(torch.round(v), nan=0.0).to(torch.int8)
 
 
+def has_amx() -> bool:
+    """True on a CPU with AMX tiles (Sapphire Rapids and newer), as vLLM's CPU build asks torch."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def vllm_kernel(device_type: str, n: int, k: int, *, amx: bool | None = None, symmetric: bool = True) -> str:
+    """The kernel vLLM 0.32 quantizes a W8A8 linear's activations with (its weight (n, k)) on
+    `device_type`: "cuda" on a GPU; on a CPU "sgl" where `CPUInt8ScaledMMLinearKernel` takes
+    the AMX path (AMX, symmetric activations, k % 32 == 0, n % 16 == 0: vLLM checks the fused
+    q/k/v and gate/up weights, this the linear's own), else "onednn". `amx` None: this CPU's."""
+    if device_type == "cuda":
+        return "cuda"
+    amx = has_amx() if amx is None else amx
+    return "sgl" if amx and symmetric and k % 32 == 0 and n % 16 == 0 else "onednn"
+
+
 def quantize_per_token(
     x: torch.Tensor, *, symmetric: bool = True, kernel: str = "onednn"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

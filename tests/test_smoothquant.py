@@ -145,3 +145,78 @@ def test_folding_leaves_logits_unchanged(model_type: str) -> None:
     after = _balance_input_maxima(model, arch, tokens)
     for key, s in scales.items():
         torch.testing.assert_close(after[key], maxima[key] / s, rtol=1e-4, atol=1e-6)
+
+
+def _targets(model: torch.nn.Module, arch: Architecture) -> set[str]:
+    from infer_tool.calib.layers import linear_shapes
+
+    return set(linear_shapes(model, arch))
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_pipeline_step_leaves_logits_unchanged(model_type: str) -> None:
+    """The pipeline's SmoothQuant step (`smooth_layer`), from the statistics `calibrate`
+    measures, on every dense architecture of the table: the norm mappings are smoothed, the
+    fp32 logits stay within 1e-5, and the statistics it returns are those of the balance
+    linears' new inputs (measured again after the fold)."""
+    from infer_tool.calib.pipeline import collect_stats
+    from infer_tool.calib.quantizers.smoothquant import smooth_layer
+    from infer_tool.calib.result import PipelineResult
+
+    model = tiny_model(model_type)
+    arch = architecture_for(model_type)
+    tokens = ids()
+    with torch.no_grad():
+        ref = model(input_ids=tokens, use_cache=False).logits
+    before = collect_stats(model, tokens, batch_size=4, device="cpu").stats
+    result, targets, returned = PipelineResult(), _targets(model, arch), {}
+    for i, layer in enumerate(decoder_layers(model, arch)):
+        prefix = f"{arch.layers}.{i}"
+        heads = {g[0]: before[f"{prefix}.{g[0]}"] for g in arch.groups}
+        returned[prefix] = smooth_layer(layer, prefix, arch, 0.5, heads, targets, result)
+    entries = result.method_report["smoothquant"]
+    smoothed = [e for e in entries if "skipped" not in e]
+    assert len(smoothed) == 2 * len(decoder_layers(model, arch))  # attention and MLP norms of every layer
+    assert all(e["x_abs_max_after"] < e["x_abs_max_before"] for e in smoothed)
+    with torch.no_grad():
+        out = model(input_ids=tokens, use_cache=False).logits
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+    after = collect_stats(model, tokens, batch_size=4, device="cpu").stats
+    for prefix, stats in returned.items():
+        for head, st in stats.items():
+            torch.testing.assert_close(st.act_abs_max_channel, after[f"{prefix}.{head}"].act_abs_max_channel,
+                                       rtol=1e-4, atol=1e-6)
+
+
+def test_smoothquant_in_gptq_and_rtn_live_and_from_saved_statistics() -> None:
+    """SmoothQuant + W8A8 through the pipeline: GPTQ live and from saved statistics choose the
+    same s for layer 0 (both measured on its fp inputs); RTN with static activations stores
+    input_scale = max|x| / 127 of the smoothed input (measured on the quantized model); a
+    smoothed GPTQ run differs from an unsmoothed one."""
+    import copy
+
+    from infer_tool.calib.pipeline import collect_stats, quantize_from_stats, quantize_model
+    from infer_tool.schemes.registry import make_scheme
+
+    model = tiny_model("llama")
+    tokens = ids()
+    w8a8 = dict(bits=8, group_size=-1, int8_activations="dynamic")
+    live = quantize_model(copy.deepcopy(model), tokens, make_scheme("gptq", smoothquant=0.5, **w8a8), batch_size=4,
+                          device="cpu")
+    saved = collect_stats(model, tokens, batch_size=4, device="cpu").stats
+    reused = quantize_from_stats(copy.deepcopy(model), saved, make_scheme("gptq", smoothquant=0.5, **w8a8), device="cpu")
+    first = [(e["layer"], e["smooth"], e["s_min"], e["s_max"]) for e in live.method_report["smoothquant"][:2]]
+    assert first == [(e["layer"], e["smooth"], e["s_min"], e["s_max"]) for e in reused.method_report["smoothquant"][:2]]
+    plain = quantize_model(copy.deepcopy(model), tokens, make_scheme("gptq", **w8a8), batch_size=4, device="cpu")
+    q = "model.layers.0.self_attn.q_proj"
+    assert not torch.equal(plain.quantized[q].q, live.quantized[q].q)
+
+    quantized = copy.deepcopy(model)
+    rtn = quantize_model(quantized, tokens, make_scheme("rtn", smoothquant=0.8, **{**w8a8, "int8_activations": "static"}),
+                         batch_size=4, device="cpu")
+    seen = []
+    h = quantized.get_submodule(q).register_forward_pre_hook(lambda m, a: seen.append(a[0].abs().max()))
+    with torch.no_grad():
+        quantized(input_ids=tokens, use_cache=False)
+    h.remove()
+    assert float(rtn.quantized[q].input_scale) == pytest.approx(float(max(seen)) / 127, rel=1e-5)

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, get_submodule
-from infer_tool.calib.layers import LayerCall, run_layer, set_weight_nk, weight_nk
+from infer_tool.calib.layers import LayerCall, capturing_inputs, group_modules, run_layer, set_weight_nk, weight_nk
 from infer_tool.calib.moe import ExpertTokens, MoeLayer, Routing, capturing_routing
 from infer_tool.calib.result import Fallback, PipelineResult
-from infer_tool.calib.stats import LayerStats, relative_output_error
+from infer_tool.calib.stats import LayerStats, StatsAccumulator, relative_output_error
 from infer_tool.common.errors import BadInput
+from infer_tool.packers.int8 import int8_input_scale
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.integer import QuantScheme
@@ -43,11 +44,12 @@ class Needs:
     activation_stats: bool = False  # mean and max |x| of each linear group's input
     live_blocks: bool = False  # block outputs on live activations (cannot come from saved statistics)
     layer_pass: bool = False  # one more pass over the quantized layer (e.g. KV-cache amax)
+    channel_max: bool = False  # max |x_j| per input channel (SmoothQuant); saved statistics need it stored
 
     @property
     def data_free(self) -> bool:
         """True when only the reported error reads calibration activations."""
-        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass)
+        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass or self.channel_max)
 
 
 class LayerOutputs(NamedTuple):
@@ -138,10 +140,35 @@ def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, ar
         result.fallbacks.append(Fallback(full, weight.info["fallback"], weight.info.get("reason")))
 
 
-def record_rtn_fallback(ctx: LayerContext, name: str, scheme: QuantScheme, reason: str) -> None:
-    """RTN-quantize linear `name` of the layer and record it as a fallback (`reason`)."""
+def with_input_scale(weight: Any, stats: LayerStats | None, scheme: QuantScheme, name: str) -> Any:
+    """A solved INT weight with its static int8 activation scale (act_abs_max / 127 of its
+    input) when the scheme's activations are static int8; else as it is."""
+    if scheme.int8_activations != "static":
+        return weight
+    if stats is None:
+        raise ValueError(f"{name}: static int8 activations need calibration statistics")
+    weight.input_scale = int8_input_scale(stats.act_abs_max)
+    return weight
+
+
+def measure_groups(ctx: LayerContext, hessian: bool = False) -> dict[str, LayerStats]:
+    """{first linear of each group: the statistics of the group's input} over every chunk, in
+    one pass of the layer as it is (its outputs are discarded)."""
+    heads = group_modules(ctx.layer, ctx.arch)
+    accs = {k: StatsAccumulator(weight_nk(m, ctx.arch.conv1d).shape[1], hessian=hessian) for k, m in heads.items()}
+    with capturing_inputs(heads, accs=accs):
+        run_layer(ctx.layer, ctx.X, ctx.calls)
+    return {k: a.result() for k, a in accs.items()}
+
+
+def record_rtn_fallback(
+    ctx: LayerContext, name: str, scheme: QuantScheme, reason: str, stats: LayerStats | None = None
+) -> None:
+    """RTN-quantize linear `name` of the layer and record it as a fallback (`reason`); `stats`
+    give a static int8 activation scale its input's max |x|."""
     module = ctx.module(name)
     weight = quantize_rtn(weight_nk(module, ctx.arch.conv1d).detach().float(), None, scheme)
+    weight = with_input_scale(weight, stats, scheme, ctx.full(name))
     weight.info.update(fallback="rtn", reason=reason)
     record(ctx.result, ctx.full(name), module, weight, ctx.arch, None)
 
@@ -157,6 +184,16 @@ class LayerQuantizer(Generic[S]):
     def stats_refusal(self, scheme: S) -> str | None:
         """Why `quantize --stats` cannot run this scheme, or None when it can."""
         return None
+
+    def prepare_stats(
+        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], targets: set[str],
+        result: PipelineResult, scheme: S,
+    ) -> dict[str, LayerStats]:
+        """From saved statistics (`quantize --stats`), before layer `prefix`'s linears are solved:
+        `stats` {linear name in the layer: its statistics} -> the statistics to solve with. A
+        method that changes the layer first (SmoothQuant's fold) returns those of the changed
+        inputs; the default changes nothing."""
+        return stats
 
     def notes(self, result: PipelineResult, scheme: S) -> list[str]:
         """Notes for the report about what was written (e.g. shapes a runtime refuses)."""
