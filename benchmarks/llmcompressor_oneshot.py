@@ -5,13 +5,19 @@ transformers <= 5.17, compressed-tensors 0.19), so it imports nothing of infer-t
 
     PYTHON benchmarks/llmcompressor_oneshot.py --model-dir DIR --ids calib.safetensors \\
         --method awq|gptq --group-size 64 [--asym] --out OUT
+    PYTHON benchmarks/llmcompressor_oneshot.py --model-dir DIR --ids calib.safetensors \\
+        --method w8a8 [--smoothquant 0.8] [--gptq | --rtn] --out OUT
 
 The calibration sequences are the exact token ids infer-tool calibrates on (`input_ids`
 (B, T) int64 in a safetensors file), so both sides see the same data. llm-compressor
 runs its defaults for the method (AWQ: 20-point grid, duo scaling; GPTQ: damp 0.01,
 128-column blocks, static act-order) with an int4 weight-only scheme of the given group
 size on every Linear but lm_head, and saves a compressed-tensors pack-quantized
-checkpoint. Prints one JSON line: seconds (oneshot, save), peak RSS.
+checkpoint. `--method w8a8` is its W8A8 INT8 recipe (examples/quantization_w8a8_int8):
+`SmoothQuantModifier(smoothing_strength=ALPHA)` (with --smoothquant; mappings from the
+architecture) then `GPTQModifier(scheme="W8A8")` (or `QuantizationModifier`, RTN, with
+--rtn), saved as compressed-tensors int-quantized. Prints one JSON line: seconds (oneshot,
+save), peak RSS.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--ids", required=True)
-    p.add_argument("--method", choices=("awq", "gptq"), required=True)
+    p.add_argument("--method", choices=("awq", "gptq", "w8a8"), required=True)
+    p.add_argument("--smoothquant", type=float, help="w8a8: SmoothQuantModifier(smoothing_strength=ALPHA) first")
+    p.add_argument("--rtn", action="store_true", help="w8a8: QuantizationModifier (RTN) instead of GPTQModifier")
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--asym", action="store_true")
     p.add_argument("--act-order", choices=("static", "none"), default="static", help="GPTQ only")
@@ -56,7 +64,15 @@ def main() -> None:
                                symmetric=not args.asym)
     scheme = QuantizationScheme(targets=["Linear"], weights=weights)
     ignore = ["lm_head", *args.ignore]
-    if args.method == "awq":
+    if args.method == "w8a8":
+        from llmcompressor.modifiers.gptq import GPTQModifier
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
+        recipe = [SmoothQuantModifier(smoothing_strength=args.smoothquant)] if args.smoothquant is not None else []
+        solver = QuantizationModifier if args.rtn else GPTQModifier
+        recipe.append(solver(targets="Linear", scheme="W8A8", ignore=ignore))
+    elif args.method == "awq":
         from llmcompressor.modifiers.quantization import QuantizationModifier
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
