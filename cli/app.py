@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from infer_tool.cli import help_panels
 from infer_tool.common.errors import BadInput, QualityGateFailed
 
 # Only subcommands that work are registered here.
@@ -55,6 +56,7 @@ def root(
 
 for _name in COMMANDS:
     importlib.import_module(f"infer_tool.cli.commands.{_name}").register(app)
+help_panels.install(app)
 
 
 def _click_exceptions() -> Any:

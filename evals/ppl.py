@@ -93,18 +93,37 @@ def finish_distributed() -> None:
     finish()
 
 
-def window_nll(model: Any, ids: Any, window: Window) -> float:
-    """Sum of next-token NLL (float64) over the window's last `scored` positions."""
+def window_logits(model: Any, ids: Any, window: Window) -> tuple[Any, Any]:
+    """(logits (scored, V) float32, targets (scored,)): the model's next-token logits at the
+    positions that predict the window's last `scored` tokens, and those tokens."""
     import torch
-    import torch.nn.functional as F
 
     device = next(model.parameters()).device
     x = ids[window.begin : window.end].unsqueeze(0).to(device)  # (1, L)
     with torch.inference_mode():
         logits = model(input_ids=x, use_cache=False).logits[0]  # (L, V)
-    logits = logits[-window.scored - 1 : -1].float()  # predicts the last `scored` tokens
-    target = x[0, -window.scored :]
+    return logits[-window.scored - 1 : -1].float(), x[0, -window.scored :]
+
+
+def nll_sum(logits: Any, target: Any) -> float:
+    """Sum of next-token NLL (float64) of `target` (S,) under `logits` (S, V) float32."""
+    import torch.nn.functional as F
+
     return F.cross_entropy(logits, target, reduction="sum").double().item()
+
+
+def window_nll(model: Any, ids: Any, window: Window) -> float:
+    """Sum of next-token NLL (float64) over the window's last `scored` positions."""
+    return nll_sum(*window_logits(model, ids, window))
+
+
+def my_windows(count: int) -> tuple[list[int], int]:
+    """(the indices of the `count` windows this process evaluates, the number of processes):
+    the windows are dealt round-robin under a distributed launch (all of them in one process)."""
+    from infer_tool.calib.distributed import world as dist_world
+
+    rank, world = dist_world()
+    return list(range(rank, count, world)), world
 
 
 def check_vocab(model: Any, ids: Any) -> None:
@@ -137,10 +156,7 @@ def evaluate_ppl(
         ids = ids[:max_tokens]
     check_vocab(model, ids)
     windows = make_windows(ids.numel(), seq_len, stride)
-    from infer_tool.calib.distributed import world as dist_world
-
-    rank, world = dist_world()
-    mine = list(range(rank, len(windows), world))
+    mine, world = my_windows(len(windows))
     nll = torch.zeros(len(windows), dtype=torch.float64)
     t0 = time.perf_counter()
     done_tokens, running = 0, 0.0

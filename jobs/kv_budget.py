@@ -32,6 +32,7 @@ from infer_tool.sizing.vllm_memory import MemoryProfile
 from infer_tool.sizing.vllm_versions import policy
 from infer_tool.sizing.weights import weight_bytes
 
+MODEL_RUNNERS = ("v1", "v2")
 DEFAULT_CONTEXT_START = 4096
 DEFAULT_CONTEXT_END = 131072  # when the model states no max_position_embeddings
 
@@ -43,6 +44,7 @@ class PlanRequest:
     model: str
     gpu: str = DEFAULT_GPU
     gpu_mem_bytes: int | None = None  # instead of a preset
+    gpu_compute_capability: str = ""  # of a --gpu-mem device ("9.0", "gfx942"); "" = unknown
     num_gpus: int | None = None  # default tp x pp; extra GPUs are data-parallel replicas
     tp: int | None = None  # default num_gpus / pp
     pp: int = 1
@@ -65,6 +67,7 @@ class PlanRequest:
     cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: vLLM's default list
     max_cudagraph_capture_size: int | None = None
     mamba_ssm_cache_dtype: str | None = None  # None: the config hook's (vLLM's "auto")
+    model_runner: str | None = None  # "v1" / "v2"; None: the release's default for the model
     async_scheduling: bool | None = None  # None: the release's default
     prefix_caching: bool = True
     prompt_len: int | None = None  # None: the row's context less the output
@@ -121,7 +124,8 @@ class Report:
 def resolve_gpu(req: PlanRequest) -> GpuPreset:
     if req.gpu_mem_bytes is not None:  # the total as CUDA reports it, given by the user
         return GpuPreset("custom", f"custom {req.gpu_mem_bytes / 2**30:g} GiB", req.gpu_mem_bytes, "--gpu-mem",
-                         cuda_memory_bytes=req.gpu_mem_bytes, cuda_source="--gpu-mem")
+                         cuda_memory_bytes=req.gpu_mem_bytes, cuda_source="--gpu-mem",
+                         compute_capability=req.gpu_compute_capability)
     return gpu_preset(req.gpu)
 
 
@@ -187,6 +191,8 @@ def _validate(req: PlanRequest, contexts: tuple[int, ...]) -> None:
     if req.mamba_ssm_cache_dtype is not None and req.mamba_ssm_cache_dtype not in STATE_DTYPE_BYTES:
         raise BadInput(f"--mamba-ssm-cache-dtype {req.mamba_ssm_cache_dtype!r} not known; "
                        f"accepted: {', '.join(STATE_DTYPE_BYTES)}")
+    if req.model_runner is not None and req.model_runner not in MODEL_RUNNERS:
+        raise BadInput(f"--model-runner {req.model_runner!r} not known; accepted: {', '.join(MODEL_RUNNERS)}")
     if req.weights_per_gpu_bytes is not None and req.weights is not None:
         raise BadInput("give --weights or --weights-memory, not both")
 
@@ -221,6 +227,7 @@ def engine_args(req: PlanRequest) -> vllm_kv.EngineArgs:
         cudagraph_capture_sizes=req.cudagraph_capture_sizes,
         max_cudagraph_capture_size=req.max_cudagraph_capture_size,
         vllm_version=req.vllm_version,
+        model_runner=req.model_runner,
     )
 
 

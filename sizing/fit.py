@@ -18,7 +18,7 @@ from infer_tool.sizing import vllm_kv, vllm_memory
 from infer_tool.sizing.capacity import MAX_CONTEXT_SEARCH, Deployment, Planner, Row, pp_stages, validate
 from infer_tool.sizing.kv import ceil_div
 from infer_tool.sizing.presets import GpuPreset
-from infer_tool.sizing.shape import ModelShape
+from infer_tool.sizing.shape import STATE, ModelShape
 
 ACCOUNTINGS = ("vllm", "plain")
 
@@ -109,10 +109,21 @@ class Fit:
             return self.engine.max_num_seqs
         return vllm_kv.serve_batch_defaults(self.dep.gpu_memory_bytes, self.gpu_name)[1]
 
+    def model_runner_v2(self) -> bool:
+        """The engine's --model-runner, else the release's default for this model."""
+        if self.engine.model_runner is not None:
+            return self.engine.model_runner == "v2"
+        s = self.shape
+        attention = any(l.kind != STATE for l in s.layers)
+        moe = s.forward is not None and s.forward.num_experts > 0
+        return self.policy.model_runner_v2(s.model_type, moe=moe, hybrid=attention and s.count(STATE) > 0,
+                                           attention_free=not attention)
+
     def profile_engine(self) -> vllm_memory.ProfileEngine:
         e = self.engine
         return vllm_memory.ProfileEngine(self.max_num_batched_tokens(), self.max_num_seqs(), e.enforce_eager,
-                                         e.cudagraph_capture_sizes, e.max_cudagraph_capture_size)
+                                         e.cudagraph_capture_sizes, e.max_cudagraph_capture_size,
+                                         self.model_runner_v2())
 
     def stage_budgets(self) -> list[int]:
         """KV-cache bytes each pipeline stage's workers have (vLLM sizes them apart)."""

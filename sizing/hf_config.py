@@ -97,6 +97,7 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
         max_position_embeddings=cfg.get("max_position_embeddings", "n_positions", "max_seq_len", default=None),
         params=params,
         forward=forward,
+        model_type=cfg.model_type,
         source=source,
         notes=tuple(notes),
     )

@@ -137,6 +137,7 @@ class ModelShape:
     max_position_embeddings: int | None = None
     params: ParamCount | None = None
     forward: ForwardShape | None = None  # None: the reader could not tell (no activation model)
+    model_type: str = ""  # config.json's model_type ("qwen3", "llama"); "" when the reader has none
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 

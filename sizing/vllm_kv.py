@@ -66,6 +66,7 @@ class EngineArgs:
     cudagraph_capture_sizes: tuple[int, ...] | None = None
     max_cudagraph_capture_size: int | None = None
     vllm_version: str = VLLM_VERSION
+    model_runner: str | None = None  # "v1" / "v2" (VLLM_USE_V2_MODEL_RUNNER=0 / 1); None: the release's default
 
     @property
     def policy(self) -> VllmPolicy:

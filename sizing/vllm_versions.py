@@ -25,6 +25,27 @@ changed it (0.32.0's own source for the present behaviour):
   max_model_len)` (`get_kv_cache_capacity`); before, `num_blocks // groups x min block
   size`, which differs for hybrid models (vllm-project/vllm#40691 reports 0.19.0's line;
   0.24.0 logs show the new one).
+- `persistent_buffers_counted` since 0.28: the profile charges what the process holds
+  after it (free-memory drop since the init snapshot, `total_consumed`) plus the transient
+  torch peak (0.32's `utils/mem_utils.py` `memory_profiling`: "total_consumed already
+  covers persistent torch allocations"). Before, it charged the weights, the torch peak
+  increase and the non-torch increase, so torch tensors a runner allocates between
+  loading the weights and the profile run were outside the budget (the change is
+  described in vllm-project/vllm#37111; ovg-project/kvcached#492 reports 0.28 reading
+  `total_consumed`; 0.26.0's log line still names weights, peak and non-torch apart).
+- `model_runner_v2(...)`: which model runner the worker builds when
+  VLLM_USE_V2_MODEL_RUNNER is unset (0.32's `VllmConfig.use_v2_model_runner`). From the
+  release notes: 0.22 Qwen3 dense models (vllm-project/vllm#39337), 0.23 also Llama and
+  Mistral (#43458), 0.25 every dense model (#44443), 0.29 every model family (#53183,
+  "the first tagged release with this default will be v0.29.0"). In 0.25-0.28 a dense
+  model is one that is neither MoE nor hybrid nor attention-free, and the MoE families of
+  `V2_MOE_MODEL_TYPES` (#42667, #45461) also default to V2
+  (`_is_default_v2_model_runner_model`); those MoE families are assumed to join in 0.24,
+  the release after they merged. Quantized checkpoints joined in 0.24 (#44446); before,
+  a quantized Qwen3 / Llama / Mistral stayed on V1, which is not told apart here.
+  Configurations the runner does not support still fall back to V1 (speculative methods,
+  KV connectors, ...): `--model-runner` overrides. The release notes are quoted in
+  LocalAI#10811 (0.25.0), IntelLabs/DeepMath#22 (0.23.0) and microsoft/byol#18 (0.22.0).
 """
 
 from __future__ import annotations
@@ -37,6 +58,8 @@ from infer_tool.sizing.defaults import VLLM_VERSION
 
 OLDEST = 10  # 0.10: the first V1-only release modelled
 NEWEST = 32
+V2_DENSE_MODEL_TYPES = {22: frozenset({"qwen3"}), 23: frozenset({"qwen3", "llama", "mistral"})}
+V2_MOE_MODEL_TYPES = frozenset({"qwen2_moe", "deepseek_v2", "granitemoe"})
 
 
 @dataclass(frozen=True)
@@ -73,6 +96,20 @@ class VllmPolicy:
     @property
     def sliding_in_flight_batches(self) -> bool:
         return self.minor >= 26
+
+    @property
+    def persistent_buffers_counted(self) -> bool:
+        return self.minor >= 28
+
+    def model_runner_v2(self, model_type: str, *, moe: bool, hybrid: bool, attention_free: bool) -> bool:
+        """The runner this release picks for a model of `model_type` by default."""
+        if self.minor >= 29:
+            return True
+        if self.minor >= 25:
+            return not attention_free and (model_type in V2_MOE_MODEL_TYPES or not (moe or hybrid))
+        if self.minor == 24:
+            return model_type in V2_DENSE_MODEL_TYPES[23] or model_type in V2_MOE_MODEL_TYPES
+        return model_type in V2_DENSE_MODEL_TYPES.get(self.minor, frozenset())
 
 
 def modelled() -> str:

@@ -363,10 +363,12 @@ def test_tiny_float32_hybrid_state_bytes():
 
 
 def test_pipeline_stages_profile_apart():
-    r = _plan("llama-3.1-8b", pp=2, num_gpus=2, vllm_version="0.32")
+    r = _plan("llama-3.1-8b", pp=2, num_gpus=2, vllm_version="0.32", model_runner="v1")
     first, last = r.profiles
     assert first.activation.sampler_bytes == 0 and last.activation.sampler_bytes > 0
     assert "Triton top-k/top-p buffer" not in first.non_torch and "Triton top-k/top-p buffer" in last.non_torch
+    v2 = _plan("llama-3.1-8b", pp=2, num_gpus=2, vllm_version="0.32").profiles  # Model Runner V2, 0.32's default
+    assert PENALTY not in v2[0].non_torch and v2[1].non_torch[PENALTY] == 1024 * (128256 + 128256 // 32) * 4
     # the embedding sits on the first stage, the LM head on the last: 128,256 x 4096 x 2 B each
     assert abs(first.weights - last.weights) < 2**20
     assert r.fit.num_blocks() == min(vm_blocks(r, i) for i in range(2))
@@ -375,3 +377,79 @@ def test_pipeline_stages_profile_apart():
 def vm_blocks(r, stage):
     p = r.profiles[stage]
     return p.available // (16 * 16 * 8 * 256 * 2)  # 16 layers x 16 tokens x 8 KV heads x (K 128 + V 128) x 2 B
+
+
+# --- Model Runner V2 -------------------------------------------------------------------
+PENALTY = "penalty state, Model Runner V2"
+
+
+@pytest.mark.parametrize(
+    "version, qwen3, llama, qwen2, qwen2_moe, gpt_oss, hybrid",
+    [
+        ("0.21", False, False, False, False, False, False),
+        ("0.22", True, False, False, False, False, False),  # Qwen3 dense first (#39337)
+        ("0.23", True, True, False, False, False, False),  # + Llama, Mistral (#43458)
+        ("0.24", True, True, False, True, False, False),  # + Qwen2-MoE / DeepSeek-V2 / Granite MoE (assumed)
+        ("0.25", True, True, True, True, False, False),  # every dense model (#44443)
+        ("0.28", True, True, True, True, False, False),
+        ("0.29", True, True, True, True, True, True),  # every family (#53183)
+    ],
+)
+def test_model_runner_v2_default_by_release(version, qwen3, llama, qwen2, qwen2_moe, gpt_oss, hybrid):
+    p = policy(version)
+    dense = {"moe": False, "hybrid": False, "attention_free": False}
+    assert p.model_runner_v2("qwen3", **dense) is qwen3
+    assert p.model_runner_v2("llama", **dense) is llama
+    assert p.model_runner_v2("qwen2", **dense) is qwen2
+    assert p.model_runner_v2("qwen2_moe", moe=True, hybrid=False, attention_free=False) is qwen2_moe
+    assert p.model_runner_v2("gpt_oss", moe=True, hybrid=False, attention_free=False) is gpt_oss
+    assert p.model_runner_v2("qwen3_5_text", moe=False, hybrid=True, attention_free=False) is hybrid
+    assert p.model_runner_v2("mamba", moe=False, hybrid=False, attention_free=True) is (version == "0.29")
+
+
+def test_v2_sampler_samples_the_logits_as_they_are():
+    s = tiny()
+    rows, tokens = 16, 512
+    held = tokens * 256 * 2 + rows * 256 * 2
+    # no float32 copy, no top-k / top-p pass: the bf16 logits (and at TP 2 the gathered shard)
+    assert vm.sampler_bytes(s, rows, tokens, 1, NEW, runner_v2=True) == held + rows * 1000 * 2
+    assert vm.sampler_bytes(s, rows, tokens, 2, NEW, runner_v2=True) == held + rows * 1000 * 2 + rows * 500 * 2
+    act = vm.activation(s, engine(mnbt=16, seqs=16, model_runner_v2=True), range(4), 1, True, NEW)
+    assert act.sampler_bytes == 16 * 256 * 2 * 2 + 16 * 1000 * 2 and act.forward_bytes == 16 * 3584 * 2
+
+
+def test_v2_penalty_state_is_charged_since_0_28():
+    s = tiny()
+    e = engine(mnbt=512, seqs=256, model_runner_v2=True)
+    parts, _ = vm.non_torch(s, e, "9.0", 1, True, NEW)
+    # int32 output_bin_counts (256, 1000) and prompt_bin_mask (256, cdiv(1000, 32) = 32); no Triton buffer
+    assert parts == {"cuBLAS + cuBLASLt workspaces": 2 * 32 * MiB, PENALTY: 256 * (1000 + 32) * 4}
+    assert vm.non_torch(s, e, "9.0", 1, True, policy("0.28"))[0][PENALTY] == 256 * 1032 * 4
+    # before 0.28: allocated, but the profile charged weights + torch peak + non-torch only
+    assert vm.non_torch(s, e, "9.0", 1, True, policy("0.27"))[0] == {"cuBLAS + cuBLASLt workspaces": 2 * 32 * MiB}
+    assert PENALTY not in vm.non_torch(s, e, "9.0", 1, False, NEW)[0]  # the sampler lives on the last stage
+    assert not policy("0.27").persistent_buffers_counted and policy("0.28").persistent_buffers_counted
+
+
+def test_plan_picks_the_runner_and_honours_the_override():
+    assert _plan("llama-3.1-8b", vllm_version="0.32").fit.model_runner_v2()
+    assert not _plan("llama-3.1-8b", vllm_version="0.22").fit.model_runner_v2()
+    assert _plan("qwen3-8b", vllm_version="0.22").fit.model_runner_v2()
+    assert not _plan("gpt-oss-20b", vllm_version="0.28").fit.model_runner_v2()  # MoE, not in 0.28's list
+    assert _plan("gpt-oss-20b", vllm_version="0.29").fit.model_runner_v2()
+    assert not _plan("qwen3.5-27b", vllm_version="0.27").fit.model_runner_v2()  # hybrid
+    assert not _plan("llama-3.1-8b", vllm_version="0.32", model_runner="v1").fit.model_runner_v2()
+    assert _plan("llama-3.1-8b", vllm_version="0.21", model_runner="v2").fit.model_runner_v2()
+    with pytest.raises(BadInput, match="--model-runner 'v3' not known; accepted: v1, v2"):
+        _plan(model_runner="v3")
+
+
+def test_v1_and_v2_profiles_differ_by_the_sampler_and_the_penalty_state():
+    # Llama-3.1-8B on the H100 preset (vllm serve: 8192 tokens, 1024 sequences), vLLM 0.32
+    v1 = _plan("llama-3.1-8b", vllm_version="0.32", model_runner="v1").profiles[0]
+    v2 = _plan("llama-3.1-8b", vllm_version="0.32").profiles[0]
+    rows, vocab, h = 1024, 128256, 4096
+    assert v1.activation.sampler_bytes - v2.activation.sampler_bytes == rows * vocab * (4 + 8)  # f32 + probs/noise
+    assert v2.activation.bytes == v2.activation.forward_bytes == 8192 * (2 * h + 3 * 14336) * 2
+    assert v2.non_torch[PENALTY] == rows * (vocab + vocab // 32) * 4
+    assert v1.non_torch["Triton top-k/top-p buffer"] == 132 * vocab * 4

@@ -5,6 +5,12 @@ tests/vllm_formats.py is quantized from the demo model, loaded by vLLM's CPU bui
 build refuses must give exactly the refusal its row names, so that a vLLM that starts
 accepting it fails this test until the row and the README are updated.
 
+The expectations are per CPU class (AMX or not; docs/vllm-cpu.md), from vLLM's own kernel
+selection, which the worker evaluates as both classes on every host: the format rows run
+with VLLM_CPU_INT4_W4A8=0, the `-w4a8` rows with vLLM's default 1 (W4A8 with AMX: vLLM's ppl
+above ours by vllm_formats.W4A8_GAP; without AMX it must not take effect). Every vLLM load
+and score has its own time limit, so a hang fails its row by name within minutes.
+
 No skip: without the vLLM environment (`make vllm-env`, which `make test` runs first)
 every test that needs it fails and says how to build it.
 """
@@ -64,22 +70,43 @@ def _result(row_id: str, vllm: dict, ours: float | None = None, scales: dict | N
 
 
 NO_AMX_HOST = {"amx": False}
+AMX_HOST = {"amx": True}
+INT4 = {"selections": {"no_amx": list(vllm_formats.WNA16), "amx": list(vllm_formats.WNA16)}}
 
 
 @pytest.mark.parametrize(
     "res,host,complaint",
     [
-        (_result("awq-gemm", {"ppl": 25.3, "stage": "score"}, ours=24.8), NO_AMX_HOST, "over 1%"),
+        (_result("awq-gemm", {"ppl": 25.3, "stage": "score", "w4a8": [False]}, ours=24.8), NO_AMX_HOST, "over 1%"),
         (_result("awq-gemm", {"error": "ValueError: x", "stage": "load"}), NO_AMX_HOST, "did not run it"),
         (_result("fp8-tensor", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
         (_result("fp8-tensor", {"error": "RuntimeError: other", "stage": "load"}), NO_AMX_HOST, "expected vLLM's refusal"),
         (_result("ct-fp8-channel-static", {"error": vllm_formats.NARROW_0DIM, "stage": "load"}), NO_AMX_HOST, "at score"),
-        (_result("ct-fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load"}), {"amx": True}, "did not run it"),
+        (_result("ct-fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load"}), AMX_HOST, "did not run it"),
         (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
                                        "kv_scales": {"a": [0.02, 0.002]}}, ours=20.8, scales={"a": [0.02, 0.004]}),
          NO_AMX_HOST, "other k/v scales"),
         (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "auto", "kv_scales": {}},
                  ours=20.8, scales={"a": [0.02, 0.004]}), NO_AMX_HOST, "not fp8"),
+        # per-stage time limit: the row is named
+        (_result("ct-fp8-channel", {"stage": "score", "loaded": True, "timed_out": True,
+                                    "error": "Timeout: vLLM's score of ct-fp8-channel ran over 240 s; killed"}),
+         AMX_HOST, "ct-fp8-channel: Timeout"),
+        # vLLM's own selection, as either class, differs from the row's
+        (_result("fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load", "selections": {
+            "no_amx": list(vllm_formats.FP8_BLOCK_NONE), "amx": list(vllm_formats.FP8_BLOCK_NONE)}}),
+         NO_AMX_HOST, "selection with AMX"),
+        # W4A8: the gap's sign and size with AMX, no effect without
+        (_result("ct-int4-asym-w4a8", {"ppl": 24.9, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST,
+         "outside +1%..+8%"),
+        (_result("ct-int4-asym-w4a8", {"ppl": 23.9, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST,
+         "outside +1%..+8%"),
+        (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), AMX_HOST,
+         "use_w4a8=[False]"),
+        (_result("ct-int4-asym-w4a8", {"ppl": 24.8, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), NO_AMX_HOST,
+         "use_w4a8=[True]"),
+        (_result("ct-int4-asym", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST,
+         "use_w4a8=[True]"),
     ],
 )
 def test_problems_catch_each_miss(res: vllm_formats.Result, host: dict, complaint: str) -> None:
@@ -90,12 +117,58 @@ def test_problems_catch_each_miss(res: vllm_formats.Result, host: dict, complain
 
 def test_problems_accept_expected_outcomes() -> None:
     ok = [
-        (_result("awq-gemm", {"ppl": 24.9, "stage": "score"}, ours=24.8), NO_AMX_HOST),
+        (_result("awq-gemm", {"ppl": 24.9, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), NO_AMX_HOST),
+        (_result("awq-gemm", {"ppl": 24.9, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), AMX_HOST),
+        (_result("awq-gemm-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST),
+        (_result("awq-gemm-w4a8", {"ppl": 24.85, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), NO_AMX_HOST),
         (_result("fp8-tensor", {"error": vllm_formats.STATIC_FP8_QUANT, "stage": "load"}), NO_AMX_HOST),
-        (_result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75), {"amx": True}),
+        (_result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75), AMX_HOST),
         (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
                                        "kv_scales": {"a": [0.02, 0.004]}}, ours=20.8, scales={"a": [0.02, 0.004]}),
          NO_AMX_HOST),
     ]
     for res, host in ok:
         assert vllm_formats.problems(res, host) == [], res.row.id
+
+
+def test_host_is_recorded(run: vllm_formats.Run) -> None:
+    """The results say which CPU class and W4A8 setting each worker ran with."""
+    assert isinstance(run.host.get("amx"), bool) and run.host["amx"] == vllm_formats.host_has_amx()
+    assert run.host["VLLM_CPU_INT4_W4A8"] == {"w4a16": "0", "w4a8": "1"}
+    assert run.host["scaled_mm_fp8"]["path"] in ("onednn", "emulated")
+
+
+FAKE_WORKER = """import json, sys, time
+spec = json.load(open(sys.argv[1])); f = open(sys.argv[2], "a")
+def w(d): f.write(json.dumps(d) + "\\n"); f.flush()
+w({"host": True, "amx": False})
+for job in spec["jobs"]:
+    w({"name": job["name"], "event": "load"})
+    if job["name"] == "stuck-load": time.sleep(600)
+    w({"name": job["name"], "event": "score"})
+    if job["name"] == "stuck-score": time.sleep(600)
+    if job["name"] == "dies": sys.exit(4)
+    w({"name": job["name"], "loaded": True, "stage": "score", "ppl": 1.0})
+"""
+
+
+def test_stuck_stage_is_killed_and_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker stuck in a C++ kernel cannot be interrupted from inside: the caller kills it
+    when a stage overruns its limit, records that row (as it does a row the worker died in),
+    and a new worker runs the rest."""
+    import sys
+    import time
+
+    (tmp_path / "worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setattr(vllm_formats, "WORKER", tmp_path / "worker.py")
+    monkeypatch.setattr(vllm_formats, "LOAD_TIMEOUT_S", 2)
+    monkeypatch.setattr(vllm_formats, "SCORE_TIMEOUT_S", 2)
+    jobs = [{"name": n} for n in ("a", "stuck-load", "b", "stuck-score", "dies", "c")]
+    t0 = time.monotonic()
+    host, res = vllm_formats.run_worker(sys.executable, tmp_path, jobs, [1, 2], {}, "fake")
+    assert time.monotonic() - t0 < 60
+    assert host == {"host": True, "amx": False}
+    assert [res[n].get("ppl") for n in ("a", "b", "c")] == [1.0, 1.0, 1.0]
+    for name, stage in (("stuck-load", "load"), ("stuck-score", "score")):
+        assert res[name]["timed_out"] and res[name]["stage"] == stage and name in res[name]["error"], res[name]
+    assert res["dies"]["crashed"] and "exit 4" in res["dies"]["error"] and res["dies"]["stage"] == "score", res["dies"]

@@ -61,6 +61,7 @@ def kv_budget(
     reserve: Annotated[Optional[str], Opt(help="Flat memory beside weights and KV per GPU, instead of vLLM's profile.", rich_help_panel=ENGINE)] = None,
     kv_dtype: Annotated[Optional[str], Opt(help="KV cache dtype bf16|fp16|fp8 (int8|int4: plain accounting).", rich_help_panel=ENGINE)] = None,
     mamba_ssm_cache_dtype: Annotated[Optional[str], Opt(help="Recurrent-state dtype auto|float32|bfloat16|float16.", rich_help_panel=ENGINE)] = None,
+    model_runner: Annotated[Optional[str], Opt(help="v1|v2, as VLLM_USE_V2_MODEL_RUNNER=0|1 (default: the release's choice for the model).", rich_help_panel=ENGINE)] = None,
     block_size: Annotated[Optional[int], Opt(help=f"Tokens per cache block (default {DEFAULT_BLOCK_SIZE}).", rich_help_panel=ENGINE)] = None,
     accounting: Annotated[Optional[str], Opt(help=f"vllm: vLLM's blocks; plain: bytes per token (default {DEFAULT_ACCOUNTING}).", rich_help_panel=ENGINE)] = None,
     enforce_eager: Annotated[bool, Opt("--enforce-eager", help="No CUDA graphs (no graph memory).", rich_help_panel=SWITCHES)] = False,

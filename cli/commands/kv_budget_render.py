@@ -120,7 +120,8 @@ def document(r: Report) -> dict[str, Any]:
                    "kv_cache_groups": len(fit.layout.groups) if fit.layout else None,
                    "async_scheduling": r.engine.async_on, "enable_prefix_caching": req.prefix_caching,
                    "max_num_batched_tokens": fit.max_num_batched_tokens(), "max_num_seqs": fit.max_num_seqs(),
-                   "enforce_eager": r.engine.enforce_eager},
+                   "enforce_eager": r.engine.enforce_eager,
+                   "model_runner": "v2" if fit.model_runner_v2() else "v1"},
         "memory": _memory(r),
         "weights": {"bytes_total": r.weights_total, "bytes_per_gpu": planner.weight_bytes_per_gpu,
                     "how": r.weights_how, "from_files": r.weights_from_files},
@@ -201,7 +202,9 @@ def _memory_table(console: Any, r: Report, mem: dict[str, Any]) -> None:
                       f"{_size(mem['available_kv_bytes'])}/GPU for the KV cache")
         return
     stages = mem["stages"]
-    t = Table(title=f"vLLM {r.engine.vllm_version} start-up memory per GPU (modelled from its profile run)")
+    runner = "V2" if r.fit.model_runner_v2() else "V1"
+    t = Table(title=f"vLLM {r.engine.vllm_version} start-up memory per GPU (modelled from its profile run, "
+                    f"model runner {runner})")
     t.add_column("term")
     for s in stages:
         t.add_column("GPU" if len(stages) == 1 else f"layers {s['layers'][0]}-{s['layers'][1] - 1}", justify="right")

@@ -28,9 +28,9 @@ def spec_profile(
         help="Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N].")],
     prompts: Annotated[str, typer.Option("--prompts", help=(
         "sotu:eval (paragraphs), a .txt file (one prompt per line), .jsonl (one per record, optional 'category' "
-        "field), .json/.parquet or a HF dataset."))] = Defaults.prompts,
+        "field), .json, .parquet or a HF dataset."))] = Defaults.prompts,
     text_field: Annotated[str, typer.Option(help=(
-        "Text field of .jsonl/.json/.parquet/HF prompt files (a list of strings, e.g. Spec-Bench's turns, "
+        "Text field of .jsonl, .json, .parquet and HF prompt files (a list of strings, e.g. Spec-Bench's turns, "
         "gives its first)."))] = Defaults.text_field,
     num_prompts: Annotated[int, typer.Option(
         help="Prompts taken evenly spaced through the corpus.")] = Defaults.num_prompts,
