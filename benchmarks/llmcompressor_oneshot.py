@@ -6,6 +6,8 @@ transformers <= 5.17, compressed-tensors 0.19), so it imports nothing of infer-t
     PYTHON benchmarks/llmcompressor_oneshot.py --model-dir DIR --ids calib.safetensors \\
         --method awq|gptq --group-size 64 [--asym] --out OUT
     PYTHON benchmarks/llmcompressor_oneshot.py ... --scheme NVFP4A16 --method rtn|gptq|awq --out OUT
+    PYTHON benchmarks/llmcompressor_oneshot.py --model-dir DIR --ids calib.safetensors \\
+        --method w8a8 [--smoothquant 0.8] [--gptq | --rtn] --out OUT
 
 The calibration sequences are the exact token ids infer-tool calibrates on (`input_ids`
 (B, T) int64 in a safetensors file), so both sides see the same data. llm-compressor
@@ -15,7 +17,11 @@ size on every Linear but lm_head, and saves a compressed-tensors pack-quantized
 checkpoint. With `--scheme PRESET` (llm-compressor's preset names, e.g. NVFP4A16, NVFP4,
 MXFP4A16) the preset replaces the int4 scheme, and `--method rtn` is its QuantizationModifier
 alone (the presets' own observers: min-max weights, static min-max NVFP4 activations).
-Prints one JSON line: seconds (oneshot, save), peak RSS.
+`--method w8a8` is its W8A8 INT8 recipe (examples/quantization_w8a8_int8):
+`SmoothQuantModifier(smoothing_strength=ALPHA)` (with --smoothquant; mappings from the
+architecture) then `GPTQModifier(scheme="W8A8")` (or `QuantizationModifier`, RTN, with
+--rtn), saved as compressed-tensors int-quantized. Prints one JSON line: seconds (oneshot,
+save), peak RSS.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", required=True)
     p.add_argument("--ids", required=True)
-    p.add_argument("--method", choices=("awq", "gptq", "rtn"), required=True)
+    p.add_argument("--method", choices=("awq", "gptq", "rtn", "w8a8"), required=True)
     p.add_argument("--scheme", help="an llm-compressor preset name (NVFP4A16, NVFP4, MXFP4A16, ...) instead of int4")
+    p.add_argument("--smoothquant", type=float, help="w8a8: SmoothQuantModifier(smoothing_strength=ALPHA) first")
+    p.add_argument("--rtn", action="store_true", help="w8a8: QuantizationModifier (RTN) instead of GPTQModifier")
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--asym", action="store_true")
     p.add_argument("--act-order", choices=("static", "none"), default="static", help="GPTQ only")
@@ -65,7 +73,14 @@ def main() -> None:
     quant = {"targets": ["Linear"], "scheme": args.scheme} if args.scheme else {"config_groups": {"group_0": scheme}}
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
-    if args.method == "awq":
+    if args.method == "w8a8":
+        from llmcompressor.modifiers.gptq import GPTQModifier
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+
+        recipe = [SmoothQuantModifier(smoothing_strength=args.smoothquant)] if args.smoothquant is not None else []
+        solver = QuantizationModifier if args.rtn else GPTQModifier
+        recipe.append(solver(targets="Linear", scheme="W8A8", ignore=ignore))
+    elif args.method == "awq":
         from llmcompressor.modifiers.transform.awq import AWQModifier
 
         recipe = [AWQModifier(), QuantizationModifier(**quant, ignore=ignore)]

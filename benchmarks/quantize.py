@@ -37,6 +37,16 @@ and llm-compressor's presets of the same names (`llmc NVFP4A16`: its Quantizatio
 
     python benchmarks/quantize.py --llmcompressor PYTHON --only "NVFP4A16 RTN" "llmc NVFP4A16" ...
 
+INT8 rows (issue 29): W8A8 (`--scheme W8A8`: int8 channel weights, int8 per-token dynamic
+activations) with RTN, GPTQ and SmoothQuant + GPTQ at several alphas, and W8A16; each W8A8
+checkpoint is scored by `eval ppl` with its activations quantized as vLLM's kernel on this
+machine does (the report's "activations" column says which). "W4A8" rows score INT4
+checkpoints with `eval ppl --activations int8` (as vLLM's CPU build serves them on AMX
+CPUs). `llmc W8A8 ...` rows run llm-compressor's SmoothQuantModifier + GPTQModifier W8A8
+recipe on the same calibration token ids:
+
+    python benchmarks/quantize.py --llmcompressor PYTHON --only "W8A8 GPTQ" "W8A8 SQ0.5 GPTQ" "llmc W8A8 SQ0.8 GPTQ"
+
 MoE rows (issue 14): `--model` an upcycled MoE (`benchmarks/upcycle_moe.py`); the table
 then adds, per row, the routed-token spread over experts (min / median / max of every
 expert's count, over all MoE layers), the experts fallen back to RTN, the expert linears
@@ -65,10 +75,12 @@ import time
 from pathlib import Path
 
 INT4 = "int4"
+INT8 = "int8"  # presets fix the weight groups: no --group-size
 FP8 = "fp8"
 FP4 = "fp4"
 LLMC = "llmc"
 AR = "auto-round"  # the PyPI package, under --autoround PYTHON
+SMOOTHQUANT_SWEEP = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 # label -> (kind, quantize flags, eval flags)
 ROWS: dict[str, tuple[str, list[str], list[str]]] = {
@@ -100,6 +112,14 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4") for method in ("rtn", "gptq", "awq")},
     "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
     "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
+    "W8A8 RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn"], []),
+    "W8A8 GPTQ": (INT8, ["--scheme", "W8A8"], []),
+    **{f"W8A8 SQ{a} GPTQ": (INT8, ["--scheme", "W8A8", "--smoothquant", str(a)], []) for a in SMOOTHQUANT_SWEEP},
+    "W8A8 static GPTQ": (INT8, ["--scheme", "W8A8", "--int8-activations", "static"], []),
+    "W8A16 GPTQ": (INT8, ["--scheme", "W8A16", "--method", "gptq"], []),
+    "W4A8 GPTQ sym": (INT4, ["--method", "gptq", "--sym", "--act-order"], ["--activations", "int8"]),
+    "W4A8 AWQ sym": (INT4, ["--method", "awq", "--sym"], ["--activations", "int8"]),
+    "W4A8 AWQ asym": (INT4, ["--method", "awq", "--asym"], ["--activations", "int8"]),
     "llmc GPTQ sym": (LLMC, ["--method", "gptq"], []),
     "llmc GPTQ asym": (LLMC, ["--method", "gptq", "--asym"], []),
     "llmc AWQ sym": (LLMC, ["--method", "awq"], []),
@@ -112,6 +132,9 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")},
     "llmc NVFP4A16 GPTQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "gptq"], []),
     "llmc NVFP4A16 AWQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "awq"], []),
+    "llmc W8A8 GPTQ": (LLMC, ["--method", "w8a8"], []),
+    "llmc W8A8 SQ0.5 GPTQ": (LLMC, ["--method", "w8a8", "--smoothquant", "0.5"], []),
+    "llmc W8A8 SQ0.8 GPTQ": (LLMC, ["--method", "w8a8", "--smoothquant", "0.8"], []),
 }
 EXTERNAL = (LLMC, AR)  # rows run by another package's interpreter on saved calibration ids
 
@@ -173,14 +196,16 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
     else:
         common = ["--calib", args.calib, "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len),
                   "--seed", str(args.seed), "--out", str(out), "--json", "--no-progress"]
-        # FP4 fixes its groups
-        method = {FP8: ["--method", "fp8"], FP4: []}.get(kind, ["--group-size", str(args.group_size)])
+        # FP4 and INT8 fix their groups
+        method = {FP8: ["--method", "fp8"], FP4: [], INT8: []}.get(kind, ["--group-size", str(args.group_size)])
         r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
         quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
     ev = eval_ppl(str(out), args, eval_flags)
     row = {"config": label, "ppl": ev["ppl"], "tokens": ev["tokens"], "quantize_s": quantize_s, "process_s": wall,
            "peak_rss_mib": rss, "checkpoint_mib": dir_mib(out), "layer_error_mean": err,
-           "num_samples": args.num_samples}
+           "num_samples": args.num_samples, "activations": ev.get("activations", "")}
+    if ev.get("activations", "unquantized") != "unquantized":  # what the activations' rounding costs
+        row["ppl_activations_unquantized"] = eval_ppl(str(out), args, ["--activations", "none"])["ppl"]
     if args.kld:
         k = eval_kld(str(out), args)
         mean = k["kld"]["mean"]
@@ -266,6 +291,25 @@ def moe_table(rows: list[dict], dense_file: str | None) -> None:
               f"{r['experts_unquantized']} of {r['expert_linears']} | {r['bad_scales']} | {r['process_s']:.0f} |")
 
 
+def int8_table(rows: list[dict]) -> None:
+    """W8A8 against llm-compressor's SmoothQuant + GPTQ recipe: ppl increase and quantize
+    time ratios (goals: increase <= 0.9x theirs, time <= 0.5x theirs)."""
+    by = {r["config"]: r for r in rows}
+    theirs = [c for c in ("llmc W8A8 SQ0.8 GPTQ", "llmc W8A8 SQ0.5 GPTQ", "llmc W8A8 GPTQ") if c in by]
+    ours = [c for c in by if c.startswith("W8A8 ")]
+    if not theirs or not ours:
+        return
+    print()
+    print("| ours | llm-compressor | increase, ours | increase, theirs | / theirs (goal <= 0.9) | time / theirs (goal <= 0.5) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for o in ours:
+        for t in theirs:
+            inc_o, inc_t = by[o]["ratio"] - 1, by[t]["ratio"] - 1
+            rel = f"{inc_o / inc_t:.2f}" if inc_t > 0 else ""
+            print(f"| {o} | {t} | {inc_o * 100:+.2f}% | {inc_t * 100:+.2f}% | {rel} | "
+                  f"{by[o]['quantize_s'] / by[t]['quantize_s']:.2f} |")
+
+
 def calibration_ids(args: argparse.Namespace, path: Path) -> str:
     """Save the calibration token ids infer-tool uses (for llm-compressor); returns the model dir."""
     from safetensors.torch import save_file
@@ -330,17 +374,19 @@ def main() -> None:
           f"(seed {args.seed}), ppl on the first {fp32['tokens'] + fp32['windows']} tokens of {args.eval} "
           f"in {args.eval_seq_len}-token windows")
     print("| config | ppl | vs fp32 | KLD mean (95% interval) | KLD p99 | same top token | quantize s | peak RSS MiB "
-          "| checkpoint MiB | mean layer err |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| fp32 | {fp32['ppl']:.4f} | | | | | | | | |")
+          "| checkpoint MiB | mean layer err | activations | ppl, activations unquantized |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    print(f"| fp32 | {fp32['ppl']:.4f} | | | | | | | | | | |")
     for r in rows:
         err = "" if r["layer_error_mean"] is None else f"{r['layer_error_mean']:.4f}"
         low, high = r.get("kld_interval") or (None, None)
         interval = f" ({low:.4f}-{high:.4f})" if low is not None else ""
         kld = (f"{r['kld']:.4f}{interval} | {r['kld_p99']:.4f} | {r['same_top_token'] * 100:.1f}%"
                if "kld" in r else " | | ")
+        plain = f"{r['ppl_activations_unquantized']:.4f}" if "ppl_activations_unquantized" in r else ""
         print(f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {r['quantize_s']:.0f} | "
-              f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} |")
+              f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} | {r.get('activations', '')} | {plain} |")
+    int8_table(rows)
     if any("expert_linears" in r for r in rows):
         moe_table(rows, args.dense)
     by = {r["config"]: r["ppl"] for r in rows}

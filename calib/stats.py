@@ -9,6 +9,8 @@ For inputs x (K,) seen over T tokens:
 - `act_abs_mean` (K,) = (1/T) Σ |x|, the per-input-channel magnitude AWQ scales by
   (Lin et al. 2023, §3.2).
 - `act_abs_max` = max |x| over every token and channel.
+- `act_abs_max_channel` (K,) = max |x_j| over the tokens, per input channel (SmoothQuant's
+  statistic, Xiao et al. 2023 §4); None in statistics saved before it was measured.
 - `tokens` = T.
 
 Linears that read the same tensor (q/k/v, gate/up) share one `LayerStats`.
@@ -33,7 +35,8 @@ from infer_tool.common.errors import BadInput, untrusted
 from infer_tool.common.outdir import check_out_dir, make_readable
 
 STATS_INDEX = "stats_index.json"
-STATS_VERSION = 1
+STATS_VERSION = 2  # 2 adds act_abs_max_channel; version 1 files load without it
+READ_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -42,10 +45,22 @@ class LayerStats:
     act_abs_mean: torch.Tensor  # (K,) fp32
     act_abs_max: float
     tokens: int
+    act_abs_max_channel: torch.Tensor | None = None  # (K,) fp32
 
     @property
     def in_features(self) -> int:
         return int(self.act_abs_mean.shape[0])
+
+    def divided(self, s: torch.Tensor) -> LayerStats:
+        """The statistics of the inputs x / s (s (K,) > 0, per input channel), exactly:
+        H / (s sᵀ), mean|x| / s, max|x_j| / s_j (needs `act_abs_max_channel`)."""
+        if self.act_abs_max_channel is None:
+            raise ValueError("LayerStats.divided needs the per-channel maxima (act_abs_max_channel)")
+        s = s.detach().float().cpu()
+        channel = self.act_abs_max_channel / s
+        H = None if self.H is None else self.H / (s.view(-1, 1) * s.view(1, -1)).to(self.H.device)
+        return LayerStats(H, self.act_abs_mean / s.to(self.act_abs_mean.device), float(channel.max()), self.tokens,
+                          channel)
 
 
 class StatsAccumulator:
@@ -63,7 +78,7 @@ class StatsAccumulator:
         self.block = -(-in_features // -(-in_features // block))  # rows per block-row of the triangular Σ x xᵀ (equal splits)
         self.xx = TreeSum()  # (K, K) fp64 Σ x xᵀ, upper block triangle filled
         self.abs_sum = TreeSum()  # (K,) fp64 Σ |x|
-        self.abs_max = 0.0
+        self.abs_max_channel: torch.Tensor | None = None  # (K,) fp32 max |x_j|
         self.tokens = 0
         self.calls = 0
         self.device: torch.device | None = None
@@ -81,10 +96,11 @@ class StatsAccumulator:
         self.calls += 1
         for start in range(0, x.shape[0], self.chunk_tokens):
             xc = x[start : start + self.chunk_tokens].float()  # (t, K)
+            a = xc.abs()
             self.abs_sum.at(index, lambda: torch.zeros(K, dtype=torch.float64, device=x.device)).add_(
-                xc.abs().sum(0).double())  # fp32 within a piece, fp64 across
-            lo, hi = torch.aminmax(xc)
-            self.abs_max = max(self.abs_max, -float(lo), float(hi))
+                a.sum(0).double())  # fp32 within a piece, fp64 across
+            m = a.amax(0)  # (K,)
+            self.abs_max_channel = m if self.abs_max_channel is None else torch.maximum(self.abs_max_channel, m)
             if self.hessian:
                 leaf = self.xx.at(index, lambda: torch.zeros(K, K, dtype=torch.float64, device=x.device))
                 for i in range(0, K, b):
@@ -108,11 +124,14 @@ class StatsAccumulator:
             xx = self.xx.total(torch.zeros(K, K, dtype=torch.float64, device=dev))
             xx = xx.triu() + xx.triu(1).T  # the upper triangle lies within the summed blocks
             H = (2.0 * xx / tokens).float().cpu()
+        local = self.abs_max_channel if self.abs_max_channel is not None else torch.zeros(K)
+        channel = torch.tensor(all_max(local.double().tolist()), dtype=torch.float32)  # exact: fp32 values
         return LayerStats(
             H=H,
             act_abs_mean=(abs_sum / tokens).float().cpu(),
-            act_abs_max=all_max([self.abs_max])[0],
+            act_abs_max=float(channel.max()),
             tokens=tokens,
+            act_abs_max_channel=channel,
         )
 
 
@@ -143,8 +162,8 @@ def save_stats(
 ) -> Path:
     """Write `stats` (keyed by linear name; shared objects stored once) to `out_dir`.
 
-    Layout: `stats.safetensors` holds `<key>.H` and `<key>.act_abs_mean`, with `key` the
-    first linear name sharing that object; `stats_index.json` maps every linear name to
+    Layout: `stats.safetensors` holds `<key>.H`, `<key>.act_abs_mean` and
+    `<key>.act_abs_max_channel`, with `key` the first linear name sharing that object; `stats_index.json` maps every linear name to
     its key, `act_abs_max` and `tokens`, plus `meta`. Written into a temporary directory
     beside `out_dir` and renamed at the end.
     """
@@ -164,6 +183,8 @@ def save_stats(
             if key is None:
                 key = keys[id(s)] = name
                 tensors[f"{key}.act_abs_mean"] = s.act_abs_mean.contiguous()
+                if s.act_abs_max_channel is not None:
+                    tensors[f"{key}.act_abs_max_channel"] = s.act_abs_max_channel.contiguous()
                 if s.H is not None:
                     tensors[f"{key}.H"] = s.H.contiguous()
             index[name] = {"key": key, "act_abs_max": s.act_abs_max, "tokens": s.tokens}
@@ -192,10 +213,19 @@ def check_activation_ranges(stats_dir: Path, what: str) -> None:
         raise BadInput(f"--stats {str(stats_dir)!r}: {len(bad)} of its {len(layers)} linears have no activation range "
                        f"(a finite act_abs_max; first: {bad[0]}), which {what} need; "
                        "recalibrate with `infer-tool calibrate`")
+def saved_version(stats_dir: Path) -> int | None:
+    """The version a statistics directory was saved with (None when it has no readable index)."""
+    try:
+        doc = json.loads((Path(stats_dir) / STATS_INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    return version if isinstance(version, int) else None
 
 
 def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object]]:
-    """Read what `save_stats` wrote: ({linear name: LayerStats}, meta). Shared stats stay shared."""
+    """Read what `save_stats` wrote: ({linear name: LayerStats}, meta). Shared stats stay shared;
+    version-1 files have no per-channel maxima (`act_abs_max_channel` None)."""
     from safetensors.torch import load_file
 
     stats_dir = Path(stats_dir)
@@ -205,8 +235,8 @@ def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object
     with untrusted(f"{index_path}"):
         doc = json.loads(index_path.read_text(encoding="utf-8"))
     version = doc.get("version") if isinstance(doc, dict) else None
-    if version != STATS_VERSION:
-        raise BadInput(f"{stats_dir}: statistics version {version} is not {STATS_VERSION}; recalibrate")
+    if version not in READ_VERSIONS:
+        raise BadInput(f"{stats_dir}: statistics version {version} is not one of {READ_VERSIONS}; recalibrate")
     by_key: dict[str, LayerStats] = {}
     out: dict[str, LayerStats] = {}
     with untrusted(f"{stats_dir}: statistics files"):
@@ -219,6 +249,7 @@ def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object
                     act_abs_mean=tensors[f"{key}.act_abs_mean"],
                     act_abs_max=float(entry["act_abs_max"]),
                     tokens=int(entry["tokens"]),
+                    act_abs_max_channel=tensors.get(f"{key}.act_abs_max_channel"),
                 )
             out[name] = by_key[key]
     return out, dict(doc.get("meta") or {})

@@ -27,14 +27,26 @@ SWITCHES = "Switches"  # unlisted two-way flags
 # command path -> panel title -> options, by their first flag as typed
 PANELS: dict[str, dict[str, tuple[str, ...]]] = {
     "quantize": {
-        "Method": ("--method", "--bits", "--group-size", "--damp", "--awq-search", "--ignore"),
+        "Method": (
+            "--scheme",
+            "--list-schemes",
+            "--method",
+            "--bits",
+            "--group-size",
+            "--damp",
+            "--awq-search",
+            "--ignore",
+        ),
         "Method switches": ("--sym", "--act-order", "--fp8-clip-search"),
         "AutoRound": ("--iters", "--lr", "--batch", "--batch-seed", "--tune-dtype"),
+        "INT8": ("--int8-activations", "--smoothquant"),
         "FP8": ("--fp8-granularity", "--fp8-activations", "--kv-cache"),
         "FP4": ("--fp4", "--fp4-activations", "--fp4-observer"),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
-        "Evaluation and gate": ("--eval", "--eval-tokens", "--eval-seq-len", "--max-ppl-increase", "--max-kld"),
+        "Evaluation and gate": (
+            "--eval", "--eval-activations", "--eval-tokens", "--eval-seq-len", "--max-ppl-increase", "--max-kld",
+        ),
         "Evaluation switches": ("--kld",),
         "Output": ("--out", "--format", "--dtype", "--max-shard-size", "--overwrite", "--json"),
         "Run": (
@@ -57,6 +69,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
     "eval ppl": {
         "Corpus": ("--data", "--text-field", "--seq-len", "--max-tokens", "--stride"),
         "Model": ("--baseline", "--dtype", "--device", "--kv-cache-dtype", "--allow-pickle", "--trust-remote-code"),
+        "Quantized activations": ("--activations", "--int8-kernel"),
         "Output": ("--json", "--no-progress", "--help"),
     },
     "eval kld": {

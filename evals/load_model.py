@@ -33,6 +33,21 @@ def backend_of(model: Any) -> str:
     return f"torch-{device.type} (unquantized)"
 
 
+def activations_of(model: Any) -> str:
+    """What the model's quantized linears do to their inputs, e.g. "int8 per token (onednn)",
+    "int8 static input_scale (onednn)", "fp8 (e4m3)" or "unquantized"."""
+    kinds = set()
+    for m in model.modules():
+        kind = type(m).__name__
+        if kind in ("Int4Linear", "Int8Linear") and m.activations == "int8":
+            static = kind == "Int8Linear" and m.input_scale is not None and m.kernel != "sgl"
+            w4a8 = ", W4A8" if kind == "Int4Linear" else ""
+            kinds.add(f"int8 {'static input_scale' if static else 'per token'}{w4a8} ({m.kernel})")
+        elif kind == "Fp8Linear" and m.mode == "w8a8":
+            kinds.add("fp8 (e4m3)")
+    return "; ".join(sorted(kinds)) or "unquantized"
+
+
 def load_for_eval(
     spec: str,
     *,
@@ -41,13 +56,17 @@ def load_for_eval(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     kv_cache_dtype: str = "auto",
+    activations: str = "auto",
+    int8_kernel: str = "auto",
 ) -> LoadedModel:
     """A model ready for evaluation: plain, or one of our quantized checkpoints
-    (`kv_cache_dtype`: see `load_quantized`)."""
+    (`kv_cache_dtype`, `activations`, `int8_kernel`: see `load_quantized`)."""
     directory, notes = resolve_model_dir(spec, allow_pickle)
     method = quantization_method(directory)
     if method is None and kv_cache_dtype != "auto":
         raise BadInput(f"--kv-cache-dtype {kv_cache_dtype} needs a quantized checkpoint with KV-cache scales; {spec} is not quantized")
+    if method is None and activations != "auto":
+        raise BadInput(f"--activations {activations} applies to quantized checkpoints; {spec} is not quantized")
     if method is None:
         return load_from_dir(
             spec, directory, notes, dtype=dtype, device=device,
@@ -55,7 +74,8 @@ def load_for_eval(
         )
     from infer_tool.evals.load_quantized import load_quantized
 
-    model, more = load_quantized(directory, dtype=dtype, device=device, kv_cache_dtype=kv_cache_dtype)
+    model, more = load_quantized(directory, dtype=dtype, device=device, kv_cache_dtype=kv_cache_dtype,
+                                 activations=activations, int8_kernel=int8_kernel)
     notes += [f"quantized checkpoint ({method})", *more]
     tokenizer = load_tokenizer(directory, trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=spec, path=directory, notes=notes)

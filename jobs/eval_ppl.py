@@ -24,6 +24,8 @@ class EvalOptions:
     kv_cache_dtype: str = "auto"
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    activations: str = "auto"
+    int8_kernel: str = "auto"
 
 
 def check(opts: EvalOptions) -> None:
@@ -31,7 +33,7 @@ def check(opts: EvalOptions) -> None:
     from infer_tool.calib.corpora import check_corpus
     from infer_tool.calib.models import classify_model_spec
     from infer_tool.common.device import check_device, torch_dtype
-    from infer_tool.evals.load_quantized import KV_CACHE_DTYPES
+    from infer_tool.evals.load_quantized import ACTIVATIONS, INT8_KERNELS, KV_CACHE_DTYPES
 
     if opts.seq_len < 2:
         raise BadInput(f"--seq-len must be >= 2 (got {opts.seq_len})")
@@ -41,6 +43,10 @@ def check(opts: EvalOptions) -> None:
         raise BadInput(f"--stride {opts.stride} must be in 1..--seq-len ({opts.seq_len})")
     if opts.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise BadInput(f"unknown --kv-cache-dtype {opts.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    if opts.activations not in ACTIVATIONS:
+        raise BadInput(f"unknown --activations {opts.activations!r}: expected one of {', '.join(ACTIVATIONS)}")
+    if opts.int8_kernel not in INT8_KERNELS:
+        raise BadInput(f"unknown --int8-kernel {opts.int8_kernel!r}: expected one of {', '.join(INT8_KERNELS)}")
     torch_dtype(opts.dtype)
     check_device(opts.device)
     check_corpus(opts.data, "--data")
@@ -55,7 +61,7 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
     progress = progress or no_progress
     from infer_tool.calib.corpora import load_text, tokenize
     from infer_tool.common.device import pick_device, torch_dtype
-    from infer_tool.evals.load_model import backend_of, load_for_eval
+    from infer_tool.evals.load_model import activations_of, backend_of, load_for_eval
     from infer_tool.evals.ppl import PROTOCOL, evaluate_ppl, finish_distributed
 
     dt, dev = torch_dtype(opts.dtype), pick_device(opts.device)
@@ -64,7 +70,8 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
         return lambda task, done, total, **info: progress(f"{task} {name}", done, total, **info)
 
     loaded = load_for_eval(opts.model, dtype=dt, device=dev, allow_pickle=opts.allow_pickle,
-                           trust_remote_code=opts.trust_remote_code, kv_cache_dtype=opts.kv_cache_dtype)
+                           trust_remote_code=opts.trust_remote_code, kv_cache_dtype=opts.kv_cache_dtype,
+                           activations=opts.activations, int8_kernel=opts.int8_kernel)
     ids = tokenize(load_text(opts.data, opts.text_field), loaded.tokenizer)
     seq_len = opts.seq_len
     context = getattr(loaded.model.config, "max_position_embeddings", None)
@@ -79,6 +86,7 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
         "corpus": opts.data,
         **result.to_dict(),
         "backend": backend_of(loaded.model),
+        "activations": activations_of(loaded.model),
         "dtype": opts.dtype,
         "device": dev,
         "protocol": PROTOCOL,

@@ -20,7 +20,7 @@ from infer_tool.calib.architectures import architecture_for
 from infer_tool.calib.corpora import check_corpus
 from infer_tool.calib.models import classify_model_spec, read_config
 from infer_tool.calib.quantizers import quantizer_for
-from infer_tool.calib.recipe import QuantizeOptions, scheme_from_options
+from infer_tool.calib.recipe import EVAL_ACTIVATIONS, QuantizeOptions, scheme_from_options
 from infer_tool.common.device import check_device
 from infer_tool.common.errors import BadInput
 from infer_tool.common.outdir import check_out_dir
@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFormat]:
     """Every option checked before any model is loaded or text tokenized: (scheme, format)."""
-    from infer_tool.jobs.run_dir import check_progress  # these three import torch
+    from infer_tool.calib.stats import saved_version  # these four import torch
+    from infer_tool.jobs.run_dir import check_progress
     from infer_tool.packers.checkpoint import REPORT_NAME, get_format
     from infer_tool.packers.shards import parse_size
 
@@ -50,6 +51,15 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
     check_device(opts.device or "auto")
     check_patterns(opts.ignore)
     moe_calibration(opts)  # refuses a bad --moe-calibration / --moe-min-tokens
+    if opts.eval_activations not in EVAL_ACTIVATIONS:
+        raise BadInput(f"--eval-activations {opts.eval_activations!r} is not supported; use one of {', '.join(EVAL_ACTIVATIONS)}")
+    if opts.eval_activations == "int8":
+        if opts.eval is None:
+            raise BadInput("--eval-activations int8 needs --eval CORPUS")
+        if scheme.kind not in ("int", "w8a8") or getattr(scheme, "bits", None) not in (4, 8) or (
+                scheme.kind == "int" and scheme.bits != 4):
+            raise BadInput(f"--eval-activations int8 applies to INT4 schemes (served W4A8 by vLLM's CPU build on AMX) "
+                           f"and W8A8; {scheme.describe()} is neither")
     if opts.max_ppl_increase is not None and opts.eval is None:
         raise BadInput("--max-ppl-increase needs --eval CORPUS (the ppl to compare)")
     if opts.max_kld is not None:
@@ -71,6 +81,11 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
             from infer_tool.calib.stats import check_activation_ranges
 
             check_activation_ranges(Path(opts.stats), f"the static activation scales of {scheme.describe()}")
+        if quantizer_for(scheme).needs(scheme).channel_max and (saved_version(Path(opts.stats)) or 0) < 2:
+            raise BadInput(
+                f"--stats {opts.stats!r} holds no per-channel activation maxima (saved by an infer-tool before "
+                "statistics version 2), which --smoothquant needs; recalibrate with `infer-tool calibrate`"
+            )
     else:
         check_corpus(opts.calib, "--calib")
     if opts.eval is not None:

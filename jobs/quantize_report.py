@@ -21,7 +21,13 @@ EVALUATED = {
     "values; with W4A4 activations (NVFP4 / MXFP4), each quantized linear (the kernels' Fp4Linear) "
     "quantize-dequantizes its input as vLLM 0.32's CPU emulation does (NVFP4: the static input_global_scale and "
     "dynamic E4M3 scales per 16, `ref_nvfp4_quant_dequant`; MXFP4: dynamic E8M0 scales per 32)",
+    "w8a8": "the W8A8 model as served: linear weights exactly the checkpoint's dequantized int8 values, each quantized "
+    "linear's input rounded to int8 as vLLM's kernel on this device rounds it (per token, or with the static "
+    "input_scale where that kernel reads it; vLLM's AMX path on CPUs quantizes per token)",
 }
+# Added to EVALUATED["int"] with --eval-activations int8.
+W4A8_EVALUATED = (", with each quantized linear's input rounded to int8 per token as vLLM's CPU build does on AMX "
+                  "CPUs (W4A8)")
 
 
 @dataclass
@@ -53,6 +59,7 @@ class EvalSummary:
     ratio: float
     evaluated: str
     ppl_before_cached: bool = False  # the fp baseline was read from the ppl cache (`evals/ppl_cache.py`)
+    activations: str = "unquantized"  # what "ppl after" did to activations, e.g. "int8 per token (onednn, 14 linears)"
     # --kld: KL(fp ‖ quantized) per token on the same windows, `evals.kld.KldResult.to_dict()`
     # (its ppl fields are ppl_after and ppl_before again); None without --kld
     kld: dict[str, Any] | None = None

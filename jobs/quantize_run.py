@@ -48,7 +48,15 @@ from infer_tool.jobs import preflight
 from infer_tool.jobs.baseline import from_state, lookup, to_state
 from infer_tool.jobs.layer_stream import EvalStreams, LayerStream, StreamedWeights, kld_of_streams, ppl_of_streams
 from infer_tool.jobs.moe_report import moe_calibration, moe_summary
-from infer_tool.jobs.quantize_report import EVALUATED, Calibration, EvalSummary, KldGate, QualityGate, QuantizeReport
+from infer_tool.jobs.quantize_report import (
+    EVALUATED,
+    W4A8_EVALUATED,
+    Calibration,
+    EvalSummary,
+    KldGate,
+    QualityGate,
+    QuantizeReport,
+)
 from infer_tool.jobs.run_dir import REST, NoRun, RunDir, model_fingerprint, run_key
 from infer_tool.packers.checkpoint import REPORT_NAME, CheckpointFormat, checkpoint_tensors
 from infer_tool.packers.checkpoint_parts import write_from_parts
@@ -56,6 +64,7 @@ from infer_tool.packers.fp8 import scale_from_amax
 from infer_tool.packers.fp8_formats import kv_scale_tensors
 from infer_tool.packers.shards import parse_size
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
+from infer_tool.schemes.integer import W8A8_KIND
 
 # Options that do not change the checkpoint: a resumed run may differ in them.
 UNKEYED_OPTIONS = ("out", "resume", "stream", "max_shard_size", "max_memory")
@@ -272,7 +281,9 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
             ppl_before=before.ppl,
             ppl_after=after.ppl,
             ratio=after.ppl / before.ppl,
-            evaluated=EVALUATED[scheme.kind],
+            evaluated=EVALUATED[scheme.kind] + (W4A8_EVALUATED if opts.eval_activations == "int8" and
+                                                scheme.kind == "int" else ""),
+            activations=eval_activations(scheme, opts.eval_activations, result.quantized, torch.device(job.device).type),
             ppl_before_cached=cache_use.hit,
             kld=None if kld is None else kld.to_dict(),
         )
@@ -330,12 +341,15 @@ def _labelled(progress: Progress, label: str) -> Progress:
 
 
 def as_deployed(
-    module: nn.Module, quantized: dict[str, Any], scheme: Any, kv_scales: dict[str, tuple[float, float]]
+    module: nn.Module, quantized: dict[str, Any], scheme: Any, kv_scales: dict[str, tuple[float, float]],
+    activations: str = "auto", device_type: str = "cpu",
 ) -> AbstractContextManager:
     """Where `--eval` measures ppl after quantizing (names relative to `module`): for FP8,
     as deployed (kernels' Fp8Linear W8A8, FP8 KV cache rounded with the calibrated scales);
-    for FP4 W4A4, the kernels' Fp4Linear with vLLM's activation quantization; for INT (and FP4
-    weights only), the module as it is (its weights are exactly the checkpoint's dequantized values)."""
+    for FP4 W4A4, the kernels' Fp4Linear with vLLM's activation quantization; for W8A8, and
+    INT4 with `activations` "int8" (W4A8), the module with each quantized linear's input
+    rounded to int8 as vLLM's kernel on `device_type` does; for INT (and FP4 weights only), the
+    module as it is (its weights are exactly the checkpoint's dequantized values)."""
     if scheme.kind == "fp8":
         from infer_tool.evals.fp8_in_memory import fp8_runtime
 
@@ -344,7 +358,30 @@ def as_deployed(
         from infer_tool.evals.fp4_in_memory import fp4_runtime
 
         return fp4_runtime(module, quantized)
+    if scheme.kind == W8A8_KIND or activations == "int8":
+        from infer_tool.evals.int8_in_memory import int8_kernels, int8_runtime
+
+        return int8_runtime(module, quantized, int8_kernels(quantized, device_type, w4a8=scheme.kind != W8A8_KIND))
     return nullcontext(module)
+
+
+def eval_activations(scheme: Any, activations: str, quantized: dict[str, Any], device_type: str) -> str:
+    """What `--eval`'s "ppl after" did to activations, e.g. "int8 per token (onednn)"."""
+    if scheme.kind == "fp8":
+        return f"fp8 (e4m3) {scheme.activations}"
+    if scheme.kind == "fp4":
+        return f"{scheme.fp4} W4A4 (vLLM's emulation)" if scheme.w4a4 else "unquantized"
+    if scheme.kind != W8A8_KIND and activations != "int8":
+        return "unquantized"
+    from infer_tool.evals.int8_in_memory import int8_kernels
+
+    kernels = int8_kernels(quantized, device_type, w4a8=scheme.kind != W8A8_KIND)
+    static = scheme.kind == W8A8_KIND and scheme.int8_activations == "static"
+    parts = []
+    for k in sorted(set(kernels.values())):
+        mode = "static input_scale" if static and k != "sgl" else "per token"
+        parts.append(f"int8 {mode}{', W4A8' if scheme.kind != W8A8_KIND else ''} ({k}, {sum(v == k for v in kernels.values())} linears)")
+    return "; ".join(parts)
 
 
 def kv_scales_of(kv_amax: dict[str, Any]) -> dict[str, tuple[float, float]]:
@@ -393,7 +430,7 @@ def run_layers(job: QuantizeJob) -> LayersRun:
         strip = len(prefix) + 1
         mine = {n[strip:]: w for n, w in result.quantized.items() if n.startswith(f"{prefix}.")}
         kv = {n[strip:]: s for n, s in kv_scales_of(result.kv_amax).items() if n.startswith(f"{prefix}.")}
-        return as_deployed(layer, mine, scheme, kv)
+        return as_deployed(layer, mine, scheme, kv, opts.eval_activations, device.type)
 
     evals = None
     seq_len = 0

@@ -1,6 +1,11 @@
 """`nn.Module`s holding quantized weights for inference: `Int4Linear` (W4A16, canonical
-packed-along-K layout), `Fp8Linear` (e4m3 weights, W8A8 or W8A16) and `Fp4Linear` (NVFP4 /
+packed-along-K layout, or W4A8 as vLLM's CPU build runs it on AMX), `Int8Linear` (int8
+weights, W8A8 or W8A16), `Fp8Linear` (e4m3 weights, W8A8 or W8A16) and `Fp4Linear` (NVFP4 /
 MXFP4 weights in compressed-tensors' packed layout, weights-only or W4A4).
+
+Int8 activations are rounded as the named vLLM kernel rounds them (`kernels/int8_act.py`)
+and multiplied in float32 as their dequantized values ("fake quant"): the same products as
+the int32 GEMM up to float32 summation order.
 
 `forward` accepts any leading batch dims `(..., K) -> (..., N)`. On CUDA it runs the
 fused Triton kernels; on CPU the pure-torch reference (one dequantisation per forward,
@@ -20,10 +25,12 @@ from infer_tool.kernels.backend import backend_name
 from infer_tool.kernels.fp4 import fp4_format, fp4_matmul
 from infer_tool.kernels.fp4_act import mxfp4_qdq_activations, nvfp4_qdq_activations
 from infer_tool.kernels.fp8 import MODES, fp8_matmul, scale_blocks
+from infer_tool.kernels.int8_act import KERNELS, fake_quantize
 from infer_tool.kernels.layout import pack_int4_k
 from infer_tool.kernels.w4a16 import w4a16_matmul
 
-__all__ = ["Fp4Linear", "Fp8Linear", "Int4Linear", "backend_name"]
+__all__ = ["Fp4Linear", "Fp8Linear", "Int4Linear", "Int8Linear", "backend_name"]
+INT8_ACTIVATIONS = ("none", "int8")
 
 
 def _apply_fixed(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool) -> nn.Module:
@@ -49,17 +56,42 @@ def _flatten(x: torch.Tensor, K: int) -> torch.Tensor:
     return x.reshape(-1, K)
 
 
+class _FixedDtypeBuffers(nn.Module):
+    """A module whose buffers named in `_FIXED_DTYPE` keep their dtype: `model.half()` /
+    `model.to(dtype)` move them between devices but never cast them."""
+
+    _FIXED_DTYPE: dict[str, torch.dtype] = {}  # buffer name -> a same-width integer dtype to hide it behind
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+        """Hide the fixed-dtype buffers behind same-width integer views while `fn` runs."""
+        real = {}
+        for name, view in self._FIXED_DTYPE.items():
+            buf = self._buffers.get(name)
+            if buf is not None:
+                real[name] = buf.dtype
+                self._buffers[name] = buf.view(view)
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            for name, dtype in real.items():
+                self._buffers[name] = self._buffers[name].view(dtype)
+
+
 class Int4Linear(nn.Module):
     """`y = x @ W + b` with `W (K, N)` stored as packed INT4 in the canonical layout.
 
     Buffers: `qweight` int32 `(ceil(K/8), N)`; `scales` `(G, N)`; `zeros` uint8 `(G, N)`
     or None (symmetric, zero point 8); `g_idx` int32 `(K,)` or None; `bias` `(N,)` or None.
+    `activations` "int8": W4A8, each token quantized to int8 as vLLM's AMX kernel does
+    (`kernel` "sgl", `kernels/w4a8.py`), the product in float32; "none": W4A16.
     """
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                  g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
-                 in_features: int, out_features: int) -> None:
+                 in_features: int, out_features: int, activations: str = "none", kernel: str = "sgl") -> None:
         super().__init__()
+        _check_activations(activations, kernel)
+        self.activations, self.kernel = activations, kernel
         if qweight.shape != (-(-in_features // 8), out_features):
             raise ValueError(
                 f"Int4Linear: qweight {tuple(qweight.shape)} does not match "
@@ -77,18 +109,22 @@ class Int4Linear(nn.Module):
     @classmethod
     def from_unpacked(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
                       g_idx: torch.Tensor | None, group_size: int,
-                      bias: torch.Tensor | None = None) -> Int4Linear:
+                      bias: torch.Tensor | None = None, activations: str = "none", kernel: str = "sgl") -> Int4Linear:
         """Build from the `nn.Linear` orientation: `q` uint8 `(N, K)` values 0..15,
         `scale` `(N, G)`, `zero` uint8 `(N, G)` or None (the canonical QuantizedWeight)."""
         N, K = q.shape
         zeros = zero.t().contiguous().to(torch.uint8) if zero is not None else None
         g = g_idx.to(torch.int32) if g_idx is not None else None
-        return cls(pack_int4_k(q.t()), scale.t().contiguous(), zeros, g, bias, group_size, K, N)
+        return cls(pack_int4_k(q.t()), scale.t().contiguous(), zeros, g, bias, group_size, K, N, activations, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = w4a16_matmul(_flatten(x, self.in_features), self.qweight, self.scales, self.zeros,
-                         self.g_idx, self.group_size)
+        x2 = _flatten(x, self.in_features)
+        if self.activations == "int8":
+            y = w4a16_matmul(fake_quantize(x2, kernel=self.kernel), self.qweight, self.scales.float(), self.zeros,
+                             self.g_idx, self.group_size).to(x.dtype)
+        else:
+            y = w4a16_matmul(x2, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)
@@ -96,10 +132,71 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={self.group_size}, symmetric={self.zeros is None}, "
-                f"act_order={self.g_idx is not None}")
+                f"act_order={self.g_idx is not None}, activations={self.activations}")
 
 
-class Fp8Linear(nn.Module):
+def _check_activations(activations: str, kernel: str) -> None:
+    if activations not in INT8_ACTIVATIONS:
+        raise ValueError(f"unknown activations {activations!r}; expected one of {INT8_ACTIVATIONS}")
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNELS}")
+
+
+class Int8Linear(_FixedDtypeBuffers):
+    """`y = a(x) @ (weight * weight_scale)ᵀ + b` with int8 weights `(N, K)`.
+
+    `weight` int8 `(N, K)`; `weight_scale` fp32 `(N, G)`, G groups of K/G inputs (1: per
+    channel); `input_scale` fp32 `(1,)` (static activations) or None; `activations` "int8"
+    (W8A8: per token, or with the static `input_scale`; the "sgl" kernel, vLLM's AMX path,
+    reads no static scale and quantizes per token) or "none" (W8A16); `kernel` one of
+    `kernels/int8_act.KERNELS`. The product is computed in float32 and returned in x's dtype.
+    """
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, activations: str = "int8", kernel: str = "onednn") -> None:
+        super().__init__()
+        _check_activations(activations, kernel)
+        if weight.dtype != torch.int8 or weight.dim() != 2:
+            raise ValueError(f"Int8Linear: weight must be int8 (N, K), got {weight.dtype} {tuple(weight.shape)}")
+        self.out_features, self.in_features = weight.shape
+        G = weight_scale.shape[1] if weight_scale.dim() == 2 else 0
+        if weight_scale.shape[0] != self.out_features or G == 0 or self.in_features % G:
+            raise ValueError(f"Int8Linear: weight_scale {tuple(weight_scale.shape)} does not give groups over "
+                             f"{self.out_features} x {self.in_features}")
+        self.activations, self.kernel = activations, kernel
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale.float())
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(1))
+        self.register_buffer("bias", bias)
+
+    _FIXED_DTYPE = {"weight_scale": torch.int32, "input_scale": torch.int32}  # fp32 whatever the model's dtype
+
+    def dequantized(self) -> torch.Tensor:
+        """(N, K) fp32: weight * weight_scale."""
+        G = self.weight_scale.shape[1]
+        return (self.weight.float().view(self.out_features, G, -1) * self.weight_scale.view(-1, G, 1)).view(
+            self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = _flatten(x, self.in_features)
+        if self.activations == "int8":
+            static = None if self.kernel == "sgl" else self.input_scale
+            a = fake_quantize(x2, static, kernel=self.kernel)
+        else:
+            a = x2.float()
+        y = a @ self.dequantized().T
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"groups={self.weight_scale.shape[1]}, activations={self.activations}, kernel={self.kernel}, "
+                f"static_input_scale={self.input_scale is not None}")
+
+
+class Fp8Linear(_FixedDtypeBuffers):
     """`y = x @ (w_fp8 * weight_scale)ᵀ + b` with e4m3 weights `(N, K)`.
 
     `weight_scale` fp32 `(1,)`, `(N, 1)` or `(ceil(N/bn), ceil(K/bk))` with
@@ -126,8 +223,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("input_scale", input_scale.float().reshape(1) if input_scale is not None else None)
         self.register_buffer("bias", bias)
 
-    # Buffers whose dtype is part of the format: `model.half()` / `model.to(dtype)` must
-    # move them between devices but never cast them (fp8 and fp32 are floating types).
+    # Buffers whose dtype is part of the format (fp8 and fp32 are floating types).
     _FIXED_DTYPE = {"weight": torch.uint8, "weight_scale": torch.int32, "input_scale": torch.int32}
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp8Linear:

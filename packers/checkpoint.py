@@ -83,6 +83,7 @@ _BUILTIN: dict[tuple[str, str], str] = {
     ("compressed-tensors", "int"): "infer_tool.packers.compressed_tensors:FORMAT",
     ("awq", "int"): "infer_tool.packers.awq_gemm:FORMAT",
     ("gptq", "int"): "infer_tool.packers.gptq_v1:FORMAT",
+    ("compressed-tensors", "w8a8"): "infer_tool.packers.int_quantized:FORMAT",
     ("compressed-tensors", "fp8"): "infer_tool.packers.fp8_formats:CT_FORMAT",
     ("fp8", "fp8"): "infer_tool.packers.fp8_formats:NATIVE_FORMAT",
     ("compressed-tensors", "fp4"): "infer_tool.packers.fp4_format:FORMAT",

@@ -65,8 +65,9 @@ def check_fp8_format(scheme: Fp8Scheme, fmt: str) -> None:
 # ---------------------------------------------------------------- config
 
 
-def _quant_args(**kw: Any) -> dict[str, Any]:
-    """A compressed-tensors QuantizationArgs dict with every field spelled out."""
+def quant_args(**kw: Any) -> dict[str, Any]:
+    """A compressed-tensors QuantizationArgs dict with every field spelled out (8-bit float
+    unless `kw` says otherwise)."""
     base = {
         "num_bits": 8,
         "type": "float",
@@ -85,17 +86,17 @@ def _quant_args(**kw: Any) -> dict[str, Any]:
 
 def ct_weight_args(scheme: Fp8Scheme) -> dict[str, Any]:
     block = list(scheme.block_size) if scheme.granularity == "block" else None
-    return _quant_args(strategy=scheme.granularity, block_structure=block, observer="minmax")
+    return quant_args(strategy=scheme.granularity, block_structure=block, observer="minmax")
 
 
 def ct_input_args(scheme: Fp8Scheme) -> dict[str, Any]:
     if scheme.activations == "dynamic":
-        return _quant_args(strategy="token", dynamic=True)
-    return _quant_args(strategy="tensor", dynamic=False, observer="minmax")
+        return quant_args(strategy="token", dynamic=True)
+    return quant_args(strategy="tensor", dynamic=False, observer="minmax")
 
 
 def ct_kv_cache_args() -> dict[str, Any]:
-    return _quant_args(strategy="tensor", dynamic=False, observer="minmax")
+    return quant_args(strategy="tensor", dynamic=False, observer="minmax")
 
 
 def quantization_config(scheme: Fp8Scheme, fmt: str, ignore: Iterable[str]) -> dict[str, Any]:

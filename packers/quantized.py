@@ -5,6 +5,7 @@ Layout (unpacked, unsigned, original column order):
 - `scale`  fp32  `(N, G)` with G = number of groups (K / group_size)
 - `zero`   uint8 `(N, G)`, or None for symmetric (zero point 2^(bits-1) implied)
 - `g_idx`  int32 `(K,)`: the group of input column k, or None meaning k // group_size
+- `input_scale` fp32 `(1,)`: the static int8 activation scale of a W8A8 linear, or None
 
 Dequantized weight: W[n, k] = (q[n, k] - zero[n, g_idx[k]]) * scale[n, g_idx[k]].
 The format writers (compressed_tensors, awq_gemm, gptq_v1) translate this layout; this
@@ -28,6 +29,7 @@ class QuantizedWeight:
     bits: int
     group_size: int  # columns per group (K for per-channel)
     info: dict[str, Any] = field(default_factory=dict)  # solver report (fallback, damp, ...)
+    input_scale: torch.Tensor | None = None  # (1,) float32, static int8 activations only
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -71,7 +73,8 @@ class QuantizedWeight:
     def to(self, device: torch.device | str) -> "QuantizedWeight":
         """A copy with every tensor on `device`."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return replace(self, q=move(self.q), scale=move(self.scale), zero=move(self.zero), g_idx=move(self.g_idx))
+        return replace(self, q=move(self.q), scale=move(self.scale), zero=move(self.zero), g_idx=move(self.g_idx),
+                       input_scale=move(self.input_scale))
 
     def validate(self) -> None:
         """Raise ValueError when fields disagree on shapes, dtypes or ranges."""

@@ -8,8 +8,9 @@ of None keeps the default). What a caller needs to know of a scheme is a member 
 never a test of its method name:
 
 - `method` (class attribute): the `--method` value, the key of `registry.SCHEMES`;
-- `kind` (class attribute): the family of number formats, which picks the checkpoint
-  formats that can carry it (`packers/checkpoint.get_format(name, kind)`);
+- `kind` (class attribute, or a property where an option changes the family: an INT
+  scheme with int8 activations is "w8a8"): the family of number formats, which picks the
+  checkpoint formats that can carry it (`packers/checkpoint.get_format(name, kind)`);
 - `check_shapes(shapes)`: refuse, before any work, linears ({name: (N, K)}) it cannot
   quantize;
 - `for_storage(scale_dtype)`: the scheme with its scales rounded to the dtype the

@@ -3,8 +3,14 @@ subclass per method holding that method's options and defaults (RTN, GPTQ, AWQ, 
 GPTQ, AutoRound).
 
 A group of `group_size` consecutive input columns (along K) shares one scale and one zero
-point; `group_size=-1` means one group per output row (per-channel). Every INT scheme is
-`kind = "int"`: the compressed-tensors `pack-quantized`, AWQ GEMM and GPTQ v1 formats carry it.
+point; `group_size=-1` means one group per output row (per-channel). An INT scheme is
+`kind = "int"` (weights only: the compressed-tensors `pack-quantized`, AWQ GEMM and GPTQ v1
+formats carry it) unless its activations are quantized too: with `int8_activations` it is
+W8A8, `kind = "w8a8"` (int8 weights per output channel and int8 activations; compressed-tensors
+`int-quantized` carries it, as llm-compressor writes its W8A8 scheme).
+
+`smoothquant` (Xiao et al. 2023) migrates activation outliers into the weights before RTN or
+GPTQ quantizes them (`calib/quantizers/smoothquant.py`); it composes with any bit width.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme, check_group_size
 
 AWQ_SEARCHES = ("fast", "full", "screen")
+INT8_ACTIVATIONS = ("none", "dynamic", "static")  # none: weights only; dynamic: per token; static: per tensor
+W8A8_KIND = "w8a8"
 
 
 @dataclass(frozen=True)
@@ -28,18 +36,36 @@ class QuantScheme(Scheme):
     `scale_dtype`: the dtype the checkpoint stores scales in; solvers round every scale to
     it before computing codes, so the stored checkpoint dequantizes to exactly the weights
     the solver produced and evaluated.
+    `int8_activations`: "none" (weights only), "dynamic" (int8 per token at run time, as
+        llm-compressor's W8A8) or "static" (one calibrated per-tensor `input_scale` per
+        linear); either needs 8-bit symmetric per-channel weights (what vLLM's W8A8 kernels take).
+    `smoothquant`: the migration strength α in [0, 1] of SmoothQuant before quantizing, or
+        None (off).
     """
 
     method: ClassVar[str] = "rtn"
-    kind: ClassVar[str] = "int"
     bits: int = 4
     group_size: int = 128
     symmetric: bool = True
     scale_dtype: str = "float32"
+    int8_activations: str = "none"
+    smoothquant: float | None = None
 
     def __post_init__(self) -> None:
         if not 2 <= self.bits <= 8:
             raise BadInput(f"bits={self.bits} is not supported; use 2..8 (4 for the INT4 formats)")
+        if self.int8_activations not in INT8_ACTIVATIONS:
+            raise BadInput(f"int8 activations {self.int8_activations!r} are not supported; "
+                           f"use one of {', '.join(INT8_ACTIVATIONS)}")
+        if self.int8_activations != "none" and (self.bits, self.group_size, self.symmetric) != (8, -1, True):
+            raise BadInput(
+                f"int8 activations (W8A8) need 8-bit symmetric per-channel weights (--bits 8 --group-size -1 "
+                f"--sym, or --scheme W8A8), got bits={self.bits} group_size={self.group_size} "
+                f"{'sym' if self.symmetric else 'asym'}: vLLM's W8A8 kernels take no group or zero-point weights"
+            )
+        if self.smoothquant is not None and (isinstance(self.smoothquant, bool) or not 0.0 <= self.smoothquant <= 1.0):
+            raise BadInput(f"--smoothquant {self.smoothquant} is not supported; use a migration strength in [0, 1] "
+                           "such as 0.5 (the paper's) or 0.8 (llm-compressor's examples)")
         if self.scale_dtype not in SCALE_DTYPES:
             raise BadInput(f"scale dtype {self.scale_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
         if self.group_size != -1 and self.group_size <= 0:
@@ -47,6 +73,11 @@ class QuantScheme(Scheme):
                 f"group_size={self.group_size} is not supported; use a positive size "
                 "dividing the input features, or -1 for per-channel"
             )
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        """"w8a8" with int8 activations, else "int" (weights only)."""
+        return W8A8_KIND if self.int8_activations != "none" else "int"
 
     @property
     def torch_scale_dtype(self) -> torch.dtype:  # noqa: F821
@@ -67,9 +98,15 @@ class QuantScheme(Scheme):
         return dataclasses.replace(self, scale_dtype=scale_dtype)
 
     def describe(self) -> str:
-        """'awq w4 g64 asym' (+ ' act-order') for the report table."""
+        """'awq w4 g64 asym' (+ ' act-order', ', int8 dynamic activations', ', smoothquant 0.5')
+        for the report table."""
         order = " act-order" if getattr(self, "act_order", False) else ""
-        return f"{self.method} w{self.bits} g{self.group_size} {'sym' if self.symmetric else 'asym'}{order}"
+        text = f"{self.method} w{self.bits} g{self.group_size} {'sym' if self.symmetric else 'asym'}{order}"
+        if self.int8_activations != "none":
+            text += f", int8 {self.int8_activations} activations"
+        if self.smoothquant is not None:
+            text += f", smoothquant {self.smoothquant:g}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -146,6 +183,9 @@ class AWQScheme(QuantScheme):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.int8_activations != "none" or self.smoothquant is not None:
+            raise BadInput("int8 activations and --smoothquant go with --method gptq or rtn: AWQ searches its own "
+                           "scales for the weights alone")
         if self.grid < 1 or self.clip_grid < 1:
             raise BadInput(f"grid={self.grid}, clip_grid={self.clip_grid}: use at least 1 point")
         if self.search not in AWQ_SEARCHES:

@@ -1,7 +1,9 @@
 """Weight bytes of a model in a given storage dtype, from its parameter count.
 
 - bf16 / fp16: 2 bytes per parameter.
-- fp8 / int8: quantizable linears 1 byte per weight + one fp32 scale per output channel;
+- fp8 / int8: quantizable linears 1 byte per weight + one fp32 scale per output channel
+  (exactly the int8 `weight` and `weight_scale` of the W8A8 `int-quantized` checkpoints
+  `quantize` writes; a static `input_scale` adds 4 bytes per linear, not counted);
   everything else (embeddings, lm_head, norms, routers) stays 16-bit.
 - int4: quantizable linears 4 bits per weight + per group of `group_size` inputs an
   fp16 scale and a 4-bit zero point (AWQ/GPTQ store zeros packed 8 per int32);

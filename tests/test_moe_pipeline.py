@@ -279,6 +279,22 @@ def test_fp8_static_routed_starved_expert_uses_every_token() -> None:
         assert w.input_scale is not None and torch.isfinite(w.input_scale).all() and float(w.input_scale) > 0
 
 
+@pytest.mark.parametrize("method", ["gptq", "rtn"])
+def test_w8a8_static_routed_starved_expert_gets_an_input_scale(method: str) -> None:
+    """Static W8A8 on an MoE model: every linear, experts and the starved expert's RTN fallback
+    included, gets a finite input_scale, and the int-quantized format accepts the result."""
+    from infer_tool.packers.int_quantized import check
+
+    model = make_moe("mixtral")
+    scheme = make_scheme(method, bits=8, group_size=-1, int8_activations="static")
+    with starving(model, 1):
+        r = quantize_model(model, ids(), scheme, batch_size=4, device="cpu", moe=MoeCalibration("routed", min_tokens=8))
+    assert set(r.quantized) == set(linear_shapes(model, arch_of(model)))
+    for w in r.quantized.values():
+        assert w.input_scale is not None and torch.isfinite(w.input_scale).all() and float(w.input_scale) > 0
+    check(scheme, r.quantized)
+
+
 def test_nan_expert_is_an_error_naming_it() -> None:
     model = make_moe("qwen3_moe")
     with torch.no_grad():

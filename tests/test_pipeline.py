@@ -338,6 +338,54 @@ def test_stats_accumulator_against_fp64(K: int, block: int) -> None:
     assert torch.equal(st.H, st.H.T)
     assert torch.allclose(st.act_abs_mean.double(), flat.abs().mean(0), rtol=1e-6)
     assert st.act_abs_max == pytest.approx(float(flat.abs().max()), rel=1e-7)
+    assert torch.equal(st.act_abs_max_channel, x.reshape(-1, K).abs().amax(0))  # a max is exact
+    assert st.act_abs_max == float(st.act_abs_max_channel.max())
+
+
+def test_saved_stats_keep_channel_maxima_and_version_1_still_loads(tmp_path) -> None:  # noqa: ANN001
+    """Statistics version 2 stores max |x_j| per channel; a version-1 directory (no such tensor)
+    still loads, with `act_abs_max_channel` None."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from infer_tool.calib.stats import STATS_INDEX, saved_version
+
+    cal = collect_stats(tiny_model("llama"), ids(), batch_size=4, device="cpu")
+    out = save_stats(cal.stats, tmp_path / "v2", meta={})
+    assert saved_version(out) == 2
+    loaded, _ = load_stats(out)
+    for name, st in cal.stats.items():
+        assert torch.equal(loaded[name].act_abs_max_channel, st.act_abs_max_channel)
+    # the same directory as version 1 wrote it
+    index = json.loads((out / STATS_INDEX).read_text())
+    index["version"] = 1
+    (out / STATS_INDEX).write_text(json.dumps(index))
+    tensors = {k: v for k, v in load_file(str(out / "stats.safetensors")).items() if not k.endswith("act_abs_max_channel")}
+    save_file(tensors, str(out / "stats.safetensors"))
+    old, _ = load_stats(out)
+    assert saved_version(out) == 1
+    assert all(st.act_abs_max_channel is None for st in old.values())
+    assert all(torch.equal(old[n].H, st.H) for n, st in cal.stats.items())
+    index["version"] = 3
+    (out / STATS_INDEX).write_text(json.dumps(index))
+    with pytest.raises(BadInput, match="version 3 is not one of"):
+        load_stats(out)
+
+
+def test_stats_of_divided_inputs_are_exact() -> None:
+    """`LayerStats.divided(s)`: the statistics of x / s equal those measured on x / s."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(200, 48, generator=g) * torch.rand(48, generator=g) * 3
+    s = torch.rand(48, generator=g) * 4 + 0.1
+    a, b = StatsAccumulator(48), StatsAccumulator(48)
+    a.add(x)
+    b.add(x / s)
+    got, want = a.result().divided(s), b.result()
+    assert rel(got.H.double(), want.H.double()) < 1e-5
+    assert rel(got.act_abs_mean.double(), want.act_abs_mean.double()) < 1e-6
+    torch.testing.assert_close(got.act_abs_max_channel, want.act_abs_max_channel, rtol=1e-6, atol=0)
+    assert got.act_abs_max == pytest.approx(want.act_abs_max, rel=1e-6) and got.tokens == 200
 
 
 def test_flushed_denormals_flush_inside_and_restore_after() -> None:

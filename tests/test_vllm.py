@@ -8,7 +8,10 @@ accepting it fails this test until the row and the README are updated.
 The expectations are per CPU class (AMX or not; docs/vllm-cpu.md), from vLLM's own kernel
 selection, which the worker evaluates as both classes on every host: the format rows run
 with VLLM_CPU_INT4_W4A8=0, the `-w4a8` rows with vLLM's default 1 (W4A8 with AMX: vLLM's ppl
-above ours by vllm_formats.W4A8_GAP; without AMX it must not take effect). Every vLLM load
+within 1% of ours with `--activations int8`, and above our weight-only figure by
+vllm_formats.W4A8_GAP; without AMX it must not take effect). The W8A8 rows: vLLM's INT8 path
+per class (oneDNN, or the AMX sgl path that reads no static input_scale) and ours rounding
+activations as that path does. Every vLLM load
 and score has its own time limit, so a hang fails its row by name within minutes.
 
 No skip: without the vLLM environment (`make vllm-env`, which `make test` runs first)
@@ -68,14 +71,19 @@ def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
     assert fp4 == {(f"{f}-pack-quantized", w4a4) for f in ("nvfp4", "mxfp4") for w4a4 in (False, True)}
 
 
-def _result(row_id: str, vllm: dict, ours: float | None = None, scales: dict | None = None) -> vllm_formats.Result:
+def _result(row_id: str, vllm: dict, ours: float | None = None, scales: dict | None = None, activations: str = "",
+            weight_only: float | None = None) -> vllm_formats.Result:
     (row,) = [r for r in ROWS if r.id == row_id]
-    return vllm_formats.Result(row, vllm_formats.ROOT, vllm, ours, scales or {})
+    return vllm_formats.Result(row, vllm_formats.ROOT, vllm, ours, scales or {}, activations, weight_only)
 
 
 NO_AMX_HOST = {"amx": False}
 AMX_HOST = {"amx": True}
 INT4 = {"selections": {"no_amx": list(vllm_formats.WNA16), "amx": list(vllm_formats.WNA16)}}
+INT8 = {"selections": {"no_amx": list(vllm_formats.INT8_KERNEL), "amx": list(vllm_formats.INT8_KERNEL)}}
+W4A8_OURS = "int8 per token, W4A8 (sgl)"  # `eval ppl`'s "activations"
+ONEDNN_OURS, SGL_OURS = "int8 per token (onednn)", "int8 per token (sgl)"
+ONEDNN, SGL = ["_apply_weights_onednn"], ["_apply_weights_sgl"]
 
 
 @pytest.mark.parametrize(
@@ -103,11 +111,27 @@ INT4 = {"selections": {"no_amx": list(vllm_formats.WNA16), "amx": list(vllm_form
         (_result("fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load", "selections": {
             "no_amx": list(vllm_formats.FP8_BLOCK_NONE), "amx": list(vllm_formats.FP8_BLOCK_NONE)}}),
          NO_AMX_HOST, "selection with AMX"),
-        # W4A8: the gap's sign and size with AMX, no effect without
-        (_result("ct-int4-asym-w4a8", {"ppl": 24.9, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST,
-         "outside +1%..+8%"),
-        (_result("ct-int4-asym-w4a8", {"ppl": 23.9, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST,
-         "outside +1%..+8%"),
+        # W4A8 with AMX: within 1% of ours with int8 activations, above the weight-only figure by the gap
+        (_result("ct-int4-asym-w4a8", {"ppl": 24.9, "stage": "score", "w4a8": [True], **INT4}, ours=24.9,
+                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST, "outside +1%..+8%"),
+        (_result("ct-int4-asym-w4a8", {"ppl": 23.9, "stage": "score", "w4a8": [True], **INT4}, ours=23.9,
+                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST, "outside +1%..+8%"),
+        (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=25.2,
+                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST, "over 1%"),
+        (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=25.6,
+                 activations="unquantized", weight_only=24.8), AMX_HOST, "expected 'int8 per token, W4A8 (sgl)'"),
+        # W8A8: vLLM's INT8 path per class, ours rounding as that path does
+        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
+                 activations=ONEDNN_OURS), AMX_HOST, "expected ['_apply_weights_sgl']"),
+        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": SGL, **INT8}, ours=21.0,
+                 activations=SGL_OURS), NO_AMX_HOST, "expected ['_apply_weights_onednn']"),
+        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": SGL, **INT8}, ours=21.0,
+                 activations=ONEDNN_OURS), AMX_HOST, "expected 'int8 per token (sgl)'"),
+        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
+                 activations="int8 static input_scale (onednn)"), NO_AMX_HOST, "expected 'int8 per token (onednn)'"),
+        (_result("ct-w8a8-dynamic", {"ppl": 21.5, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
+                 activations="int8 per token (onednn)"), NO_AMX_HOST, "over 1%"),
+        (_result("ct-w8a16", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
         (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), AMX_HOST,
          "use_w4a8=[False]"),
         (_result("ct-int4-asym-w4a8", {"ppl": 24.8, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), NO_AMX_HOST,
@@ -126,10 +150,18 @@ def test_problems_accept_expected_outcomes() -> None:
     ok = [
         (_result("awq-gemm", {"ppl": 24.9, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), NO_AMX_HOST),
         (_result("awq-gemm", {"ppl": 24.9, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), AMX_HOST),
-        (_result("awq-gemm-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST),
-        (_result("awq-gemm-w4a8", {"ppl": 24.85, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), NO_AMX_HOST),
+        (_result("awq-gemm-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=25.5,
+                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST),
+        (_result("awq-gemm-w4a8", {"ppl": 24.85, "stage": "score", "w4a8": [False], **INT4}, ours=24.8,
+                 activations="unquantized"), NO_AMX_HOST),
         (_result("fp8-tensor", {"error": vllm_formats.STATIC_FP8_QUANT, "stage": "load"}), NO_AMX_HOST),
         (_result("ct-nvfp4a16", {"error": vllm_formats.NVFP4_MARLIN, "stage": "load"}), AMX_HOST),
+        (_result("ct-w8a8-dynamic", {"ppl": 21.05, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
+                 activations=ONEDNN_OURS), NO_AMX_HOST),
+        (_result("ct-w8a8-dynamic", {"ppl": 21.05, "stage": "score", "int8_paths": SGL, **INT8}, ours=21.0,
+                 activations=SGL_OURS), AMX_HOST),
+        (_result("ct-w8a16", {"error": vllm_formats.W8A16_CPU, "stage": "load", "selections": {
+            "no_amx": list(vllm_formats.W8A16_NONE), "amx": list(vllm_formats.W8A16_NONE)}}), AMX_HOST),
         (_result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75), AMX_HOST),
         (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
                                        "kv_scales": {"a": [0.02, 0.004]}}, ours=20.8, scales={"a": [0.02, 0.004]}),

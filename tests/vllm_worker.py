@@ -139,6 +139,18 @@ def w4a8_layers(model: Any) -> list[bool]:
     return sorted({bool(m.use_w4a8) for m in model.modules() if hasattr(m, "use_w4a8")})
 
 
+def int8_paths(model: Any) -> list[str]:
+    """The distinct paths vLLM's CPU INT8 linear kernel chose per layer when the weights loaded
+    (CPUInt8ScaledMMLinearKernel.linear_method: `_apply_weights_sgl` or `_apply_weights_onednn`;
+    empty: no INT8 W8A8 linear)."""
+    paths = set()
+    for m in model.modules():
+        method = getattr(getattr(getattr(m, "scheme", None), "kernel", None), "linear_method", None)
+        if method is not None:
+            paths.add(getattr(method, "__name__", str(method)))
+    return sorted(paths)
+
+
 def event(f: Any, name: str, stage: str) -> None:
     f.write(json.dumps({"name": name, "event": stage}) + "\n")
     f.flush()
@@ -179,6 +191,7 @@ def score(job: dict[str, Any], ids: list[int], f: Any) -> dict[str, Any]:
         rec["kv_cache_dtype"] = llm.llm_engine.vllm_config.cache_config.cache_dtype
         rec["kv_scales"] = llm.apply_model(kv_scales)[0]
         rec["w4a8"] = llm.apply_model(w4a8_layers)[0]
+        rec["int8_paths"] = llm.apply_model(int8_paths)[0]
         t1 = time.perf_counter()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]

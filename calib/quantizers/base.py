@@ -24,11 +24,12 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, get_submodule
-from infer_tool.calib.layers import LayerCall, run_layer, set_weight_nk, weight_nk
+from infer_tool.calib.layers import LayerCall, capturing_inputs, group_modules, run_layer, set_weight_nk, weight_nk
 from infer_tool.calib.moe import ExpertTokens, MoeLayer, Routing, capturing_routing
 from infer_tool.calib.result import Fallback, PipelineResult
-from infer_tool.calib.stats import LayerStats, relative_output_error
+from infer_tool.calib.stats import LayerStats, StatsAccumulator, relative_output_error
 from infer_tool.common.errors import BadInput
+from infer_tool.packers.int8 import int8_input_scale
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.base import Scheme
 
@@ -44,11 +45,13 @@ class Needs:
     live_blocks: bool = False  # block outputs on live activations (cannot come from saved statistics)
     layer_pass: bool = False  # one more pass over the quantized layer (e.g. KV-cache amax)
     fp_chain: bool = False  # the fp layer's outputs on the fp model's own inputs (`LayerContext.Y_fp`)
+    channel_max: bool = False  # max |x_j| per input channel (SmoothQuant); saved statistics need it stored
 
     @property
     def data_free(self) -> bool:
         """True when only the reported error reads calibration activations."""
-        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass or self.fp_chain)
+        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass or self.fp_chain
+                    or self.channel_max)
 
 
 class LayerOutputs(NamedTuple):
@@ -144,12 +147,36 @@ def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, ar
         result.fallbacks.append(Fallback(full, weight.info["fallback"], weight.info.get("reason")))
 
 
-def record_rtn_fallback(ctx: LayerContext, name: str, scheme: Scheme, reason: str) -> None:
+def with_input_scale(weight: Any, stats: LayerStats | None, scheme: Scheme, name: str) -> Any:
+    """A solved INT weight with its static int8 activation scale (act_abs_max / 127 of its
+    input) when the scheme's activations are static int8; else as it is."""
+    if getattr(scheme, "int8_activations", None) != "static":
+        return weight
+    if stats is None:
+        raise ValueError(f"{name}: static int8 activations need calibration statistics")
+    weight.input_scale = int8_input_scale(stats.act_abs_max)
+    return weight
+
+
+def measure_groups(ctx: LayerContext, hessian: bool = False) -> dict[str, LayerStats]:
+    """{first linear of each group: the statistics of the group's input} over every chunk, in
+    one pass of the layer as it is (its outputs are discarded)."""
+    heads = group_modules(ctx.layer, ctx.arch)
+    accs = {k: StatsAccumulator(weight_nk(m, ctx.arch.conv1d).shape[1], hessian=hessian) for k, m in heads.items()}
+    with capturing_inputs(heads, accs=accs):
+        run_layer(ctx.layer, ctx.X, ctx.calls)
+    return {k: a.result() for k, a in accs.items()}
+
+
+def record_rtn_fallback(
+    ctx: LayerContext, name: str, scheme: Scheme, reason: str, stats: LayerStats | None = None
+) -> None:
     """RTN-quantize linear `name` of the layer (`ctx.rtn`, or the scheme's INT RTN) and record
-    it as a fallback (`reason`)."""
+    it as a fallback (`reason`); `stats` give a static int8 activation scale its input's max |x|."""
     module = ctx.module(name)
     W = weight_nk(module, ctx.arch.conv1d).detach().float()
     weight = ctx.rtn(W, ctx.full(name)) if ctx.rtn is not None else quantize_rtn(W, None, scheme)
+    weight = with_input_scale(weight, stats, scheme, ctx.full(name))
     weight.info.update(fallback="rtn", reason=reason)
     record(ctx.result, ctx.full(name), module, weight, ctx.arch, None)
 

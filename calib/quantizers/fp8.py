@@ -131,14 +131,14 @@ class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
             if routing is not None and todo:
                 reason = None if j is None else ctx.starved(routing, j)
                 rows = routing.x if j is None or reason else routing.rows(j, moe.calibration.mode)
-                stats = _expert_stats(ctx, j, rows, scheme.needs_hessian)
+                stats = expert_stats(ctx, j, rows, scheme.needs_hessian)
             for n in todo:
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, stats[n], scheme)
                 if reason:
                     ctx.result.fallbacks.append(Fallback(ctx.full(n), "statistics over every token", f"expert {j} {reason}"))
 
 
-def _expert_stats(ctx: LayerContext, j: int | None, rows: list[torch.Tensor], hessian: bool) -> dict[str, LayerStats]:
+def expert_stats(ctx: LayerContext, j: int | None, rows: list[torch.Tensor], hessian: bool) -> dict[str, LayerStats]:
     """{gate, up: statistics of `rows`; down: of expert j's fp intermediate activations on them}."""
     gate, up, down = ctx.moe.expert(j)
     acc_in = StatsAccumulator(ctx.module(gate).in_features, hessian=hessian)

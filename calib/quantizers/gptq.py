@@ -16,6 +16,11 @@ every row in "all" mode (and for the shared expert), its routed rows in "routed"
 linears sharing a Hessian (all gate/up in "all" mode; an expert's gate and up) are solved
 as one stack of rows. Down reads the expert's intermediate activations computed with its
 quantized gate/up. Starved experts (routed mode) fall back to RTN.
+
+With SmoothQuant (`scheme.smoothquant`), the layer is smoothed first (`smoothquant.smooth_layer`,
+from one fp pass measuring the per-channel maxima); every Hessian is then measured on the
+smoothed inputs. With static int8 activations, each linear's `input_scale` comes from the
+max |x| of the inputs its Hessian was measured on.
 """
 
 from __future__ import annotations
@@ -33,9 +38,13 @@ from infer_tool.calib.quantizers.base import (
     LayerOutputs,
     LayerQuantizer,
     Needs,
+    measure_groups,
     record,
     record_rtn_fallback,
+    with_input_scale,
 )
+from infer_tool.calib.quantizers.fp8 import expert_stats
+from infer_tool.calib.quantizers.smoothquant import SmoothsSavedStats, smooth_layer
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
@@ -47,15 +56,18 @@ SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the s
 
 
 @register_quantizer(GPTQScheme)
-class GPTQQuantizer(LayerQuantizer[GPTQScheme]):
+class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
     def needs(self, scheme: GPTQScheme) -> Needs:
-        return Needs(hessian=True)
+        smooth = scheme.smoothquant is not None
+        return Needs(hessian=True, activation_stats=smooth, channel_max=smooth)
 
     def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: GPTQScheme, name: str) -> QuantizedWeight:
-        return quantize_gptq(W, stats, scheme)
+        return with_input_scale(quantize_gptq(W, stats, scheme), stats, scheme, name)
 
     def quantize_layer(self, ctx: LayerContext, scheme: GPTQScheme) -> LayerOutputs:
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
+        if scheme.smoothquant is not None:
+            smooth_layer(layer, ctx.prefix, arch, scheme.smoothquant, measure_groups(ctx), ctx.targets, ctx.result)
         e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
         Y, points = replay_points(layer, arch, X[:e], calls[:e])
         Y = Y[: ctx.error_chunks]
@@ -95,9 +107,11 @@ class GPTQQuantizer(LayerQuantizer[GPTQScheme]):
         for j in moe.order():
             reason = None if j is None else ctx.starved(routing, j)
             if reason:
+                # a static input scale over every row of the block input (the expert's own are too few)
+                every = expert_stats(ctx, j, routing.x, False) if scheme.int8_activations == "static" else {}
                 for n in moe.expert(j):
                     if ctx.is_target(n):
-                        record_rtn_fallback(ctx, n, scheme, f"expert {j} {reason}")
+                        record_rtn_fallback(ctx, n, scheme, f"expert {j} {reason}", every.get(n))
             else:
                 jobs.append(j)
 

@@ -31,6 +31,8 @@ def ppl(
     dtype: Annotated[str, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")] = "float32",
     device: Device = "auto",
     kv_cache_dtype: Annotated[str, typer.Option(help="auto: keys/values in the compute dtype; fp8: through e4m3 with the checkpoint's k_scale/v_scale (as vLLM --kv-cache-dtype fp8).")] = "auto",
+    activations: Annotated[str, typer.Option(help="auto: as the checkpoint is served (int8 for W8A8, e4m3 for FP8, unquantized for weight-only INT); int8: INT4 checkpoints too, per token, as vLLM's CPU build serves them on AMX CPUs (W4A8); none: every activation unquantized.")] = "auto",
+    int8_kernel: Annotated[str, typer.Option(help="Whose rounding int8 activations follow: auto (what vLLM runs here: cuda on a GPU; on a CPU the AMX kernel sgl where AMX is present and the shape allows, else onednn; sgl for W4A8), onednn, sgl or cuda.")] = "auto",
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
     json_: Json = False,
@@ -41,7 +43,7 @@ def ppl(
     from infer_tool.jobs.eval_ppl import EvalOptions, check, evaluate
 
     opts = EvalOptions(model, data, text_field, seq_len, max_tokens, stride, baseline, dtype, device, kv_cache_dtype,
-                       allow_pickle, trust_remote_code)
+                       allow_pickle, trust_remote_code, activations, int8_kernel)
     check(opts)
     quiet_libraries()
     with progress_bar(rank0() and not no_progress) as bar:
@@ -58,13 +60,13 @@ def _print_table(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title="perplexity", title_justify="left")
-    for col in ("model", "ppl", "mean NLL", "tokens", "windows × seq_len", "tokens/s", "backend"):
-        table.add_column(col, justify="left" if col in ("model", "backend") else "right")
+    for col in ("model", "ppl", "mean NLL", "tokens", "windows × seq_len", "tokens/s", "backend", "activations"):
+        table.add_column(col, justify="left" if col in ("model", "backend", "activations") else "right")
     rows = [report] + ([report["baseline"]] if "baseline" in report else [])
     for r in rows:
         table.add_row(
             r["model"], f"{r['ppl']:.4f}", f"{r['nll']:.5f}", str(r["tokens"]),
-            f"{r['windows']} × {r['seq_len']}", f"{r['tokens_per_second']:.1f}", r["backend"],
+            f"{r['windows']} × {r['seq_len']}", f"{r['tokens_per_second']:.1f}", r["backend"], r.get("activations", ""),
         )
     out().print(table)
     if "baseline" in report:

@@ -48,26 +48,34 @@ def _common(json_default: bool = False) -> list[Any]:
     ]
 
 
+ListSchemes = Annotated[bool, typer.Option("--list-schemes", help="Print the --scheme presets and the options each sets, then exit.")]
+
+
 def _quantize_command() -> Any:
     params = [option_parameter(name, MODEL_HELP if name == "model" else None) for name in OPTIONS] + _common()
+    params.append(plain_parameter("list_schemes", ListSchemes, False))
 
     @cli_command
     def quantize(**kwargs: Any) -> None:
         """Calibrate MODEL layer by layer, quantize its decoder linears to INT4 (AWQ, GPTQ,
-        RTN, AWQ+GPTQ, AutoRound) or FP8, and write a checkpoint vLLM/transformers load, with
-        quantize_report.json in it. Exit 2: bad input; exit 3: --max-ppl-increase or --max-kld
-        exceeded."""
-        from infer_tool.calib.recipe import apply_demo, fresh_dir, load_recipe, merge
+        RTN, AWQ+GPTQ, AutoRound), INT8 (W8A8, W8A16), FP4 or FP8, and write a checkpoint
+        vLLM/transformers load, with quantize_report.json in it. Exit 2: bad input; exit 3:
+        --max-ppl-increase or --max-kld exceeded."""
+        from infer_tool.calib.recipe import apply_demo, fresh_dir, load_recipe, merge, preset_option_names
 
-        recipe, overwrite, json_, no_progress = (kwargs.pop(k) for k in ("recipe", "overwrite", "json_", "no_progress"))
+        recipe, overwrite, json_, no_progress, list_schemes = (
+            kwargs.pop(k) for k in ("recipe", "overwrite", "json_", "no_progress", "list_schemes"))
+        if list_schemes:
+            _print_presets(json_)
+            return
         flags = {name: tuple(v) if name == "ignore" and v is not None else v for name, v in kwargs.items()}
         from_recipe = load_recipe(recipe) if recipe else {}
         opts = merge(from_recipe, flags)
         if opts.model is None:
-            given = set(from_recipe) | {k for k, v in flags.items() if v not in (None, ())}
+            given = set(from_recipe) | {k for k, v in flags.items() if v not in (None, ())} | preset_option_names(opts.scheme)
             opts = apply_demo(opts, given)
             if opts.out is None:
-                scheme = opts.fp4 if opts.fp4 is not None else f"w4g{opts.group_size}"
+                scheme = opts.fp4 if opts.fp4 is not None else f"w{opts.bits or 4}g{opts.group_size}"
                 opts.out = fresh_dir(f"{DEMO_MODEL}-{opts.method}-{scheme}")
         from infer_tool.common.launch import rank0
         from infer_tool.jobs.quantize import check, quantize as run
@@ -97,6 +105,27 @@ def _quantize_command() -> Any:
             raise QualityGateFailed(f"{'; '.join(failed)}; the checkpoint is in {report.out}")
 
     return with_parameters(quantize, params)
+
+
+def _print_presets(json_: bool) -> None:
+    """--list-schemes: every preset, the flags it stands for and what it means."""
+    from rich.table import Table
+
+    from infer_tool.calib.recipe import preset_flags
+    from infer_tool.schemes.presets import PRESETS
+
+    rows = [{"scheme": p.name, "flags": preset_flags(p.name), "summary": p.summary} for p in PRESETS]
+    if json_:
+        emit_json({"schemes": rows})
+        return
+    table = Table(title="--scheme presets (llm-compressor's names); explicit options override them", title_justify="left")
+    for col in ("scheme", "stands for", "weights / activations"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["scheme"], " ".join(r["flags"]), r["summary"])
+    out().print(table)
+    err().print("note: a preset sets the number format only; --method picks the algorithm (a preset's method applies "
+                "when --method is not given)", highlight=False)
 
 
 def _checked(check: Any) -> None:
@@ -142,6 +171,7 @@ def _print_report(report: Any) -> None:
     if report.eval is not None:
         ev = report.eval
         table.add_row("ppl", f"{ev.ppl_before:.4f} -> {ev.ppl_after:.4f} (x{ev.ratio:.4f}, {ev.tokens} tokens of {ev.corpus})")
+        table.add_row("ppl after: activations", ev.activations)
     if report.eval is not None and report.eval.kld is not None:
         k = report.eval.kld
         mean, top = k["kld"]["mean"], k["same_top_token"]["mean"]
