@@ -258,6 +258,9 @@ class AutoRoundScheme(QuantScheme):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.int8_activations != "none" or self.smoothquant is not None:
+            raise BadInput("int8 activations and --smoothquant go with --method gptq or rtn: autoround learns the "
+                           "rounding of weight-only INT")
         if self.iters < 1:
             raise BadInput(f"--iters {self.iters} is not supported; use 1 or more descent steps per block "
                            "(0 steps is plain rounding: --method rtn)")

@@ -155,6 +155,14 @@ class Fp4Layer:
         self.scales = GlobalScales.of_layer(layer, prefix, arch, None, targets, scheme)
         return stats
 
+    def smoothing(self, scheme: Fp4Scheme) -> None:
+        """No SmoothQuant on the FP4 grid (its options are INT's)."""
+        return None
+
+    def static_int8(self, scheme: Fp4Scheme) -> bool:
+        """FP4's static input scales are its own (`set_input_scales`), not int8 ones."""
+        return False
+
     def with_input_scale(self, w: Fp4Weight, stats: LayerStats | None, scheme: Fp4Scheme) -> Fp4Weight:
         if stats is not None:
             w.input_global_scale = input_global_scale(stats.act_abs_max, scheme)

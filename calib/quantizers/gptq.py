@@ -58,16 +58,25 @@ SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the s
 @register_quantizer(GPTQScheme)
 class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
     def needs(self, scheme: GPTQScheme) -> Needs:
-        smooth = scheme.smoothquant is not None
+        smooth = self.smoothing(scheme) is not None
         return Needs(hessian=True, activation_stats=smooth, channel_max=smooth)
+
+    def smoothing(self, scheme: GPTQScheme) -> float | None:
+        """SmoothQuant's α before the solve, or None (a number format without it overrides this)."""
+        return scheme.smoothquant
+
+    def static_int8(self, scheme: GPTQScheme) -> bool:
+        """Whether the solved linears carry a static int8 input scale."""
+        return scheme.int8_activations == "static"
 
     def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: GPTQScheme, name: str) -> QuantizedWeight:
         return with_input_scale(quantize_gptq(W, stats, scheme), stats, scheme, name)
 
     def quantize_layer(self, ctx: LayerContext, scheme: GPTQScheme) -> LayerOutputs:
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
-        if scheme.smoothquant is not None:
-            smooth_layer(layer, ctx.prefix, arch, scheme.smoothquant, measure_groups(ctx), ctx.targets, ctx.result)
+        alpha = self.smoothing(scheme)
+        if alpha is not None:
+            smooth_layer(layer, ctx.prefix, arch, alpha, measure_groups(ctx), ctx.targets, ctx.result)
         e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
         Y, points = replay_points(layer, arch, X[:e], calls[:e])
         Y = Y[: ctx.error_chunks]
@@ -108,7 +117,7 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
             reason = None if j is None else ctx.starved(routing, j)
             if reason:
                 # a static input scale over every row of the block input (the expert's own are too few)
-                every = expert_stats(ctx, j, routing.x, False) if scheme.int8_activations == "static" else {}
+                every = expert_stats(ctx, j, routing.x, False) if self.static_int8(scheme) else {}
                 for n in moe.expert(j):
                     if ctx.is_target(n):
                         record_rtn_fallback(ctx, n, scheme, f"expert {j} {reason}", every.get(n))
