@@ -173,7 +173,7 @@ def test_pipeline_step_leaves_logits_unchanged(model_type: str) -> None:
     for i, layer in enumerate(decoder_layers(model, arch)):
         prefix = f"{arch.layers}.{i}"
         heads = {g[0]: before[f"{prefix}.{g[0]}"] for g in arch.groups}
-        returned[prefix] = smooth_layer(layer, prefix, arch, 0.5, heads, targets, result)
+        returned[prefix] = smooth_layer(layer, prefix, arch, 0.5, heads, targets=targets, result=result)
     entries = result.method_report["smoothquant"]
     smoothed = [e for e in entries if "skipped" not in e]
     assert len(smoothed) == 2 * len(decoder_layers(model, arch))  # attention and MLP norms of every layer

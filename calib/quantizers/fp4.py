@@ -259,7 +259,9 @@ class Fp4AWQQuantizer(Fp4Layer, AWQQuantizer):
 
     def quantize_layer(self, ctx: LayerContext, scheme: Fp4AWQScheme) -> LayerOutputs:
         self.begin(ctx, scheme)
-        Y = self._search_fold_quantize(ctx, scheme)[: ctx.error_chunks]
+        folded = self.search_and_fold(ctx, scheme)
+        self.clip_and_quantize(ctx, scheme, folded)
+        Y = folded.Y[: ctx.error_chunks]
         if input_global_scale(0.0, scheme) is None:
             return LayerOutputs(Y, run_layer(ctx.layer, ctx.X, ctx.calls))
         Y_hat, amax = measured(ctx, lambda: run_layer(ctx.layer, ctx.X, ctx.calls))

@@ -76,7 +76,7 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
         alpha = self.smoothing(scheme)
         if alpha is not None:
-            smooth_layer(layer, ctx.prefix, arch, alpha, measure_groups(ctx), ctx.targets, ctx.result)
+            smooth_layer(layer, ctx.prefix, arch, alpha, measure_groups(ctx), targets=ctx.targets, result=ctx.result)
         e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
         Y, points = replay_points(layer, arch, X[:e], calls[:e])
         Y = Y[: ctx.error_chunks]

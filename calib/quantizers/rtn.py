@@ -53,7 +53,8 @@ class RTNQuantizer(SmoothsSavedStats, LayerQuantizer[RTNScheme]):
         with keep as routing:
             stats = measure_groups(ctx)
         if scheme.smoothquant is not None:
-            stats = smooth_layer(layer, ctx.prefix, arch, scheme.smoothquant, stats, ctx.targets, ctx.result)
+            stats = smooth_layer(layer, ctx.prefix, arch, scheme.smoothquant, stats, targets=ctx.targets,
+                                 result=ctx.result)
         for group in arch.groups:
             for n in group:
                 ctx.result.stats[ctx.full(n)] = stats[group[0]]

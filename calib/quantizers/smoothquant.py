@@ -41,6 +41,7 @@ def smooth_layer(
     arch: Architecture,
     alpha: float,
     stats: dict[str, LayerStats],
+    *,
     targets: set[str],
     result: PipelineResult,
 ) -> dict[str, LayerStats]:
@@ -93,13 +94,14 @@ def smooth_saved(
     arch: Architecture,
     alpha: float,
     stats: dict[str, LayerStats],
+    *,
     targets: set[str],
     result: PipelineResult,
 ) -> dict[str, LayerStats]:
     """`smooth_layer` on saved statistics keyed by every linear of the layer (a group's linears
     share one object): the same keys, each linear given its group's new statistics."""
     heads = {group[0]: stats[group[0]] for group in arch.groups if group[0] in stats}
-    smoothed = smooth_layer(layer, prefix, arch, alpha, heads, targets, result)
+    smoothed = smooth_layer(layer, prefix, arch, alpha, heads, targets=targets, result=result)
     return {n: smoothed.get(group_of(arch, n), st) for n, st in stats.items()}
 
 
@@ -108,9 +110,9 @@ class SmoothsSavedStats:
     (mixed in before `LayerQuantizer`): with SmoothQuant, `smooth_saved`; else unchanged."""
 
     def prepare_stats(
-        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], targets: set[str],
+        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
         result: PipelineResult, scheme: QuantScheme,
     ) -> dict[str, LayerStats]:
         if scheme.smoothquant is None:
             return stats
-        return smooth_saved(layer, prefix, arch, scheme.smoothquant, stats, targets, result)
+        return smooth_saved(layer, prefix, arch, scheme.smoothquant, stats, targets=targets, result=result)
