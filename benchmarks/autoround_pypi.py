@@ -53,17 +53,36 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)
     t0 = time.perf_counter()
-    ar = AutoRound(model, tok, scheme="W4A16", bits=4, group_size=args.group_size, sym=not args.asym,
-                   dataset=dataset, iters=args.iters, lr=args.lr, nsamples=n, seqlen=seq_len,
-                   batch_size=args.batch, device_map="cpu", enable_torch_compile=False, amp=args.amp)
+    ar = AutoRound(
+        model,
+        tok,
+        scheme="W4A16",
+        bits=4,
+        group_size=args.group_size,
+        sym=not args.asym,
+        dataset=dataset,
+        iters=args.iters,
+        lr=args.lr,
+        nsamples=n,
+        seqlen=seq_len,
+        batch_size=args.batch,
+        device_map="cpu",
+        enable_torch_compile=False,
+        amp=args.amp,
+    )
     ar.quantize()
     t1 = time.perf_counter()
     ar.save_quantized(args.out, format="auto_awq" if args.asym else "auto_gptq", inplace=True)
     t2 = time.perf_counter()
-    print(json.dumps({
-        "quantize_s": t1 - t0, "save_s": t2 - t1,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-    }))
+    print(
+        json.dumps(
+            {
+                "quantize_s": t1 - t0,
+                "save_s": t2 - t1,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

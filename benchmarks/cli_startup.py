@@ -51,7 +51,12 @@ def main() -> None:
         "python -c pass": [sys.executable, "-c", "pass"],
         "infer-tool --help": [tool, "--help"],
         "infer-tool kv-budget llama-3.1-8b --context 8192 --json": [
-            tool, "kv-budget", "llama-3.1-8b", "--context", "8192", "--json",
+            tool,
+            "kv-budget",
+            "llama-3.1-8b",
+            "--context",
+            "8192",
+            "--json",
         ],
     }
     times: dict[str, list[float]] = {name: [] for name in cases}
@@ -78,7 +83,12 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         t.add_row(
-            name, f"{med:.3f}", f"{min(ts):.3f}", f"{max(ts):.3f}", f"{med - base:+.3f}", f"{statistics.median(cpu[name]):.3f}"
+            name,
+            f"{med:.3f}",
+            f"{min(ts):.3f}",
+            f"{max(ts):.3f}",
+            f"{med - base:+.3f}",
+            f"{statistics.median(cpu[name]):.3f}",
         )
     console = Console()
     console.print(t)

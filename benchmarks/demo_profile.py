@@ -101,9 +101,11 @@ def main() -> None:
         report = quantize(opts)
         total = time.perf_counter() - t
     load = os.getloadavg()
-    print(f"demo job: {opts.model}, {report.scheme_description}, {opts.num_samples} x {opts.seq_len} calibration tokens, "
-          f"ppl on {opts.eval_tokens} tokens; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-          f"on {os.cpu_count()} cores")
+    print(
+        f"demo job: {opts.model}, {report.scheme_description}, {opts.num_samples} x {opts.seq_len} calibration tokens, "
+        f"ppl on {opts.eval_tokens} tokens; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        f"on {os.cpu_count()} cores"
+    )
     if report.eval:
         print(f"ppl {report.eval.ppl_before:.4f} -> {report.eval.ppl_after:.4f}")
     print("| stage | s | share | calls |")

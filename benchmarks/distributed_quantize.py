@@ -67,16 +67,36 @@ def launch(processes: int, threads: int | None, args: list[str], work: Path) -> 
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.update(GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1")
-    body = [str(Path(__file__).resolve()), "--worker", str(rss), "--", "quantize", *args, "--out", str(out), "--json",
-            "--no-progress"]
+    body = [
+        str(Path(__file__).resolve()),
+        "--worker",
+        str(rss),
+        "--",
+        "quantize",
+        *args,
+        "--out",
+        str(out),
+        "--json",
+        "--no-progress",
+    ]
     if processes == 1:
         cmd = [sys.executable, *body]
     else:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), *body]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(processes),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            *body,
+        ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -84,9 +104,14 @@ def launch(processes: int, threads: int | None, args: list[str], work: Path) -> 
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout)
     peaks = [json.loads(p.read_text())["peak_rss_mib"] for p in rss.glob("rss-*.json")]
-    return {"wall": wall, "quantize": report["seconds"]["quantize"], "rss": max(peaks),
-            "cuda": report["memory"].get("cuda_peak_mib", float("nan")), "samples": report["calibration"]["samples_per_process"],
-            "checkpoint": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()}
+    return {
+        "wall": wall,
+        "quantize": report["seconds"]["quantize"],
+        "rss": max(peaks),
+        "cuda": report["memory"].get("cuda_peak_mib", float("nan")),
+        "samples": report["calibration"]["samples_per_process"],
+        "checkpoint": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
+    }
 
 
 def main() -> None:
@@ -104,8 +129,19 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=2, help="CPU mode: processes of the multi-process rows")
     p.add_argument("--gpus", type=int, default=0, help="GPU mode: 1 process on 1 GPU against N processes on N GPUs")
     a = p.parse_args()
-    args = [a.model, "--method", a.method, "--group-size", str(a.group_size), "--calib", a.calib,
-            "--num-samples", str(a.num_samples), "--seq-len", str(a.seq_len)]
+    args = [
+        a.model,
+        "--method",
+        a.method,
+        "--group-size",
+        str(a.group_size),
+        "--calib",
+        a.calib,
+        "--num-samples",
+        str(a.num_samples),
+        "--seq-len",
+        str(a.seq_len),
+    ]
     if a.gpus:
         settings = [(1, None), (a.gpus, None)]
         args += ["--device", "auto"]
@@ -122,16 +158,22 @@ def main() -> None:
     base = statistics.median(x["wall"] for x in runs[settings[0]])
     same = all(x["checkpoint"] == runs[settings[0]][0]["checkpoint"] for rs in runs.values() for x in rs)
     where = f"{a.gpus} GPUs" if a.gpus else f"CPU, {os.cpu_count()} cores"
-    print(f"{a.model}, {a.method} g{a.group_size}, {a.num_samples} x {a.seq_len} tokens of {a.calib}; {where}; "
-          f"median of {a.repeats}\n")
-    print("| processes | threads each | samples per process | wall s | vs 1 process | quantize s | peak RSS per process MiB |"
-          + (" peak CUDA MiB (process 0) |" if a.gpus else ""))
+    print(
+        f"{a.model}, {a.method} g{a.group_size}, {a.num_samples} x {a.seq_len} tokens of {a.calib}; {where}; "
+        f"median of {a.repeats}\n"
+    )
+    print(
+        "| processes | threads each | samples per process | wall s | vs 1 process | quantize s "
+        "| peak RSS per process MiB |" + (" peak CUDA MiB (process 0) |" if a.gpus else "")
+    )
     print("|---|---|---|---|---|---|---|" + ("---|" if a.gpus else ""))
     for s in settings:
         rs = runs[s]
         wall = statistics.median(x["wall"] for x in rs)
-        row = (f"| {s[0]} | {s[1] or '-'} | {rs[0]['samples']} | {wall:.1f} | {base / wall:.2f}x | "
-               f"{statistics.median(x['quantize'] for x in rs):.1f} | {statistics.median(x['rss'] for x in rs):.0f} |")
+        row = (
+            f"| {s[0]} | {s[1] or '-'} | {rs[0]['samples']} | {wall:.1f} | {base / wall:.2f}x | "
+            f"{statistics.median(x['quantize'] for x in rs):.1f} | {statistics.median(x['rss'] for x in rs):.0f} |"
+        )
         if a.gpus:
             row += f" {statistics.median(x['cuda'] for x in rs):.0f} |"
         print(row)

@@ -54,8 +54,10 @@ def main() -> None:
     assert n == r.tokens and math.isclose(r.ppl, ref_ppl, rel_tol=1e-5), (r.ppl, ref_ppl)
     mo, mr = statistics.median(ours), statistics.median(ref)
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}")
-    print(f"model {args.model}, {r.tokens} predicted tokens in {r.windows} x {args.seq_len} windows, "
-          f"median of {args.runs} runs, ppl {r.ppl:.4f}")
+    print(
+        f"model {args.model}, {r.tokens} predicted tokens in {r.windows} x {args.seq_len} windows, "
+        f"median of {args.runs} runs, ppl {r.ppl:.4f}"
+    )
     print()
     print("| path | median s | tokens/s | ratio to reference |")
     print("|---|---:|---:|---:|")

@@ -77,12 +77,25 @@ class Case:
 
 # Sweep: variations of the default config tried per (shape, M) with --sweep.
 SWEEP = {
-    "gemv": ({"BLOCK_N": 32}, {"BLOCK_N": 128}, {"BLOCK_K": 256}, {"SPLIT_K": 2.0},
-             {"SPLIT_K": 0.5}, {"num_warps": 8}, {"num_warps": 2}),
-    "splitk": ({"BLOCK_N": 32}, {"BLOCK_N": 128}, {"BLOCK_K": 128}, {"SPLIT_K": 2.0},
-               {"SPLIT_K": 0.5}, {"num_stages": 4}, {"num_warps": 8}),
-    "tiled": ({"BLOCK_M": 64}, {"BLOCK_N": 256}, {"BLOCK_K": 32}, {"num_stages": 4},
-              {"num_warps": 4}, {"GROUP_M": 16}),
+    "gemv": (
+        {"BLOCK_N": 32},
+        {"BLOCK_N": 128},
+        {"BLOCK_K": 256},
+        {"SPLIT_K": 2.0},
+        {"SPLIT_K": 0.5},
+        {"num_warps": 8},
+        {"num_warps": 2},
+    ),
+    "splitk": (
+        {"BLOCK_N": 32},
+        {"BLOCK_N": 128},
+        {"BLOCK_K": 128},
+        {"SPLIT_K": 2.0},
+        {"SPLIT_K": 0.5},
+        {"num_stages": 4},
+        {"num_warps": 8},
+    ),
+    "tiled": ({"BLOCK_M": 64}, {"BLOCK_N": 256}, {"BLOCK_K": 32}, {"num_stages": 4}, {"num_warps": 4}, {"GROUP_M": 16}),
 }
 
 
@@ -103,6 +116,7 @@ def sweep_configs(default: Any) -> list[Any]:
 def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
     import torch
 
+    from infer_tool.kernels.backend import sm_count
     from infer_tool.kernels.fp4 import choose_config as fp4_config
     from infer_tool.kernels.fp4 import fp4_matmul, fp4_reference
     from infer_tool.kernels.fp4_layout import GROUP_SIZE as FP4_GROUP
@@ -111,7 +125,6 @@ def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
     from infer_tool.kernels.layout import pack_int4_k
     from infer_tool.kernels.w4a16 import choose_config as w4_config
     from infer_tool.kernels.w4a16 import w4a16_matmul, w4a16_reference
-    from infer_tool.kernels.backend import sm_count
 
     g = torch.Generator(device="cpu").manual_seed(K * 31 + N)
     w = torch.randn(N, K, generator=g) * 0.02  # (N, K) an nn.Linear weight
@@ -134,29 +147,37 @@ def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
         return w4a16_reference(x, qweight, scales, None, None, GROUP_SIZE)
 
     cases = [
-        Case("bf16" if dtype == torch.bfloat16 else "fp16", lambda x, config=None: x @ w_bf16, None,
-             K * N * x_bytes(dtype), lambda x: None),
-        Case("w4a16", int4, int4_ref, K * N // 2 + G * N * x_bytes(dtype),
-             lambda x: w4_config(x.shape[0], N, K, sms)),
+        Case(
+            "bf16" if dtype == torch.bfloat16 else "fp16",
+            lambda x, config=None: x @ w_bf16,
+            None,
+            K * N * x_bytes(dtype),
+            lambda x: None,
+        ),
+        Case("w4a16", int4, int4_ref, K * N // 2 + G * N * x_bytes(dtype), lambda x: w4_config(x.shape[0], N, K, sms)),
     ]
     for mode in ("w8a8", "w8a16"):
-        cases.append(Case(
-            f"fp8-{mode}",
-            lambda x, config=None, mode=mode: fp8_matmul(x, w_fp8, w_scale, mode, config=config),
-            lambda x, mode=mode: fp8_reference(x, w_fp8, w_scale, mode),
-            K * N + N * 4,
-            lambda x: fp8_config(x.shape[0], N, K, sms),
-        ))
+        cases.append(
+            Case(
+                f"fp8-{mode}",
+                lambda x, config=None, mode=mode: fp8_matmul(x, w_fp8, w_scale, mode, config=config),
+                lambda x, mode=mode: fp8_reference(x, w_fp8, w_scale, mode),
+                K * N + N * 4,
+                lambda x: fp8_config(x.shape[0], N, K, sms),
+            )
+        )
     for fmt, fp4_ops in fp4_weights(K, N, g, device).items():
         if fp4_ops[0] is None:
             continue
-        cases.append(Case(
-            f"{fmt}-a16",
-            lambda x, config=None, a=fp4_ops: fp4_matmul(x, *a, config=config),
-            lambda x, a=fp4_ops: fp4_reference(x, *a),
-            K * N // 2 + N * (K // FP4_GROUP[fmt]) + (4 if fp4_ops[2] is not None else 0),
-            lambda x: fp4_config(x.shape[0], N, K, sms),
-        ))
+        cases.append(
+            Case(
+                f"{fmt}-a16",
+                lambda x, config=None, a=fp4_ops: fp4_matmul(x, *a, config=config),
+                lambda x, a=fp4_ops: fp4_reference(x, *a),
+                K * N // 2 + N * (K // FP4_GROUP[fmt]) + (4 if fp4_ops[2] is not None else 0),
+                lambda x: fp4_config(x.shape[0], N, K, sms),
+            )
+        )
     return cases
 
 
@@ -220,8 +241,9 @@ def time_ms(fn: Callable[[], Any], device: str) -> float:
     return statistics.median(runs)
 
 
-def run(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], *, device: str, sweep: bool,
-        log: Callable[[str], None]) -> list[Row]:
+def run(
+    shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], *, device: str, sweep: bool, log: Callable[[str], None]
+) -> list[Row]:
     import torch
 
     from infer_tool.kernels.fp4_layout import GROUP_SIZE as FP4_GROUP
@@ -247,9 +269,8 @@ def run(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], *, device: str
                     if ref is not None:
                         err = rel_error(case.run(x, config=cfg), ref)
                         ok = err < tol
-                    row = Row(case.kernel if i == 0 else case.kernel + "*", K, N, M, err, ok,
-                              config=_short(cfg))
-                    row.ms = time_ms(lambda: case.run(x, config=cfg), device)
+                    row = Row(case.kernel if i == 0 else case.kernel + "*", K, N, M, err, ok, config=_short(cfg))
+                    row.ms = time_ms(lambda case=case, x=x, cfg=cfg: case.run(x, config=cfg), device)
                     moved = case.weight_bytes + M * K * x.element_size() + M * N * x.element_size()
                     row.tbps = moved / (row.ms * 1e-3) / 1e12
                     row.tflops = 2.0 * M * N * K / (row.ms * 1e-3) / 1e12
@@ -279,8 +300,18 @@ def check_targets(rows: list[Row]) -> list[dict[str, Any]]:
                 value = r.tflops / base[(r.K, r.N, r.M)].tflops
             else:
                 value = getattr(r, metric)
-            results.append({"kernel": r.kernel, "K": r.K, "N": r.N, "M": M, "metric": metric,
-                            "value": round(value, 3), "threshold": threshold, "met": value >= threshold})
+            results.append(
+                {
+                    "kernel": r.kernel,
+                    "K": r.K,
+                    "N": r.N,
+                    "M": M,
+                    "metric": metric,
+                    "value": round(value, 3),
+                    "threshold": threshold,
+                    "met": value >= threshold,
+                }
+            )
     return results
 
 
@@ -289,37 +320,49 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def _line(r: Row) -> str:
-    return (f"{r.kernel:<10} K={r.K:<6} N={r.N:<6} M={r.M:<5} err={_fmt(r.rel_err, '.1e')} "
-            f"ms={_fmt(r.ms, '.4f')} TB/s={_fmt(r.tbps, '.2f')} TFLOP/s={_fmt(r.tflops, '.1f')} "
-            f"x{_fmt(r.speedup, '.2f')} [{r.config}]")
+    return (
+        f"{r.kernel:<10} K={r.K:<6} N={r.N:<6} M={r.M:<5} err={_fmt(r.rel_err, '.1e')} "
+        f"ms={_fmt(r.ms, '.4f')} TB/s={_fmt(r.tbps, '.2f')} TFLOP/s={_fmt(r.tflops, '.1f')} "
+        f"x{_fmt(r.speedup, '.2f')} [{r.config}]"
+    )
 
 
 def markdown(meta: dict[str, Any], rows: list[Row], targets: list[dict[str, Any]]) -> str:
-    lines = [f"### Kernel benchmark — {meta['device']} — {meta['date']}", "",
-             f"torch {meta['torch']}, triton {meta['triton']}, activations {meta['dtype']}, "
-             f"INT4 group size {GROUP_SIZE} (symmetric), FP8 per-channel weight scales, "
-             "NVFP4 (E4M3 scales per 16 + global) and MXFP4 (E8M0 per 32) weights-only; "
-             + ("DRY RUN: CPU interpreter wall-clock, the timings mean nothing; "
-                if meta["dry_run"] else "median of `do_bench` with L2 flushed; ")
-             + f"speedup vs `torch.matmul` ({meta['dtype']}); `kernel*` rows: fastest "
-             "correct config of `--sweep`.", "",
-             "| kernel | K x N | M | rel. err | time (ms) | eff. TB/s | TFLOP/s | speedup | config |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### Kernel benchmark — {meta['device']} — {meta['date']}",
+        "",
+        f"torch {meta['torch']}, triton {meta['triton']}, activations {meta['dtype']}, "
+        f"INT4 group size {GROUP_SIZE} (symmetric), FP8 per-channel weight scales, "
+        "NVFP4 (E4M3 scales per 16 + global) and MXFP4 (E8M0 per 32) weights-only; "
+        + (
+            "DRY RUN: CPU interpreter wall-clock, the timings mean nothing; "
+            if meta["dry_run"]
+            else "median of `do_bench` with L2 flushed; "
+        )
+        + f"speedup vs `torch.matmul` ({meta['dtype']}); `kernel*` rows: fastest "
+        "correct config of `--sweep`.",
+        "",
+        "| kernel | K x N | M | rel. err | time (ms) | eff. TB/s | TFLOP/s | speedup | config |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         err = _fmt(r.rel_err, ".1e") + ("" if r.correct in (None, True) else " FAIL")
-        lines.append(f"| {r.kernel} | {r.K}x{r.N} | {r.M} | {err} | {_fmt(r.ms, '.4f')} | "
-                     f"{_fmt(r.tbps, '.2f')} | {_fmt(r.tflops, '.1f')} | {_fmt(r.speedup, '.2f')} | "
-                     f"{r.config} |")
+        lines.append(
+            f"| {r.kernel} | {r.K}x{r.N} | {r.M} | {err} | {_fmt(r.ms, '.4f')} | "
+            f"{_fmt(r.tbps, '.2f')} | {_fmt(r.tflops, '.1f')} | {_fmt(r.speedup, '.2f')} | "
+            f"{r.config} |"
+        )
     if targets:
         lines += ["", "| target | K x N | value | threshold | met |", "|---|---|---|---|---|"]
         for t in targets:
-            lines.append(f"| {t['kernel']} M={t['M']} {t['metric']} | {t['K']}x{t['N']} | "
-                         f"{t['value']} | {t['threshold']} | {'yes' if t['met'] else 'NO'} |")
+            lines.append(
+                f"| {t['kernel']} M={t['M']} {t['metric']} | {t['K']}x{t['N']} | "
+                f"{t['value']} | {t['threshold']} | {'yes' if t['met'] else 'NO'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: int,
-              log: Callable[[str], None]) -> str:
+def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: int, log: Callable[[str], None]) -> str:
     """Markdown table of the default configs (as chosen on a 132-SM H100/H200) compiled
     for `arch` without a GPU: registers and stack (spills) per thread, from the cubin."""
     import torch
@@ -339,17 +382,23 @@ def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: in
             w4_cfg = w4a16.choose_config(M, N, K, HOPPER_SMS, group_size=GROUP_SIZE)
             fp8_cfg = fp8.choose_config(M, N, K, HOPPER_SMS)
             plans = [("w4a16", w4a16.plan(x, qweight, scales, None, None, GROUP_SIZE, config=w4_cfg)[0])]
-            plans += [(f"fp8-{mode}", fp8.plan(x, w_fp8, w_scale, mode, None, None, config=fp8_cfg)[0])
-                      for mode in ("w8a8", "w8a16")]
+            plans += [
+                (f"fp8-{mode}", fp8.plan(x, w_fp8, w_scale, mode, None, None, config=fp8_cfg)[0])
+                for mode in ("w8a8", "w8a16")
+            ]
             fp4_cfg = fp4.choose_config(M, N, K, HOPPER_SMS)
-            plans += [(f"{fmt}-a16", fp4.plan(x, *ops, config=fp4_cfg)[0])
-                      for fmt, ops in fp4_weights(K, N, torch.Generator().manual_seed(0), "cpu").items()
-                      if ops[0] is not None]
+            plans += [
+                (f"{fmt}-a16", fp4.plan(x, *ops, config=fp4_cfg)[0])
+                for fmt, ops in fp4_weights(K, N, torch.Generator().manual_seed(0), "cpu").items()
+                if ops[0] is not None
+            ]
             for name, launch in plans:
                 use = resource_usage(launch.compile_for(arch))
                 m = launch.meta
-                cfg = (f"{m['BLOCK_M']}x{m['BLOCK_N']}x{m['BLOCK_K']} split {m['SPLIT_K']} "
-                       f"w{m['num_warps']} s{m['num_stages']}")
+                cfg = (
+                    f"{m['BLOCK_M']}x{m['BLOCK_N']}x{m['BLOCK_K']} split {m['SPLIT_K']} "
+                    f"w{m['num_warps']} s{m['num_stages']}"
+                )
                 line = f"| {name} | {K}x{N} | {M} | {cfg} | {use['registers']} | {use['stack']} |"
                 lines.append(line)
                 log(line)
@@ -358,17 +407,21 @@ def resources(shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], arch: in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dry-run", action="store_true",
-                   help="CPU under TRITON_INTERPRET=1, tiny shapes, correctness only")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"),
-                   help="folder for kernels_<device>.md/.json")
+    p.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes, correctness only")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="folder for kernels_<device>.md/.json")
     p.add_argument("--shapes", default=None, help="comma list of KxN, e.g. 4096x4096,4096x14336")
     p.add_argument("--ms", default=None, help="comma list of M, e.g. 1,16,64,2048")
-    p.add_argument("--resources", type=int, metavar="ARCH", default=None,
-                   help="no GPU needed: compile the default configs for compute capability "
-                        "ARCH (90 = H100/H200) and print registers and spills per thread")
-    p.add_argument("--sweep", action="store_true",
-                   help="also time variations of each default config; 'kernel*' rows show the best")
+    p.add_argument(
+        "--resources",
+        type=int,
+        metavar="ARCH",
+        default=None,
+        help="no GPU needed: compile the default configs for compute capability "
+        "ARCH (90 = H100/H200) and print registers and spills per thread",
+    )
+    p.add_argument(
+        "--sweep", action="store_true", help="also time variations of each default config; 'kernel*' rows show the best"
+    )
     args = p.parse_args(argv)
 
     if args.dry_run:
@@ -377,14 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     if args.resources is not None:
-        shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")) \
-            if args.shapes else GPU_SHAPES
+        shapes = (
+            tuple(tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(","))
+            if args.shapes
+            else GPU_SHAPES
+        )
         ms = tuple(int(m) for m in args.ms.split(",")) if args.ms else GPU_MS
         print(resources(shapes, ms, args.resources, log=lambda s: None))
         return 0
     if not args.dry_run and not torch.cuda.is_available():
-        print("no CUDA device: run on a GPU, or pass --dry-run to check the script on CPU",
-              file=sys.stderr)
+        print("no CUDA device: run on a GPU, or pass --dry-run to check the script on CPU", file=sys.stderr)
         return 2
     device = "cpu" if args.dry_run else "cuda"
     shapes = DRY_SHAPES if args.dry_run else GPU_SHAPES
@@ -394,18 +449,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.ms:
         ms = tuple(int(m) for m in args.ms.split(","))
 
-    rows = run(shapes, ms, device=device, sweep=args.sweep,
-               log=lambda s: print(s, file=sys.stderr, flush=True))
+    rows = run(shapes, ms, device=device, sweep=args.sweep, log=lambda s: print(s, file=sys.stderr, flush=True))
     targets = [] if args.dry_run else check_targets(rows)  # interpreter timings mean nothing
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU interpreter ({platform.machine()})"
-    meta = {"device": name, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "torch": torch.__version__, "triton": triton.__version__,
-            "dtype": "bfloat16" if device == "cuda" else "float16", "dry_run": args.dry_run}
+    meta = {
+        "device": name,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": "bfloat16" if device == "cuda" else "float16",
+        "dry_run": args.dry_run,
+    }
     md = markdown(meta, rows, targets)
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "dry_run" if args.dry_run else name.lower().replace(" ", "_")
-    for suffix, text in ((".md", md), (".json", json.dumps(
-            {"meta": meta, "rows": [asdict(r) for r in rows], "targets": targets}, indent=2))):
+    for suffix, text in (
+        (".md", md),
+        (".json", json.dumps({"meta": meta, "rows": [asdict(r) for r in rows], "targets": targets}, indent=2)),
+    ):
         path = args.out / f"kernels_{slug}{suffix}"
         tmp = path.with_suffix(suffix + ".tmp")
         tmp.write_text(text)

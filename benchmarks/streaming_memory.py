@@ -39,9 +39,16 @@ def write_model(path: Path, layers: int) -> int:
     from infer_tool.packers.safetensors_stream import TensorSpec, write_streamed
 
     tok = make_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=layers,
-                         num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=1024,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     specs = [TensorSpec(n, torch.float32, tuple(t.shape)) for n, t in model.state_dict().items()]
@@ -49,7 +56,9 @@ def write_model(path: Path, layers: int) -> int:
     g = torch.Generator().manual_seed(layers)
 
     def load(name: str) -> torch.Tensor:
-        return torch.ones(shapes[name]) if name.endswith("norm.weight") else torch.randn(shapes[name], generator=g) * 0.02
+        return (
+            torch.ones(shapes[name]) if name.endswith("norm.weight") else torch.randn(shapes[name], generator=g) * 0.02
+        )
 
     path.mkdir(parents=True)
     write_streamed(path / "model.safetensors", specs, load, {"format": "pt"})
@@ -60,8 +69,26 @@ def write_model(path: Path, layers: int) -> int:
 
 def quantize(model: Path, out: Path, calib: Path, stream: bool, method: str) -> dict:
     cli = str(Path(sys.executable).parent / "infer-tool")
-    cmd = [cli, "quantize", str(model), "--out", str(out), "--calib", str(calib), "--method", method, "--group-size", "128",
-           "--device", "cpu", "--json", "--no-progress", "--max-memory", "1000GiB", "--stream" if stream else "--no-stream"]
+    cmd = [
+        cli,
+        "quantize",
+        str(model),
+        "--out",
+        str(out),
+        "--calib",
+        str(calib),
+        "--method",
+        method,
+        "--group-size",
+        "128",
+        "--device",
+        "cpu",
+        "--json",
+        "--no-progress",
+        "--max-memory",
+        "1000GiB",
+        "--stream" if stream else "--no-stream",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -69,8 +96,12 @@ def quantize(model: Path, out: Path, calib: Path, stream: bool, method: str) -> 
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
     r = json.loads(proc.stdout)
     shutil.rmtree(out)
-    return {"peak_rss_mib": r["memory"]["peak_rss_mib"], "estimate_mib": r["memory"]["estimate_host_mib"],
-            "quantize_s": r["seconds"]["quantize"], "process_s": wall}
+    return {
+        "peak_rss_mib": r["memory"]["peak_rss_mib"],
+        "estimate_mib": r["memory"]["estimate_host_mib"],
+        "quantize_s": r["seconds"]["quantize"],
+        "process_s": wall,
+    }
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -120,8 +151,13 @@ def main() -> None:
             for stream in (True, False):
                 if not stream and size / 1e9 > args.whole_max_gb:
                     continue
-                row = {"layers": layers, "weights_gb": size / 1e9, "mode": "streamed" if stream else "whole",
-                       "load_avg": os.getloadavg()[0], **quantize(model, work / "out", calib, stream, args.method)}
+                row = {
+                    "layers": layers,
+                    "weights_gb": size / 1e9,
+                    "mode": "streamed" if stream else "whole",
+                    "load_avg": os.getloadavg()[0],
+                    **quantize(model, work / "out", calib, stream, args.method),
+                }
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 if args.json:
@@ -133,14 +169,22 @@ def main() -> None:
     print("| layers | weights GB | mode | peak RSS MiB | estimate MiB | quantize s | process s | load avg |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['layers']} | {r['weights_gb']:.2f} | {r['mode']} | {r['peak_rss_mib']:.0f} | {r['estimate_mib']:.0f} | "
-              f"{r['quantize_s']:.0f} | {r['process_s']:.0f} | {r['load_avg']:.1f} |")
-    series = {mode: [(r["weights_gb"], r["peak_rss_mib"]) for r in rows if r["mode"] == mode] for mode in ("streamed", "whole")}
+        print(
+            f"| {r['layers']} | {r['weights_gb']:.2f} | {r['mode']} | {r['peak_rss_mib']:.0f} | "
+            f"{r['estimate_mib']:.0f} | "
+            f"{r['quantize_s']:.0f} | {r['process_s']:.0f} | {r['load_avg']:.1f} |"
+        )
+    series = {
+        mode: [(r["weights_gb"], r["peak_rss_mib"]) for r in rows if r["mode"] == mode]
+        for mode in ("streamed", "whole")
+    }
     series = {k: v for k, v in series.items() if v}
     for mode, pts in series.items():
         if len(pts) > 1:
-            print(f"{mode}: peak RSS grows {slope(pts):.0f} MiB per GB of weights "
-                  f"({min(y for _, y in pts):.0f} to {max(y for _, y in pts):.0f} MiB)")
+            print(
+                f"{mode}: peak RSS grows {slope(pts):.0f} MiB per GB of weights "
+                f"({min(y for _, y in pts):.0f} to {max(y for _, y in pts):.0f} MiB)"
+            )
     print(plot(series))
 
 

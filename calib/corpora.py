@@ -64,9 +64,7 @@ def _dataset_text(ds: Any, text_field: str, source: str) -> str:
 def _local_text(path: Path, text_field: str) -> str:
     suffix = path.suffix.lower()
     if suffix not in LOCAL_SUFFIXES:
-        raise BadInput(
-            f"unsupported corpus file {path.name!r}: expected one of {', '.join(LOCAL_SUFFIXES)}"
-        )
+        raise BadInput(f"unsupported corpus file {path.name!r}: expected one of {', '.join(LOCAL_SUFFIXES)}")
     if suffix == ".txt":
         with untrusted(f"corpus file {path}"):
             return path.read_text(encoding="utf-8")
@@ -199,9 +197,7 @@ def calibration_batch(tokenizer: Any, spec: str, num_samples: int, seq_len: int,
         raise BadInput(f"num_samples and seq_len must be >= 1 (got {num_samples}, {seq_len})")
     ids = tokenize(load_text(spec), tokenizer)
     if ids.numel() < seq_len + 1:
-        raise BadInput(
-            f"corpus {spec!r} has {ids.numel()} tokens, fewer than one {seq_len}-token sample"
-        )
+        raise BadInput(f"corpus {spec!r} has {ids.numel()} tokens, fewer than one {seq_len}-token sample")
     g = torch.Generator().manual_seed(seed)
     n_starts = ids.numel() - seq_len + 1
     if n_starts >= num_samples:

@@ -131,7 +131,9 @@ def sharding(s: Shard) -> Iterator[None]:
         _shard = saved
 
 
-def plan_shard(samples: int, batch_size: int, needs_data: bool, first_chunks: int, where: tuple[int, int] | None = None) -> Shard:
+def plan_shard(
+    samples: int, batch_size: int, needs_data: bool, first_chunks: int, where: tuple[int, int] | None = None
+) -> Shard:
     """This process's chunks of `samples` sequences in chunks of `batch_size`. Data-free runs
     (nothing measured but the reported error) stay on process 0; otherwise every process
     needs a chunk, and process 0 the first `first_chunks` (the searches' samples).
@@ -143,8 +145,10 @@ def plan_shard(samples: int, batch_size: int, needs_data: bool, first_chunks: in
     s = Shard.split(n, rank, size)
     if n < size or Shard.split(n, 0, size).stop < first_chunks:
         need = size * max(first_chunks, 1) * batch_size
-        raise BadInput(f"--num-samples {samples} makes {n} chunks of {batch_size} sequences, too few for {size} processes: "
-                       f"use --num-samples >= {need} or fewer processes")
+        raise BadInput(
+            f"--num-samples {samples} makes {n} chunks of {batch_size} sequences, too few for {size} processes: "
+            f"use --num-samples >= {need} or fewer processes"
+        )
     return s
 
 
@@ -192,7 +196,9 @@ def _push(stack: list[Node], level: int, index: int, value: torch.Tensor | None,
     for leaf in range(end, index << level):
         _push(stack, 0, leaf, None, origin)
     stack.append((level, index, value))
-    while len(stack) >= 2 and stack[-1][0] == stack[-2][0] and stack[-2][1] % 2 == 0 and stack[-1][1] == stack[-2][1] + 1:
+    while (
+        len(stack) >= 2 and stack[-1][0] == stack[-2][0] and stack[-2][1] % 2 == 0 and stack[-1][1] == stack[-2][1] + 1
+    ):
         (l, i, a), (_, _, b) = stack[-2], stack.pop()
         stack[-1] = (l + 1, i // 2, _add(a, b))
 
@@ -327,8 +333,9 @@ def shard() -> Shard:
     return _shard
 
 
-def sum_in_order(owners: list[int], term: Callable[[int], list[torch.Tensor]],
-                 likes: list[torch.Tensor]) -> list[torch.Tensor]:
+def sum_in_order(
+    owners: list[int], term: Callable[[int], list[torch.Tensor]], likes: list[torch.Tensor]
+) -> list[torch.Tensor]:
     """Σ_k term(k) for k = 0 .. len(owners) − 1 (each term a list of tensors shaped as
     `likes`), added left to right in that order, on every process. Term k is computed on
     process `owners[k]` only (`term(k)` there) and broadcast, so the sum has the same bits on

@@ -134,7 +134,9 @@ def group_of(arch: Architecture, name: str) -> str:
 
 def relative_error(Y_hat: list[torch.Tensor], Y: list[torch.Tensor]) -> float:
     """‖Ŷ − Y‖ / ‖Y‖ over every chunk (of every process), in float64, summed in chunk order."""
-    terms = gather_terms([(float((a.double() - b.double()).pow(2).sum()), float(b.double().pow(2).sum())) for a, b in zip(Y_hat, Y)])
+    terms = gather_terms(
+        [(float((a.double() - b.double()).pow(2).sum()), float(b.double().pow(2).sum())) for a, b in zip(Y_hat, Y)]
+    )
     num = sum(t[0] for t in terms)
     den = sum(t[1] for t in terms)
     return (num / den) ** 0.5 if den > 0 else 0.0
@@ -188,8 +190,10 @@ def capture_inputs(
             layers[i] = originals[i]
     X = [x.to(device) for x in X]
     moved: dict[int, torch.Tensor] = {}  # kept alive with the originals in `calls` until the end
-    calls = [[LayerCall(to_device(c.args, device, moved), to_device(c.kwargs, device, moved)) for c in per_layer]
-             for per_layer in calls]
+    calls = [
+        [LayerCall(to_device(c.args, device, moved), to_device(c.kwargs, device, moved)) for c in per_layer]
+        for per_layer in calls
+    ]
     return X, calls
 
 
@@ -255,7 +259,10 @@ def capturing_inputs(
 
 @contextlib.contextmanager
 def capturing_calls(
-    modules: dict[str, nn.Module], calls: dict[str, list[LayerCall]], outputs: dict[str, list[torch.Tensor]], keep_chunks: int
+    modules: dict[str, nn.Module],
+    calls: dict[str, list[LayerCall]],
+    outputs: dict[str, list[torch.Tensor]],
+    keep_chunks: int,
 ) -> Iterator[None]:
     """Keep the (args, kwargs) and output of each module's first `keep_chunks` calls."""
     seen = {key: 0 for key in modules}

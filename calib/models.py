@@ -170,7 +170,6 @@ def publish(tmp: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-
 def _weight_files(directory: Path) -> tuple[list[Path], list[Path]]:
     safe = sorted(directory.glob("*.safetensors"))
     pickled = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -284,7 +283,9 @@ def check_config(directory: Path, trust_remote_code: bool = False) -> dict[str, 
     if trust_remote_code:
         return config
     if "auto_map" in config:
-        raise BadInput(f"{directory} ships its own model code (auto_map in config.json); pass --trust-remote-code to run it")
+        raise BadInput(
+            f"{directory} ships its own model code (auto_map in config.json); pass --trust-remote-code to run it"
+        )
     from transformers import CONFIG_MAPPING
 
     if model_type not in CONFIG_MAPPING:
@@ -322,16 +323,22 @@ def load_model(
     dtype defaults to torch.float32. Quantized checkpoints are refused here: they are
     loaded by `evals.load_model.load_for_eval`."""
     directory, notes = resolve_model_dir(spec, allow_pickle)
-    return load_from_dir(spec, directory, notes, dtype=dtype, device=device,
-                         allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    return load_from_dir(
+        spec,
+        directory,
+        notes,
+        dtype=dtype,
+        device=device,
+        allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+    )
 
 
 def refuse_quantized(spec: str, directory: Path) -> None:
     method = quantization_method(directory)
     if method is not None:
         raise BadInput(
-            f"{spec} is a quantized checkpoint (quant_method={method!r}); "
-            "this step needs an unquantized model"
+            f"{spec} is a quantized checkpoint (quant_method={method!r}); this step needs an unquantized model"
         )
 
 

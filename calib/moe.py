@@ -83,7 +83,9 @@ class MoeExperts(nn.ModuleList):
 
     all_tokens: bool = False
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         out = torch.zeros_like(hidden_states)
         for j, expert in enumerate(self):
             rows, slot = torch.where(top_k_index == j)  # (n,), (n,)
@@ -185,7 +187,9 @@ def moe_layer(layer: nn.Module, arch: Architecture, calibration: MoeCalibration)
     if not isinstance(experts, MoeExperts):
         raise ValueError(f"{arch.moe.experts}: call unfuse_experts first")
     inside = f"{arch.moe.block}."
-    smooth = next((m.smooth for m in arch.mappings if m.balance[0].startswith(inside) and not m.smooth.startswith(inside)), None)
+    smooth = next(
+        (m.smooth for m in arch.mappings if m.balance[0].startswith(inside) and not m.smooth.startswith(inside)), None
+    )
     return MoeLayer(arch.moe, get_submodule(layer, arch.moe.block), experts, smooth, calibration)
 
 
@@ -254,13 +258,23 @@ def capturing_routing(moe: MoeLayer, keep_chunks: int = 0, stop: bool = False) -
     routing.counts, routing.total = summed[:-1], int(summed[-1])
 
 
-def run_until_down(expert: nn.Module, rows: Sequence[torch.Tensor], *, acc: StatsAccumulator | None = None,
-                   keep: list[torch.Tensor] | None = None) -> None:
+def run_until_down(
+    expert: nn.Module,
+    rows: Sequence[torch.Tensor],
+    *,
+    acc: StatsAccumulator | None = None,
+    keep: list[torch.Tensor] | None = None,
+) -> None:
     """Run `expert` (gate_proj, up_proj, down_proj) on each of this process's chunks `rows`
     (t, H) up to its down_proj, and stop there: each down_proj input (t, I) is added to `acc`
     and appended to `keep` (either may be None)."""
-    with capturing_inputs({"down": expert.down_proj}, accs=None if acc is None else {"down": acc},
-                          keep=None if keep is None else {"down": keep}, keep_chunks=len(rows), stop=True):
+    with capturing_inputs(
+        {"down": expert.down_proj},
+        accs=None if acc is None else {"down": acc},
+        keep=None if keep is None else {"down": keep},
+        keep_chunks=len(rows),
+        stop=True,
+    ):
         for x in chunks(rows):
             try:
                 expert(x)
@@ -285,8 +299,16 @@ class ExpertTokens:
     @classmethod
     def of(cls, layer: str, counts: torch.Tensor, tokens: int, threshold: int) -> ExpertTokens:
         c = counts.tolist()
-        return cls(layer, tokens, c, min(c), float(counts.double().median()), max(c),
-                   [j for j, n in enumerate(c) if n < threshold], threshold)
+        return cls(
+            layer,
+            tokens,
+            c,
+            min(c),
+            float(counts.double().median()),
+            max(c),
+            [j for j, n in enumerate(c) if n < threshold],
+            threshold,
+        )
 
 
 def routers(model: nn.Module, arch: Architecture) -> list[str]:
@@ -294,4 +316,9 @@ def routers(model: nn.Module, arch: Architecture) -> list[str]:
     if arch.moe is None:
         return []
     extra = (arch.moe.router,) + ((arch.moe.shared_gate,) if arch.moe.shared_gate else ())
-    return [f"{arch.layers}.{i}.{n}" for i, layer in enumerate(decoder_layers(model, arch)) if arch.experts_in(layer) for n in extra]
+    return [
+        f"{arch.layers}.{i}.{n}"
+        for i, layer in enumerate(decoder_layers(model, arch))
+        if arch.experts_in(layer)
+        for n in extra
+    ]

@@ -167,12 +167,29 @@ class LayerLoop:
         self.result.seconds["capture"] = time.perf_counter() - t0
         return captured
 
-    def context(self, layer: nn.Module, prefix: str, X: list[torch.Tensor], calls: list[LayerCall],
-                Y_fp: list[torch.Tensor] | None = None) -> LayerContext:
+    def context(
+        self,
+        layer: nn.Module,
+        prefix: str,
+        X: list[torch.Tensor],
+        calls: list[LayerCall],
+        Y_fp: list[torch.Tensor] | None = None,
+    ) -> LayerContext:
         """Layer `prefix`'s context: the table's entry as it applies to it, and its MoE block."""
-        return LayerContext(layer, prefix, X, calls, arch=self.arch.for_layer(layer), targets=self.targets,
-                            result=self.result, error_chunks=self.error_chunks, search_chunks=self.search_chunks,
-                            moe=moe_layer(layer, self.arch, self.moe), spill=self.spill, Y_fp=Y_fp)
+        return LayerContext(
+            layer,
+            prefix,
+            X,
+            calls,
+            arch=self.arch.for_layer(layer),
+            targets=self.targets,
+            result=self.result,
+            error_chunks=self.error_chunks,
+            search_chunks=self.search_chunks,
+            moe=moe_layer(layer, self.arch, self.moe),
+            spill=self.spill,
+            Y_fp=Y_fp,
+        )
 
     def run(self, captured: Captured, step: LayerStep) -> None:
         """Every layer through `step`, which gives (Y, Ŷ); Ŷ feeds the next layer and ‖Ŷ − Y‖/‖Y‖
@@ -259,10 +276,21 @@ def quantize_model(
         ids = input_ids[: error_chunks * bs] if needs.data_free else input_ids
         result.tokens = int(ids.numel())
         shard = plan_shard(int(ids.shape[0]), bs, not needs.data_free, search_chunks if needs.live_blocks else 0)
-        loop = LayerLoop(model, arch, result, dev, "quantize", targets=set(names),
-                         error_chunks=shard.local(error_chunks), search_chunks=shard.local(search_chunks), moe=moe,
-                         spill=spill, io=layer_io or LayerIO(), progress=progress or no_progress,
-                         fp_chain=needs.fp_chain)
+        loop = LayerLoop(
+            model,
+            arch,
+            result,
+            dev,
+            "quantize",
+            targets=set(names),
+            error_chunks=shard.local(error_chunks),
+            search_chunks=shard.local(search_chunks),
+            moe=moe,
+            spill=spill,
+            io=layer_io or LayerIO(),
+            progress=progress or no_progress,
+            fp_chain=needs.fp_chain,
+        )
         with sharding(shard):
             loop.run(loop.capture(ids, bs, shard, t0), lambda ctx: quantizer.quantize_layer(ctx, scheme))
         result.seconds["total"] = time.perf_counter() - t0
@@ -304,8 +332,16 @@ def collect_stats(
         model.eval()
         shard = plan_shard(int(input_ids.shape[0]), bs, True, 0)
         every_chunk = shard.local(chunk_count(int(input_ids.shape[0]), bs))
-        loop = LayerLoop(model, arch, result, dev, "calibrate", error_chunks=every_chunk,
-                         io=layer_io or LayerIO(), progress=progress or no_progress)
+        loop = LayerLoop(
+            model,
+            arch,
+            result,
+            dev,
+            "calibrate",
+            error_chunks=every_chunk,
+            io=layer_io or LayerIO(),
+            progress=progress or no_progress,
+        )
         with sharding(shard):
             loop.run(loop.capture(input_ids, bs, shard, t0), _measure_stats)
         result.seconds["total"] = time.perf_counter() - t0
@@ -348,8 +384,16 @@ def quantize_from_stats(
         )
     result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - set(names)))
     result.tokens = max((s.tokens for s in stats.values()), default=0)
-    loop = LayerLoop(model, arch, result, dev, "quantize", targets=set(names), io=layer_io or LayerIO(),
-                     progress=progress or no_progress)
+    loop = LayerLoop(
+        model,
+        arch,
+        result,
+        dev,
+        "quantize",
+        targets=set(names),
+        io=layer_io or LayerIO(),
+        progress=progress or no_progress,
+    )
 
     def solve(layer: nn.Module, prefix: str) -> None:
         mine = {n: stats[f"{prefix}.{n}"] for n in arch.linears if f"{prefix}.{n}" in stats}

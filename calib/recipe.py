@@ -55,115 +55,237 @@ STATS_NOTE = (
 )
 
 
-def option(default: Any, help: str, kind: type, *, flag: str | None = None, scheme: str | None = None,
-           argument: bool = False) -> Any:
+def option(
+    default: Any, help: str, kind: type, *, flag: str | None = None, scheme: str | None = None, argument: bool = False
+) -> Any:
     """A declared option: `kind` is the value's type (bool, int, float, str, list);
     `flag` its command-line spelling (default --name-with-dashes, or "--on/--off");
     `scheme` the scheme field it sets; `argument` for the positional MODEL."""
-    return field(default=default, metadata={"help": help, "kind": kind, "flag": flag, "scheme": scheme, "argument": argument})
+    return field(
+        default=default, metadata={"help": help, "kind": kind, "flag": flag, "scheme": scheme, "argument": argument}
+    )
 
 
 @dataclass
 class QuantizeOptions:
     model: str | None = option(None, "Model directory, .gguf file, demo name or hub name.", str, argument=True)
-    method: str = option("awq", "awq, gptq, rtn (INT weights, or FP4 with --fp4), awq+gptq (AWQ's scales, then GPTQ's "
-                                "rounding), autoround (rounding and clipping learned by signed gradient descent per "
-                                "block), or fp8 (e4m3 weights and activations).", str)
-    scheme: str | None = option(None, "A preset named as llm-compressor names it (W4A16, W4A16_ASYM, W8A16, W8A8, FP8, "
-                                      "FP8_DYNAMIC, FP8_BLOCK, ...; --list-schemes shows what each sets); options given "
-                                      "explicitly override the preset's.", str)
+    method: str = option(
+        "awq",
+        "awq, gptq, rtn (INT weights, or FP4 with --fp4), awq+gptq (AWQ's scales, then GPTQ's "
+        "rounding), autoround (rounding and clipping learned by signed gradient descent per "
+        "block), or fp8 (e4m3 weights and activations).",
+        str,
+    )
+    scheme: str | None = option(
+        None,
+        "A preset named as llm-compressor names it (W4A16, W4A16_ASYM, W8A16, W8A8, FP8, "
+        "FP8_DYNAMIC, FP8_BLOCK, ...; --list-schemes shows what each sets); options given "
+        "explicitly override the preset's.",
+        str,
+    )
     bits: int | None = option(None, "Weight bits.", int, scheme="bits")
     group_size: int | None = option(None, "Columns per scale group, -1 per channel.", int, scheme="group_size")
-    symmetric: bool | None = option(None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric")
-    act_order: bool | None = option(None, "GPTQ: columns by decreasing Hessian diagonal, static groups (g_idx stays trivial).",
-                                    bool, flag="--act-order/--no-act-order", scheme="act_order")
+    symmetric: bool | None = option(
+        None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric"
+    )
+    act_order: bool | None = option(
+        None,
+        "GPTQ: columns by decreasing Hessian diagonal, static groups (g_idx stays trivial).",
+        bool,
+        flag="--act-order/--no-act-order",
+        scheme="act_order",
+    )
     damp: float | None = option(None, "GPTQ dampening, fraction of mean diag(H).", float, scheme="damp")
     awq_search: str | None = option(
-        None, "AWQ ratio search: full (every ratio of the grid, in float32), screen (every ratio with the block in "
-              "bfloat16, the close ones again in float32) or fast (coarse to fine; exact where the loss over alpha is "
-              "unimodal, the full grid where the ratios it looked at are not).", str, scheme="search")
-    iters: int | None = option(None, "autoround: descent steps per block; fewer is faster on a CPU (e.g. 50).", int,
-                               scheme="iters")
-    lr: float | None = option(None, "autoround: step size of the rounding offsets and clip factors, decayed linearly "
-                                    "to 0 (none: 1/iters).", float, scheme="lr")
+        None,
+        "AWQ ratio search: full (every ratio of the grid, in float32), screen (every ratio with the block in "
+        "bfloat16, the close ones again in float32) or fast (coarse to fine; exact where the loss over alpha is "
+        "unimodal, the full grid where the ratios it looked at are not).",
+        str,
+        scheme="search",
+    )
+    iters: int | None = option(
+        None, "autoround: descent steps per block; fewer is faster on a CPU (e.g. 50).", int, scheme="iters"
+    )
+    lr: float | None = option(
+        None,
+        "autoround: step size of the rounding offsets and clip factors, decayed linearly to 0 (none: 1/iters).",
+        float,
+        scheme="lr",
+    )
     batch: int | None = option(None, "autoround: calibration sequences per descent step.", int, scheme="batch")
-    batch_seed: int | None = option(None, "autoround: seed of the order sequences are drawn into batches.", int,
-                                    scheme="batch_seed")
-    tune_dtype: str | None = option(None, "autoround: dtype the block runs in while tuning (float32 or bfloat16); "
-                                          "the learned parameters and the rounding stay float32.", str,
-                                    scheme="tune_dtype")
-    fp8_granularity: str | None = option(None, "FP8 weight scales: tensor, channel or block (128x128).", str, scheme="granularity")
+    batch_seed: int | None = option(
+        None, "autoround: seed of the order sequences are drawn into batches.", int, scheme="batch_seed"
+    )
+    tune_dtype: str | None = option(
+        None,
+        "autoround: dtype the block runs in while tuning (float32 or bfloat16); "
+        "the learned parameters and the rounding stay float32.",
+        str,
+        scheme="tune_dtype",
+    )
+    fp8_granularity: str | None = option(
+        None, "FP8 weight scales: tensor, channel or block (128x128).", str, scheme="granularity"
+    )
     fp8_activations: str | None = option(
-        None, "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).", str,
-        scheme="activations")
+        None,
+        "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).",
+        str,
+        scheme="activations",
+    )
     fp4: str | None = option(
-        None, "FP4 (E2M1) weights instead of INT: nvfp4 (an E4M3 scale per 16 inputs and a float32 global scale per "
-              "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq or awq.",
-        str, scheme="fp4")
+        None,
+        "FP4 (E2M1) weights instead of INT: nvfp4 (an E4M3 scale per 16 inputs and a float32 global scale per "
+        "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq or awq.",
+        str,
+        scheme="fp4",
+    )
     fp4_activations: str | None = option(
-        None, "FP4 activations: none (weights only, llm-compressor's NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4: "
-              "NVFP4 with a calibrated static input_global_scale and dynamic per-16 scales, MXFP4 dynamic per 32).",
-        str, scheme="fp4_activations")
+        None,
+        "FP4 activations: none (weights only, llm-compressor's NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4: "
+        "NVFP4 with a calibrated static input_global_scale and dynamic per-16 scales, MXFP4 dynamic per 32).",
+        str,
+        scheme="fp4_activations",
+    )
     fp4_observer: str | None = option(
-        None, "FP4 group scales: minmax (each group's max |w|) or mse (the shrink of it minimising the group's "
-              "|error|^2.4, llm-compressor's MSE observer grid, scored with the scales stored).", str, scheme="observer")
+        None,
+        "FP4 group scales: minmax (each group's max |w|) or mse (the shrink of it minimising the group's "
+        "|error|^2.4, llm-compressor's MSE observer grid, scored with the scales stored).",
+        str,
+        scheme="observer",
+    )
     int8_activations: str | None = option(
-        None, "INT8 activations (W8A8; 8-bit symmetric per-channel weights, gptq or rtn): none, dynamic (per token at "
-              "run time) or static (a calibrated per-tensor input_scale).", str, scheme="int8_activations")
+        None,
+        "INT8 activations (W8A8; 8-bit symmetric per-channel weights, gptq or rtn): none, dynamic (per token at "
+        "run time) or static (a calibrated per-tensor input_scale).",
+        str,
+        scheme="int8_activations",
+    )
     smoothquant: float | None = option(
-        None, "SmoothQuant's migration strength alpha in [0, 1] (0.5 the paper's, 0.8 llm-compressor's examples): "
-              "s = max|x|^alpha / max|w|^(1-alpha) per input channel, folded into the norm before the layers it feeds; "
-              "gptq or rtn. Off when not given.", float, scheme="smoothquant")
-    kv_cache: str | None = option(None, "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
-                                  str, scheme="kv_cache")
-    fp8_clip_search: bool | None = option(None, "FP8: search weight clipping ratios minimising output error on calibration data.",
-                                          bool, flag="--fp8-clip-search/--no-fp8-clip-search", scheme="clip_search")
+        None,
+        "SmoothQuant's migration strength alpha in [0, 1] (0.5 the paper's, 0.8 llm-compressor's examples): "
+        "s = max|x|^alpha / max|w|^(1-alpha) per input channel, folded into the norm before the layers it feeds; "
+        "gptq or rtn. Off when not given.",
+        float,
+        scheme="smoothquant",
+    )
+    kv_cache: str | None = option(
+        None,
+        "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
+        str,
+        scheme="kv_cache",
+    )
+    fp8_clip_search: bool | None = option(
+        None,
+        "FP8: search weight clipping ratios minimising output error on calibration data.",
+        bool,
+        flag="--fp8-clip-search/--no-fp8-clip-search",
+        scheme="clip_search",
+    )
     moe_calibration: str | None = option(
-        None, "MoE models: all (every expert computes on every calibration token for its statistics; the layer output "
-              "still combines only the routed experts; the default) or routed (experts see only their tokens).", str)
+        None,
+        "MoE models: all (every expert computes on every calibration token for its statistics; the layer output "
+        "still combines only the routed experts; the default) or routed (experts see only their tokens).",
+        str,
+    )
     moe_min_tokens: int | None = option(
-        None, "MoE models: experts routed fewer calibration tokens are listed in the report and, with "
-              "--moe-calibration routed, quantized with RTN (named as fallbacks).", int)
-    calib: str = option("sotu:calib", "Calibration corpus: sotu:calib, a .txt, .jsonl, .json or .parquet file, or a HF dataset.", str)
+        None,
+        "MoE models: experts routed fewer calibration tokens are listed in the report and, with "
+        "--moe-calibration routed, quantized with RTN (named as fallbacks).",
+        int,
+    )
+    calib: str = option(
+        "sotu:calib", "Calibration corpus: sotu:calib, a .txt, .jsonl, .json or .parquet file, or a HF dataset.", str
+    )
     num_samples: int = option(128, "Calibration sequences.", int)
     seq_len: int = option(512, "Tokens per calibration sequence.", int)
-    format: str = option("compressed-tensors", "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8; "
-                                               "FP4 is compressed-tensors only (nvfp4- / mxfp4-pack-quantized).", str)
+    format: str = option(
+        "compressed-tensors",
+        "compressed-tensors, awq or gptq (symmetric only); fp8 (native) for --method fp8; "
+        "FP4 is compressed-tensors only (nvfp4- / mxfp4-pack-quantized).",
+        str,
+    )
     out: str | None = option(None, "Output checkpoint directory (must not exist unless --overwrite).", str)
-    ignore: tuple[str, ...] = option((), "Leave matching linears unquantized: a glob on the module name (*.down_proj, "
-                                         "model.layers.0.*) or re:REGEX. Repeatable.", list)
+    ignore: tuple[str, ...] = option(
+        (),
+        "Leave matching linears unquantized: a glob on the module name (*.down_proj, "
+        "model.layers.0.*) or re:REGEX. Repeatable.",
+        list,
+    )
     seed: int = option(0, "Seed of the calibration windows.", int)
     eval: str | None = option(None, "Evaluate ppl before and after on this corpus (e.g. sotu:eval).", str)
     eval_tokens: int = option(40960, "Evaluate on the first N tokens of the --eval corpus.", int)
     eval_seq_len: int = option(2048, "Evaluation window length.", int)
     eval_activations: str = option(
-        "auto", "--eval's activations: auto (as the scheme is served: int8 for W8A8, e4m3 for FP8, unquantized for "
-                "weight-only INT) or int8 (weight-only INT4 as vLLM's CPU build serves it on AMX CPUs: W4A8, "
-                "activations int8 per token).", str)
-    max_ppl_increase: float | None = option(None, "Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.", float)
-    kld: bool = option(True, "With --eval, also the per-token KL divergence of the quantized model from the fp model "
-                             "(its fp pass is then run, or read from the cache of its final hidden states).", bool,
-                       flag="--kld/--no-kld")
-    max_kld: float | None = option(None, "Quality gate: exit 3 when the mean KL divergence from the fp model (nats per "
-                                         "token) exceeds this (e.g. 0.05). Needs --eval and --kld.", float)
-    stats: str | None = option(None, "Reuse statistics saved by `infer-tool calibrate` (gptq, rtn): measured on the fp "
-                                     "model, they give up GPTQ's compensation of upstream error (calibrate's note says "
-                                     "why); AWQ cannot reuse them.", str)
+        "auto",
+        "--eval's activations: auto (as the scheme is served: int8 for W8A8, e4m3 for FP8, unquantized for "
+        "weight-only INT) or int8 (weight-only INT4 as vLLM's CPU build serves it on AMX CPUs: W4A8, "
+        "activations int8 per token).",
+        str,
+    )
+    max_ppl_increase: float | None = option(
+        None, "Quality gate: exit 3 when ppl rises by more than this (5%). Needs --eval.", float
+    )
+    kld: bool = option(
+        True,
+        "With --eval, also the per-token KL divergence of the quantized model from the fp model "
+        "(its fp pass is then run, or read from the cache of its final hidden states).",
+        bool,
+        flag="--kld/--no-kld",
+    )
+    max_kld: float | None = option(
+        None,
+        "Quality gate: exit 3 when the mean KL divergence from the fp model (nats per "
+        "token) exceeds this (e.g. 0.05). Needs --eval and --kld.",
+        float,
+    )
+    stats: str | None = option(
+        None,
+        "Reuse statistics saved by `infer-tool calibrate` (gptq, rtn): measured on the fp "
+        "model, they give up GPTQ's compensation of upstream error (calibrate's note says "
+        "why); AWQ cannot reuse them.",
+        str,
+    )
     device: str | None = option(None, "auto, cpu, cuda or cuda:N (default: auto: CUDA when available).", str)
-    dtype: str = option("auto", "Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), "
-                                "float32, bfloat16 or float16. Calibration sees the weights as stored.", str)
-    stream: bool = option(True, "Read each decoder layer from the model's safetensors when it is calibrated and free it "
-                                "after (memory independent of the layer count); --no-stream loads the whole model first.",
-                          bool, flag="--stream/--no-stream")
-    resume: bool = option(False, "Continue the run an interruption left beside --out (its finished layers are kept); "
-                                 "refused if the model, options or calibration text differ. Without earlier progress: "
-                                 "start from the first layer.", bool, flag="--resume")
-    max_shard_size: str = option("5GB", "Largest safetensors file of the checkpoint (5GB = 5e9 bytes, 5GiB = 5*2^30); "
-                                        "more are written as model-0000i-of-0000N with an index.", str)
-    max_memory: str | None = option(None, "Memory this run may use: HOST or HOST,DEVICE (e.g. 20GiB,70GiB); the estimate "
-                                          "before the run is checked against it instead of what the machine has free.", str)
-    allow_pickle: bool = option(False, "Allow pickle-based weight files (.bin/.pt); they can run code.", bool, flag="--allow-pickle")
-    trust_remote_code: bool = option(False, "Run the model repository's own Python code.", bool, flag="--trust-remote-code")
+    dtype: str = option(
+        "auto",
+        "Checkpoint dtype of unquantized tensors and INT scales: auto (the source model's), "
+        "float32, bfloat16 or float16. Calibration sees the weights as stored.",
+        str,
+    )
+    stream: bool = option(
+        True,
+        "Read each decoder layer from the model's safetensors when it is calibrated and free it "
+        "after (memory independent of the layer count); --no-stream loads the whole model first.",
+        bool,
+        flag="--stream/--no-stream",
+    )
+    resume: bool = option(
+        False,
+        "Continue the run an interruption left beside --out (its finished layers are kept); "
+        "refused if the model, options or calibration text differ. Without earlier progress: "
+        "start from the first layer.",
+        bool,
+        flag="--resume",
+    )
+    max_shard_size: str = option(
+        "5GB",
+        "Largest safetensors file of the checkpoint (5GB = 5e9 bytes, 5GiB = 5*2^30); "
+        "more are written as model-0000i-of-0000N with an index.",
+        str,
+    )
+    max_memory: str | None = option(
+        None,
+        "Memory this run may use: HOST or HOST,DEVICE (e.g. 20GiB,70GiB); the estimate "
+        "before the run is checked against it instead of what the machine has free.",
+        str,
+    )
+    allow_pickle: bool = option(
+        False, "Allow pickle-based weight files (.bin/.pt); they can run code.", bool, flag="--allow-pickle"
+    )
+    trust_remote_code: bool = option(
+        False, "Run the model repository's own Python code.", bool, flag="--trust-remote-code"
+    )
 
 
 OPTIONS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(QuantizeOptions)}
@@ -172,8 +294,13 @@ SCHEME_OPTIONS: dict[str, str] = {f.metadata["scheme"]: name for name, f in OPTI
 EVAL_ACTIVATIONS = ("auto", "int8")
 DEFAULTS = QuantizeOptions()
 # name -> (lowest, highest) accepted value
-NUMBER_LIMITS = {"num_samples": (1, 2**20), "seq_len": (2, 2**20), "eval_tokens": (2, 2**40), "eval_seq_len": (2, 2**20),
-                 "seed": (0, 2**63 - 1)}
+NUMBER_LIMITS = {
+    "num_samples": (1, 2**20),
+    "seq_len": (2, 2**20),
+    "eval_tokens": (2, 2**40),
+    "eval_seq_len": (2, 2**20),
+    "seed": (0, 2**63 - 1),
+}
 
 
 def flag(name: str) -> str:
@@ -280,7 +407,11 @@ def merge(recipe: dict[str, Any], flags: dict[str, Any]) -> QuantizeOptions:
         values[name] = value
     for name, value in values.items():
         if value is not None:
-            _check_value(name, value, f"{flag(name)}" if name in flags and flags[name] not in (None, ()) else f"recipe key {name!r}")
+            _check_value(
+                name,
+                value,
+                f"{flag(name)}" if name in flags and flags[name] not in (None, ()) else f"recipe key {name!r}",
+            )
     if values.get("scheme") is not None:
         values = with_preset(values)
     if "ignore" in values:
@@ -349,15 +480,19 @@ def scheme_from_options(opts: QuantizeOptions) -> Scheme:
     if opts.method not in SCHEMES:
         raise BadInput(f"--method {opts.method!r} is not supported; use one of {', '.join(SCHEMES)}")
     accepted = set(scheme_fields(opts.method))
-    given = {name: f.metadata["scheme"] for name, f in OPTIONS.items()
-             if f.metadata["scheme"] and getattr(opts, name) is not None}
+    given = {
+        name: f.metadata["scheme"]
+        for name, f in OPTIONS.items()
+        if f.metadata["scheme"] and getattr(opts, name) is not None
+    }
     wrong = [name for name, target in given.items() if target not in accepted]
     if wrong:
         owners = sorted({m for m in SCHEMES for name in wrong if given[name] in scheme_fields(m)})
         takes = [OPTIONS[n].metadata["flag"] or flag(n) for n, f in OPTIONS.items() if f.metadata["scheme"] in accepted]
         raise BadInput(
-            f"{', '.join(flag(n) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply to --method {opts.method} "
-            f"(only to --method {' / '.join(owners)}); --method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
+            f"{', '.join(flag(n) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply "
+            f"to --method {opts.method} (only to --method {' / '.join(owners)}); "
+            f"--method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
         )
     _refuse_mixed_formats(opts.method, given)
     return make_scheme(opts.method, **{target: getattr(opts, name) for name, target in given.items()})

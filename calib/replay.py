@@ -49,6 +49,7 @@ def replay_points(
     handles = []
     for g, point in candidates.items():
         for role, module in (("parent", point.parent), ("linear", point.linear)):
+
             def hook(module: nn.Module, args: Any, out: Any, key: tuple[int, str] = (g, role)) -> None:
                 seen.setdefault(key, out)
 

@@ -59,8 +59,9 @@ class LayerStats:
         s = s.detach().float().cpu()
         channel = self.act_abs_max_channel / s
         H = None if self.H is None else self.H / (s.view(-1, 1) * s.view(1, -1)).to(self.H.device)
-        return LayerStats(H, self.act_abs_mean / s.to(self.act_abs_mean.device), float(channel.max()), self.tokens,
-                          channel)
+        return LayerStats(
+            H, self.act_abs_mean / s.to(self.act_abs_mean.device), float(channel.max()), self.tokens, channel
+        )
 
 
 class StatsAccumulator:
@@ -75,7 +76,9 @@ class StatsAccumulator:
         self.in_features = in_features
         self.hessian = hessian
         self.chunk_tokens = chunk_tokens
-        self.block = -(-in_features // -(-in_features // block))  # rows per block-row of the triangular Σ x xᵀ (equal splits)
+        self.block = -(
+            -in_features // -(-in_features // block)
+        )  # rows per block-row of the triangular Σ x xᵀ (equal splits)
         self.xx = TreeSum()  # (K, K) fp64 Σ x xᵀ, upper block triangle filled
         self.abs_sum = TreeSum()  # (K,) fp64 Σ |x|
         self.abs_max_channel: torch.Tensor | None = None  # (K,) fp32 max |x_j|
@@ -98,7 +101,8 @@ class StatsAccumulator:
             xc = x[start : start + self.chunk_tokens].float()  # (t, K)
             a = xc.abs()
             self.abs_sum.at(index, lambda: torch.zeros(K, dtype=torch.float64, device=x.device)).add_(
-                a.sum(0).double())  # fp32 within a piece, fp64 across
+                a.sum(0).double()
+            )  # fp32 within a piece, fp64 across
             m = a.amax(0)  # (K,)
             self.abs_max_channel = m if self.abs_max_channel is None else torch.maximum(self.abs_max_channel, m)
             if self.hessian:
@@ -163,8 +167,9 @@ def save_stats(
     """Write `stats` (keyed by linear name; shared objects stored once) to `out_dir`.
 
     Layout: `stats.safetensors` holds `<key>.H`, `<key>.act_abs_mean` and
-    `<key>.act_abs_max_channel`, with `key` the first linear name sharing that object; `stats_index.json` maps every linear name to
-    its key, `act_abs_max` and `tokens`, plus `meta`. Written into a temporary directory
+    `<key>.act_abs_max_channel`, with `key` the first linear name sharing that object;
+    `stats_index.json` maps every linear name to its key, `act_abs_max` and `tokens`,
+    plus `meta`. Written into a temporary directory
     beside `out_dir` and renamed at the end.
     """
     from safetensors.torch import save_file
@@ -207,12 +212,19 @@ def check_activation_ranges(stats_dir: Path, what: str) -> None:
     index_path = Path(stats_dir) / STATS_INDEX
     with untrusted(f"{index_path}"):
         layers = json.loads(index_path.read_text(encoding="utf-8"))["layers"]
-        bad = sorted(n for n, e in layers.items()
-                     if not isinstance(e.get("act_abs_max"), (int, float)) or not 0 <= e["act_abs_max"] < float("inf"))
+        bad = sorted(
+            n
+            for n, e in layers.items()
+            if not isinstance(e.get("act_abs_max"), (int, float)) or not 0 <= e["act_abs_max"] < float("inf")
+        )
     if bad:
-        raise BadInput(f"--stats {str(stats_dir)!r}: {len(bad)} of its {len(layers)} linears have no activation range "
-                       f"(a finite act_abs_max; first: {bad[0]}), which {what} need; "
-                       "recalibrate with `infer-tool calibrate`")
+        raise BadInput(
+            f"--stats {str(stats_dir)!r}: {len(bad)} of its {len(layers)} linears have no activation range "
+            f"(a finite act_abs_max; first: {bad[0]}), which {what} need; "
+            "recalibrate with `infer-tool calibrate`"
+        )
+
+
 def saved_version(stats_dir: Path) -> int | None:
     """The version a statistics directory was saved with (None when it has no readable index)."""
     try:
@@ -231,7 +243,9 @@ def load_stats(stats_dir: Path) -> tuple[dict[str, LayerStats], dict[str, object
     stats_dir = Path(stats_dir)
     index_path = stats_dir / STATS_INDEX
     if not index_path.is_file():
-        raise BadInput(f"{stats_dir} is not a statistics directory (no {STATS_INDEX}); make one with `infer-tool calibrate`")
+        raise BadInput(
+            f"{stats_dir} is not a statistics directory (no {STATS_INDEX}); make one with `infer-tool calibrate`"
+        )
     with untrusted(f"{index_path}"):
         doc = json.loads(index_path.read_text(encoding="utf-8"))
     version = doc.get("version") if isinstance(doc, dict) else None

@@ -132,8 +132,11 @@ def slots(model: nn.Module) -> dict[str, Slot]:
     for mod_name, module in model.named_modules(remove_duplicate=False):
         prefix = f"{mod_name}." if mod_name else ""
         entries = [(n, p, True) for n, p in module._parameters.items() if p is not None]
-        entries += [(n, b, False) for n, b in module._buffers.items()
-                    if b is not None and n not in module._non_persistent_buffers_set]
+        entries += [
+            (n, b, False)
+            for n, b in module._buffers.items()
+            if b is not None and n not in module._non_persistent_buffers_set
+        ]
         for leaf, t, is_param in entries:
             slot = seen.get(id(t))
             if slot is None:
@@ -167,8 +170,12 @@ def _current(slot: Slot) -> torch.Tensor:
 
 
 def materialize(
-    model: nn.Module, names: Iterable[str], plan: dict[str, str], files: WeightFiles,
-    device: torch.device, round_dtype: torch.dtype | None,
+    model: nn.Module,
+    names: Iterable[str],
+    plan: dict[str, str],
+    files: WeightFiles,
+    device: torch.device,
+    round_dtype: torch.dtype | None,
 ) -> None:
     """Read the slots `names`, cast them to their skeleton dtype, round floating tensors
     through `round_dtype` (as `from_pretrained` then rounding would), and put them on

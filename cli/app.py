@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -47,7 +47,7 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def root(
     version_: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option("--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
     ] = None,
 ) -> None:
@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(e.ctx.get_help() + "\n")
         code = 0
     except click.UsageError as e:
-        hint = f" (see: infer-tool {e.ctx.command_path.partition(' ')[2]} --help)".replace("  --help", " --help") if e.ctx else ""
+        hint = (
+            f" (see: infer-tool {e.ctx.command_path.partition(' ')[2]} --help)".replace("  --help", " --help")
+            if e.ctx
+            else ""
+        )
         sys.stderr.write(f"error: {e.format_message()}{hint}\n")
         code = 2
     except typer.Abort:

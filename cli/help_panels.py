@@ -45,7 +45,12 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
         "Evaluation and gate": (
-            "--eval", "--eval-activations", "--eval-tokens", "--eval-seq-len", "--max-ppl-increase", "--max-kld",
+            "--eval",
+            "--eval-activations",
+            "--eval-tokens",
+            "--eval-seq-len",
+            "--max-ppl-increase",
+            "--max-kld",
         ),
         "Evaluation switches": ("--kld",),
         "Output": ("--out", "--format", "--dtype", "--max-shard-size", "--overwrite", "--json"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -19,16 +19,24 @@ from infer_tool.sizing.roofline import Efficiency
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 NoProgress = Annotated[bool, typer.Option("--no-progress", help="No progress bars (ours, transformers' or datasets').")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing --out directory (an empty one or one we wrote).")]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace an existing --out directory (an empty one or one we wrote).")
+]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N (auto: CUDA when available).")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help=OPTIONS["allow_pickle"].metadata["help"])]
-TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help=OPTIONS["trust_remote_code"].metadata["help"])]
+TrustRemoteCode = Annotated[
+    bool, typer.Option("--trust-remote-code", help=OPTIONS["trust_remote_code"].metadata["help"])
+]
 
 # The roofline's efficiencies (kv-budget's speed model, spec-profile's projection); the
 # defaults are `Efficiency`'s.
-HbmEfficiency = Annotated[Optional[float], typer.Option(help=f"Achieved / peak HBM bandwidth in decode (default {Efficiency.hbm}).")]
-Mfu = Annotated[Optional[float], typer.Option(help=f"Achieved / peak dense tensor FLOP/s (default {Efficiency.mfu}).")]
-LinkEfficiency = Annotated[Optional[float], typer.Option(help=f"Achieved / peak interconnect bandwidth (default {Efficiency.link}).")]
+HbmEfficiency = Annotated[
+    float | None, typer.Option(help=f"Achieved / peak HBM bandwidth in decode (default {Efficiency.hbm}).")
+]
+Mfu = Annotated[float | None, typer.Option(help=f"Achieved / peak dense tensor FLOP/s (default {Efficiency.mfu}).")]
+LinkEfficiency = Annotated[
+    float | None, typer.Option(help=f"Achieved / peak interconnect bandwidth (default {Efficiency.link}).")
+]
 _EFFICIENCY_FIELDS = {"hbm_efficiency": "hbm", "mfu": "mfu", "link_efficiency": "link"}
 
 
@@ -77,7 +85,7 @@ def option_parameter(name: str, help: str | None = None) -> inspect.Parameter:
     else:
         decl = meta["flag"] or f"--{name.replace('_', '-')}"
         info = typer.Option(decl, help=text, show_default=False)
-    annotation = Annotated[Optional[_CLI_TYPES[kind]], info]
+    annotation = Annotated[_CLI_TYPES[kind] | None, info]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
 
 

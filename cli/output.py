@@ -180,7 +180,7 @@ def task_name(task: str) -> str:
         task = f"{head} {rest.rstrip('/').rsplit('/', 1)[-1]}"
     if len(task) > TASK_WIDTH:
         keep = TASK_WIDTH - 1
-        task = task[: keep // 2] + "\u2026" + task[len(task) - (keep - keep // 2):]
+        task = task[: keep // 2] + "\u2026" + task[len(task) - (keep - keep // 2) :]
     return task
 
 
@@ -239,9 +239,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[..., None]]:
     ids: dict[str, Any] = {}
 
     def update(task: str, done: int, total: int, **info: float) -> None:
-        text = "  ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items()
-        )
+        text = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
         if task not in ids:
             ids[task] = bars.add_task(task_name(task), total=total, info=text)
         bars.update(ids[task], completed=done, total=total, info=text)

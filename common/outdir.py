@@ -60,7 +60,7 @@ def make_readable(directory: Path) -> None:
     another user can read a checkpoint."""
     mask = os.umask(0)
     os.umask(mask)
-    for root, dirs, files in os.walk(directory):
+    for root, _dirs, files in os.walk(directory):
         os.chmod(root, 0o777 & ~mask)
         for name in files:
             os.chmod(os.path.join(root, name), 0o666 & ~mask)

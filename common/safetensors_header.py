@@ -35,4 +35,3 @@ def tensor_headers(path: str | Path) -> tuple[dict[str, dict], int]:
         raise BadInput(f"{path}: not a readable safetensors file ({e})") from None
     header.pop("__metadata__", None)
     return header, 8 + n
-

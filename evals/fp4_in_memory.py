@@ -36,8 +36,9 @@ def fp4_runtime(model: nn.Module, quantized: Mapping[str, Any]) -> Iterator[nn.M
             bias = None if getattr(old, "bias", None) is None else old.bias.detach()
             igs = None if w.input_global_scale is None else w.input_global_scale.to(device)
             gs = None if w.global_scale is None else w.global_scale.to(device)
-            new = Fp4Linear(pack_fp4(w.codes.to(device)), w.w_scale.to(device), gs, bias, w4a4=True,
-                            input_global_scale=igs)
+            new = Fp4Linear(
+                pack_fp4(w.codes.to(device)), w.w_scale.to(device), gs, bias, w4a4=True, input_global_scale=igs
+            )
             originals[name] = old
             setattr(parent, child, new)
         yield model

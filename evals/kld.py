@@ -169,6 +169,7 @@ def kld_of_windows(
     both models; this process runs its share (`ppl.my_windows`) and the per-token values are
     all-reduced (see the module docstring)."""
     import torch
+
     from infer_tool.evals.ppl import my_windows, nll_sum
 
     progress = progress or no_progress
@@ -198,6 +199,7 @@ def kld_of_windows(
         )
     if world > 1:
         import torch.distributed as dist
+
         from infer_tool.calib.distributed import collective
 
         with collective():

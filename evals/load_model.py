@@ -64,18 +64,32 @@ def load_for_eval(
     directory, notes = resolve_model_dir(spec, allow_pickle)
     method = quantization_method(directory)
     if method is None and kv_cache_dtype != "auto":
-        raise BadInput(f"--kv-cache-dtype {kv_cache_dtype} needs a quantized checkpoint with KV-cache scales; {spec} is not quantized")
+        raise BadInput(
+            f"--kv-cache-dtype {kv_cache_dtype} needs a quantized checkpoint with KV-cache scales; "
+            f"{spec} is not quantized"
+        )
     if method is None and activations != "auto":
         raise BadInput(f"--activations {activations} applies to quantized checkpoints; {spec} is not quantized")
     if method is None:
         return load_from_dir(
-            spec, directory, notes, dtype=dtype, device=device,
-            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+            spec,
+            directory,
+            notes,
+            dtype=dtype,
+            device=device,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
         )
     from infer_tool.evals.load_quantized import load_quantized
 
-    model, more = load_quantized(directory, dtype=dtype, device=device, kv_cache_dtype=kv_cache_dtype,
-                                 activations=activations, int8_kernel=int8_kernel)
+    model, more = load_quantized(
+        directory,
+        dtype=dtype,
+        device=device,
+        kv_cache_dtype=kv_cache_dtype,
+        activations=activations,
+        int8_kernel=int8_kernel,
+    )
     notes += [f"quantized checkpoint ({method})", *more]
     tokenizer = load_tokenizer(directory, trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, name=spec, path=directory, notes=notes)

@@ -66,14 +66,19 @@ def _is_w8a8(config: dict[str, Any]) -> bool:
     return qc.get("format") == "int-quantized" and bool(groups) and bool(groups[0].get("input_activations"))
 
 
-def activations_note(config: dict[str, Any], layers: dict[str, Any], activations: str, kernels: set[str],
-                     dtype: Any) -> str:
+def activations_note(
+    config: dict[str, Any], layers: dict[str, Any], activations: str, kernels: set[str], dtype: Any
+) -> str:
     """What the evaluation did to activations, for the report."""
     import torch
 
     qc = config["quantization_config"]
     if qc.get("quant_method") == "fp8" or qc.get("format") == "float-quantized":
-        return "activations unquantized (FP8 W8A16)" if activations == "none" else "activations e4m3 as the checkpoint says (FP8)"
+        return (
+            "activations unquantized (FP8 W8A16)"
+            if activations == "none"
+            else "activations e4m3 as the checkpoint says (FP8)"
+        )
     if qc.get("format") in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
         w4a4 = any(getattr(w, "activations", None) == "fp4" for w in layers.values())
         if w4a4 and activations != "none":
@@ -94,8 +99,12 @@ def activations_note(config: dict[str, Any], layers: dict[str, Any], activations
 
 
 def load_quantized(
-    directory: Path, dtype: Any = None, device: str = "cpu", kv_cache_dtype: str = "auto",
-    activations: str = "auto", int8_kernel: str = "auto",
+    directory: Path,
+    dtype: Any = None,
+    device: str = "cpu",
+    kv_cache_dtype: str = "auto",
+    activations: str = "auto",
+    int8_kernel: str = "auto",
 ) -> tuple[Any, list[str]]:
     """(model in eval mode, notes) from one of our quantized checkpoint directories.
 
@@ -110,11 +119,11 @@ def load_quantized(
     from infer_tool.kernels.fp4_layout import pack_fp4
     from infer_tool.kernels.int8_act import vllm_kernel
     from infer_tool.kernels.quant_linear import Fp4Linear, Fp8Linear, Int4Linear, Int8Linear
-    from infer_tool.packers.int8 import int8_weight
     from infer_tool.packers.checkpoint import read_checkpoint
     from infer_tool.packers.fp4_weight import Fp4Weight
     from infer_tool.packers.fp8 import Fp8Weight
     from infer_tool.packers.fp8_formats import read_kv_scales
+    from infer_tool.packers.int8 import int8_weight
     from infer_tool.packers.quantized import QuantizedWeight
 
     if activations not in ACTIVATIONS:
@@ -124,12 +133,18 @@ def load_quantized(
     config, layers, rest = read_checkpoint(directory)
     w8a8 = _is_w8a8(config)
     if activations == "int8":
-        bad = sorted({f"{w.bits}-bit" if isinstance(w, QuantizedWeight) else "FP4" if isinstance(w, Fp4Weight) else "FP8"
-                      for w in layers.values()
-                      if not (isinstance(w, QuantizedWeight) and (w.bits == 4 or w8a8))})
+        bad = sorted(
+            {
+                f"{w.bits}-bit" if isinstance(w, QuantizedWeight) else "FP4" if isinstance(w, Fp4Weight) else "FP8"
+                for w in layers.values()
+                if not (isinstance(w, QuantizedWeight) and (w.bits == 4 or w8a8))
+            }
+        )
         if bad:
-            raise BadInput(f"--activations int8 applies to INT4 checkpoints (W4A8, as vLLM's CPU build serves them on "
-                           f"AMX) and W8A8 ones; {directory} has {', '.join(bad)} weights")
+            raise BadInput(
+                f"--activations int8 applies to INT4 checkpoints (W4A8, as vLLM's CPU build serves them on "
+                f"AMX) and W8A8 ones; {directory} has {', '.join(bad)} weights"
+            )
     kernels: set[str] = set()
     hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
     if hasattr(hf_config, "quantization_config"):
@@ -147,7 +162,9 @@ def load_quantized(
         try:
             linear = model.get_submodule(name)
         except AttributeError:
-            raise BadInput(f"{directory}: quantized layer {name!r} is not in the {hf_config.model_type} model") from None
+            raise BadInput(
+                f"{directory}: quantized layer {name!r} is not in the {hf_config.model_type} model"
+            ) from None
         bias = rest.pop(f"{name}.bias", None)
         bias = bias.to(dtype) if bias is not None else None
         quantize_acts = activations == "int8" or (activations == "auto" and w8a8)
@@ -155,23 +172,32 @@ def load_quantized(
         kernel = vllm_kernel(torch.device(device).type, n, k) if int8_kernel == "auto" else int8_kernel
         if isinstance(w, QuantizedWeight) and w.bits == 4:
             kernel = "sgl" if int8_kernel == "auto" else kernel  # W4A8 exists only on vLLM's AMX path
-            module = Int4Linear.from_unpacked(w.q, w.scale.to(dtype), w.zero, w.g_idx, w.group_size, bias,
-                                              "int8" if quantize_acts else "none", kernel)
+            module = Int4Linear.from_unpacked(
+                w.q, w.scale.to(dtype), w.zero, w.g_idx, w.group_size, bias, "int8" if quantize_acts else "none", kernel
+            )
         elif isinstance(w, QuantizedWeight) and w.bits == 8 and w.symmetric and w.has_trivial_g_idx():
             w8, scale = int8_weight(w)
             module = Int8Linear(w8, scale, w.input_scale, bias, "int8" if quantize_acts else "none", kernel)
         elif isinstance(w, QuantizedWeight):
-            raise BadInput(f"{directory}: layer {name} has {w.bits}-bit {'symmetric' if w.symmetric else 'asymmetric'} "
-                           "weights; the kernels take 4-bit, and 8-bit symmetric ones")
+            raise BadInput(
+                f"{directory}: layer {name} has {w.bits}-bit {'symmetric' if w.symmetric else 'asymmetric'} "
+                "weights; the kernels take 4-bit, and 8-bit symmetric ones"
+            )
         elif isinstance(w, Fp8Weight):
             mode = "w8a16" if activations == "none" else _fp8_mode(config)
-            module = Fp8Linear(w.weight, w.weight_scale.float(), w.input_scale if mode == "w8a8" else None, bias,
-                               w.block_size, mode)
+            module = Fp8Linear(
+                w.weight, w.weight_scale.float(), w.input_scale if mode == "w8a8" else None, bias, w.block_size, mode
+            )
             quantize_acts = False
         elif isinstance(w, Fp4Weight):
-            module = Fp4Linear(pack_fp4(w.codes), w.w_scale, w.global_scale, bias,
-                               w4a4=w.activations == "fp4" and activations != "none",
-                               input_global_scale=w.input_global_scale)
+            module = Fp4Linear(
+                pack_fp4(w.codes),
+                w.w_scale,
+                w.global_scale,
+                bias,
+                w4a4=w.activations == "fp4" and activations != "none",
+                input_global_scale=w.input_global_scale,
+            )
             quantize_acts = False
         else:
             raise BadInput(f"{directory}: layer {name} has an unknown weight type {type(w).__name__}")
@@ -191,7 +217,10 @@ def load_quantized(
     if kv_cache_dtype == "fp8":
         notes.append("KV cache in FP8: keys / values rounded through e4m3 with the checkpoint's k_scale / v_scale")
     elif kv_scales:
-        notes.append("checkpoint carries FP8 KV-cache scales; evaluation keeps the KV cache unquantized (--kv-cache-dtype fp8 applies them)")
+        notes.append(
+            "checkpoint carries FP8 KV-cache scales; evaluation keeps the KV cache unquantized "
+            "(--kv-cache-dtype fp8 applies them)"
+        )
     missing, unexpected = model.load_state_dict(rest, strict=False)
     if unexpected:
         raise BadInput(f"{directory}: tensors the model does not have: {', '.join(sorted(unexpected)[:5])}")

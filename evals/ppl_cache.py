@@ -61,7 +61,10 @@ class CacheUse:
     def note(self, what: str) -> str | None:
         """A line for the report, or None when the number was computed and nothing is worth saying."""
         if self.hit:
-            return f"{what} read from the ppl cache ({self.path}, computed {self.computed_at}); delete the file to recompute"
+            return (
+                f"{what} read from the ppl cache ({self.path}, computed {self.computed_at}); "
+                "delete the file to recompute"
+            )
         if self.skipped:
             return f"{what} not cached: {self.skipped}"
         return None
@@ -94,8 +97,15 @@ def tokens_digest(ids: Any) -> str:
 
 
 def identity(
-    model: Any, ids: Any, seq_len: int, *, stride: int | None, backend: str, corpus: str,
-    weights: str | None = None, device: Any = None,
+    model: Any,
+    ids: Any,
+    seq_len: int,
+    *,
+    stride: int | None,
+    backend: str,
+    corpus: str,
+    weights: str | None = None,
+    device: Any = None,
 ) -> dict[str, Any]:
     """Everything the perplexity of `model` on `ids` depends on (see the module docstring).
     weights / device: the weights' digest and the device where the model's own parameters
@@ -150,8 +160,11 @@ def lookup(ident: dict[str, Any], path: Path) -> tuple[PplResult, str] | None:
 def store(ident: dict[str, Any], result: PplResult, path: Path) -> None:
     """Write the entry atomically (temporary file in the same directory, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    entry = {"identity": ident, "result": result.to_dict(),
-             "computed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entry = {
+        "identity": ident,
+        "result": result.to_dict(),
+        "computed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     fd, tmp = tempfile.mkstemp(prefix=".ppl-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -184,8 +197,14 @@ def stored(ident: dict[str, Any], result: PplResult) -> CacheUse:
 
 
 def cached_ppl(
-    model: Any, ids: Any, seq_len: int, compute: Callable[[], PplResult], *, stride: int | None = None,
-    backend: str, corpus: str,
+    model: Any,
+    ids: Any,
+    seq_len: int,
+    compute: Callable[[], PplResult],
+    *,
+    stride: int | None = None,
+    backend: str,
+    corpus: str,
 ) -> tuple[PplResult, CacheUse]:
     """`compute()`'s perplexity of `model` on token ids `ids` (T,) (the windows of `seq_len` /
     `stride`), read from the cache when an entry of the same identity exists, else computed
@@ -221,8 +240,11 @@ def store_hidden(entry: Path, hidden: list[Any]) -> str | None:
         fd, tmp = tempfile.mkstemp(prefix=".hidden-", suffix=".tmp", dir=path.parent)
         os.close(fd)
         try:
-            save_file({f"window.{w}": h.detach().cpu().contiguous() for w, h in enumerate(hidden)}, tmp,
-                      metadata={"windows": str(len(hidden))})
+            save_file(
+                {f"window.{w}": h.detach().cpu().contiguous() for w, h in enumerate(hidden)},
+                tmp,
+                metadata={"windows": str(len(hidden))},
+            )
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -54,8 +54,9 @@ def _tensor(model: nn.Module, name: str) -> torch.Tensor:
     return getattr(model.get_submodule(module_name) if module_name else model, attr)
 
 
-def lookup(lm: nn.Module, weights: Any, layers_path: str, ids: torch.Tensor, seq_len: int, *, device: torch.device,
-           corpus: str) -> tuple[dict[str, Any] | None, Any, Any]:
+def lookup(
+    lm: nn.Module, weights: Any, layers_path: str, ids: torch.Tensor, seq_len: int, *, device: torch.device, corpus: str
+) -> tuple[dict[str, Any] | None, Any, Any]:
     """(the cache identity or None when the cache is off, the cached `PplResult` or None, the
     `CacheUse`)."""
     from infer_tool.evals import ppl_cache
@@ -63,8 +64,16 @@ def lookup(lm: nn.Module, weights: Any, layers_path: str, ids: torch.Tensor, seq
     skipped = ppl_cache.skipped_reason()
     if skipped:
         return None, None, ppl_cache.CacheUse(False, None, skipped=skipped)
-    ident = ppl_cache.identity(lm, ids, seq_len, stride=None, backend=f"torch-{device.type} (unquantized)",
-                               corpus=corpus, weights=weights_digest(lm, weights, layers_path), device=device)
+    ident = ppl_cache.identity(
+        lm,
+        ids,
+        seq_len,
+        stride=None,
+        backend=f"torch-{device.type} (unquantized)",
+        corpus=corpus,
+        weights=weights_digest(lm, weights, layers_path),
+        device=device,
+    )
     path = ppl_cache.entry_path(ident)
     found = ppl_cache.lookup(ident, path)
     if found is None:

@@ -83,7 +83,9 @@ def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Prog
     from infer_tool.calib.stats import save_stats
 
     t0 = time.perf_counter()
-    loaded = load_model(opts.model, device="cpu", allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code)
+    loaded = load_model(
+        opts.model, device="cpu", allow_pickle=opts.allow_pickle, trust_remote_code=opts.trust_remote_code
+    )
     plan(loaded.model, None)
     ids = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     rank, world_size = world()
@@ -91,10 +93,22 @@ def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Prog
         stop_on_sigterm()
     result = collect_stats(loaded.model, ids, device=dev, progress=progress)
     report = CalibrateReport(
-        out=opts.out, model=opts.model, model_path=str(loaded.path), model_type=loaded.model.config.model_type,
-        calib=opts.calib, num_samples=opts.num_samples, seq_len=opts.seq_len, seed=opts.seed, tokens=result.tokens,
-        measured_on="fp model (no layer quantized)", linears=len(result.stats), note=STATS_NOTE, seconds=0.0, memory={},
-        world_size=world_size, samples_per_process=result.samples_per_process,
+        out=opts.out,
+        model=opts.model,
+        model_path=str(loaded.path),
+        model_type=loaded.model.config.model_type,
+        calib=opts.calib,
+        num_samples=opts.num_samples,
+        seq_len=opts.seq_len,
+        seed=opts.seed,
+        tokens=result.tokens,
+        measured_on="fp model (no layer quantized)",
+        linears=len(result.stats),
+        note=STATS_NOTE,
+        seconds=0.0,
+        memory={},
+        world_size=world_size,
+        samples_per_process=result.samples_per_process,
     )
     if rank == 0:  # every process holds the same statistics
         save_stats(result.stats, Path(opts.out), meta=report.meta(), overwrite=overwrite)

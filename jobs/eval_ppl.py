@@ -42,7 +42,9 @@ def check(opts: EvalOptions) -> None:
     if opts.stride is not None and not 1 <= opts.stride <= opts.seq_len:
         raise BadInput(f"--stride {opts.stride} must be in 1..--seq-len ({opts.seq_len})")
     if opts.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise BadInput(f"unknown --kv-cache-dtype {opts.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+        raise BadInput(
+            f"unknown --kv-cache-dtype {opts.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}"
+        )
     if opts.activations not in ACTIVATIONS:
         raise BadInput(f"unknown --activations {opts.activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     if opts.int8_kernel not in INT8_KERNELS:
@@ -69,9 +71,16 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
     def labelled(name: str) -> Progress:
         return lambda task, done, total, **info: progress(f"{task} {name}", done, total, **info)
 
-    loaded = load_for_eval(opts.model, dtype=dt, device=dev, allow_pickle=opts.allow_pickle,
-                           trust_remote_code=opts.trust_remote_code, kv_cache_dtype=opts.kv_cache_dtype,
-                           activations=opts.activations, int8_kernel=opts.int8_kernel)
+    loaded = load_for_eval(
+        opts.model,
+        dtype=dt,
+        device=dev,
+        allow_pickle=opts.allow_pickle,
+        trust_remote_code=opts.trust_remote_code,
+        kv_cache_dtype=opts.kv_cache_dtype,
+        activations=opts.activations,
+        int8_kernel=opts.int8_kernel,
+    )
     ids = tokenize(load_text(opts.data, opts.text_field), loaded.tokenizer)
     seq_len = opts.seq_len
     context = getattr(loaded.model.config, "max_position_embeddings", None)
@@ -79,8 +88,9 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
     if context and seq_len > context:
         notes.append(f"--seq-len {seq_len} capped at the model's context {context}")
         seq_len = context
-    result = evaluate_ppl(loaded.model, ids, seq_len, stride=opts.stride, max_tokens=opts.max_tokens,
-                          progress=labelled(opts.model))
+    result = evaluate_ppl(
+        loaded.model, ids, seq_len, stride=opts.stride, max_tokens=opts.max_tokens, progress=labelled(opts.model)
+    )
     report: dict[str, Any] = {
         "model": opts.model,
         "corpus": opts.data,
@@ -93,20 +103,44 @@ def evaluate(opts: EvalOptions, *, progress: Progress | None = None) -> dict[str
         "notes": notes,
     }
     if opts.baseline is not None:
-        base = load_for_eval(opts.baseline, dtype=dt, device=dev, allow_pickle=opts.allow_pickle,
-                             trust_remote_code=opts.trust_remote_code)
+        base = load_for_eval(
+            opts.baseline,
+            dtype=dt,
+            device=dev,
+            allow_pickle=opts.allow_pickle,
+            trust_remote_code=opts.trust_remote_code,
+        )
         if base.tokenizer.get_vocab() != loaded.tokenizer.get_vocab():
-            raise BadInput(f"--baseline {opts.baseline} has a different tokenizer vocabulary than {opts.model}: windows would differ")
+            raise BadInput(
+                f"--baseline {opts.baseline} has a different tokenizer vocabulary than {opts.model}: "
+                "windows would differ"
+            )
         del loaded
         from infer_tool.evals.ppl_cache import cached_ppl
 
         bres, cache = cached_ppl(
-            base.model, ids[: opts.max_tokens], seq_len,
-            lambda: evaluate_ppl(base.model, ids, seq_len, stride=opts.stride, max_tokens=opts.max_tokens,
-                                 progress=labelled(opts.baseline)),
-            stride=opts.stride, backend=backend_of(base.model), corpus=opts.data)
-        report["baseline"] = {"model": opts.baseline, **bres.to_dict(), "backend": backend_of(base.model), "notes": base.notes,
-                              "cached": cache.hit}
+            base.model,
+            ids[: opts.max_tokens],
+            seq_len,
+            lambda: evaluate_ppl(
+                base.model,
+                ids,
+                seq_len,
+                stride=opts.stride,
+                max_tokens=opts.max_tokens,
+                progress=labelled(opts.baseline),
+            ),
+            stride=opts.stride,
+            backend=backend_of(base.model),
+            corpus=opts.data,
+        )
+        report["baseline"] = {
+            "model": opts.baseline,
+            **bres.to_dict(),
+            "backend": backend_of(base.model),
+            "notes": base.notes,
+            "cached": cache.hit,
+        }
         if note := cache.note(f"baseline {opts.baseline} ppl"):
             report["notes"].append(note)
         report["ppl_ratio"] = result.ppl / bres.ppl

@@ -123,9 +123,15 @@ class Report:
 
 def resolve_gpu(req: PlanRequest) -> GpuPreset:
     if req.gpu_mem_bytes is not None:  # the total as CUDA reports it, given by the user
-        return GpuPreset("custom", f"custom {req.gpu_mem_bytes / 2**30:g} GiB", req.gpu_mem_bytes, "--gpu-mem",
-                         cuda_memory_bytes=req.gpu_mem_bytes, cuda_source="--gpu-mem",
-                         compute_capability=req.gpu_compute_capability)
+        return GpuPreset(
+            "custom",
+            f"custom {req.gpu_mem_bytes / 2**30:g} GiB",
+            req.gpu_mem_bytes,
+            "--gpu-mem",
+            cuda_memory_bytes=req.gpu_mem_bytes,
+            cuda_source="--gpu-mem",
+            compute_capability=req.gpu_compute_capability,
+        )
     return gpu_preset(req.gpu)
 
 
@@ -158,8 +164,11 @@ def _deployment(req: PlanRequest, gpu: GpuPreset, mem_util: float) -> capacity.D
 
 def _weights(req: PlanRequest, resolved: ResolvedModel, dep: capacity.Deployment) -> tuple[int, str, bool]:
     if req.weights_per_gpu_bytes is not None:
-        return (req.weights_per_gpu_bytes * dep.tp * dep.pp,
-                f"{req.weights_per_gpu_bytes:,} B per GPU as given (--weights-memory)", False)
+        return (
+            req.weights_per_gpu_bytes * dep.tp * dep.pp,
+            f"{req.weights_per_gpu_bytes:,} B per GPU as given (--weights-memory)",
+            False,
+        )
     if req.weights is None and resolved.file_weight_bytes is not None:
         return resolved.file_weight_bytes, resolved.file_weight_note, True
     shape = resolved.shape
@@ -180,30 +189,54 @@ def _validate(req: PlanRequest, contexts: tuple[int, ...]) -> None:
         )
     if req.output_len < 1 or (req.prompt_len is not None and req.prompt_len < 1):
         raise BadInput(f"--prompt-len / --output-len must be at least 1 (got {req.prompt_len}, {req.output_len})")
-    for flag, value in (("--max-num-batched-tokens", req.max_num_batched_tokens),
-                        ("--max-num-seqs", req.max_num_seqs),
-                        ("--max-cudagraph-capture-size", req.max_cudagraph_capture_size)):
+    for flag, value in (
+        ("--max-num-batched-tokens", req.max_num_batched_tokens),
+        ("--max-num-seqs", req.max_num_seqs),
+        ("--max-cudagraph-capture-size", req.max_cudagraph_capture_size),
+    ):
         if value is not None and value < 1:
             raise BadInput(f"{flag} {value} must be at least 1")
-    if req.cudagraph_capture_sizes is not None and (not req.cudagraph_capture_sizes
-                                                    or min(req.cudagraph_capture_sizes) < 1):
+    if req.cudagraph_capture_sizes is not None and (
+        not req.cudagraph_capture_sizes or min(req.cudagraph_capture_sizes) < 1
+    ):
         raise BadInput(f"--cudagraph-capture-sizes {list(req.cudagraph_capture_sizes)} must list sizes of at least 1")
     if req.mamba_ssm_cache_dtype is not None and req.mamba_ssm_cache_dtype not in STATE_DTYPE_BYTES:
-        raise BadInput(f"--mamba-ssm-cache-dtype {req.mamba_ssm_cache_dtype!r} not known; "
-                       f"accepted: {', '.join(STATE_DTYPE_BYTES)}")
+        raise BadInput(
+            f"--mamba-ssm-cache-dtype {req.mamba_ssm_cache_dtype!r} not known; accepted: {', '.join(STATE_DTYPE_BYTES)}"
+        )
     if req.model_runner is not None and req.model_runner not in MODEL_RUNNERS:
         raise BadInput(f"--model-runner {req.model_runner!r} not known; accepted: {', '.join(MODEL_RUNNERS)}")
     if req.weights_per_gpu_bytes is not None and req.weights is not None:
         raise BadInput("give --weights or --weights-memory, not both")
 
 
-def _speed(req: PlanRequest, gpu: GpuPreset, shape: ModelShape, dep: capacity.Deployment, *, weights: str,
-           weight_total: int, context: int, concurrency: int) -> roofline.StepTimes | None:
+def _speed(
+    req: PlanRequest,
+    gpu: GpuPreset,
+    shape: ModelShape,
+    dep: capacity.Deployment,
+    *,
+    weights: str,
+    weight_total: int,
+    context: int,
+    concurrency: int,
+) -> roofline.StepTimes | None:
     if not gpu.has_speed or shape.params is None:
         return None
     target = solve.Target(context, concurrency, prompt_len=req.prompt_len, output_len=req.output_len)
-    return solve.speed_of(shape, gpu, target, weights=weights, kv=dep.kv, tp=dep.tp, pp=dep.pp, dp=dep.dp,
-                          weight_total=weight_total, spec=req.spec, eff=req.efficiency)
+    return solve.speed_of(
+        shape,
+        gpu,
+        target,
+        weights=weights,
+        kv=dep.kv,
+        tp=dep.tp,
+        pp=dep.pp,
+        dp=dep.dp,
+        weight_total=weight_total,
+        spec=req.spec,
+        eff=req.efficiency,
+    )
 
 
 def _with_ssm_dtype(shape: ModelShape, dtype: str | None) -> ModelShape:
@@ -211,8 +244,7 @@ def _with_ssm_dtype(shape: ModelShape, dtype: str | None) -> ModelShape:
     value wins over the config hook's; "auto" keeps the model dtype)."""
     if dtype is None:
         return shape
-    layers = tuple(replace(l, ssm_dtype_bytes=STATE_DTYPE_BYTES[dtype]) if l.kind == STATE else l
-                   for l in shape.layers)
+    layers = tuple(replace(l, ssm_dtype_bytes=STATE_DTYPE_BYTES[dtype]) if l.kind == STATE else l for l in shape.layers)
     return replace(shape, layers=layers)
 
 
@@ -243,15 +275,18 @@ def plan(req: PlanRequest) -> Report:
     shape = _with_ssm_dtype(resolved.shape, req.mamba_ssm_cache_dtype)
     notes = list(shape.notes)
     if gpu.cuda_memory_bytes is None:
-        notes.append(f"{gpu.key}: no CUDA-reported total found; planning with the driver's {gpu.memory_bytes / 2**30:.2f} "
-                     "GiB (vLLM sees a few hundred MiB less)")
+        notes.append(
+            f"{gpu.key}: no CUDA-reported total found; planning with the driver's {gpu.memory_bytes / 2**30:.2f} "
+            "GiB (vLLM sees a few hundred MiB less)"
+        )
     limit = shape.max_position_embeddings
     if limit and max(contexts) > limit:
         notes.append(f"context {max(contexts)} exceeds the model's max_position_embeddings {limit}")
     total, how, from_files = _weights(req, resolved, dep)
     engine = engine_args(req)
-    fit = Fit(shape, dep, total, accounting=req.accounting, engine=engine, gpu=gpu,
-              weights_per_gpu=req.weights_per_gpu_bytes)
+    fit = Fit(
+        shape, dep, total, accounting=req.accounting, engine=engine, gpu=gpu, weights_per_gpu=req.weights_per_gpu_bytes
+    )
     if fit.layout is not None:
         notes += fit.layout.notes
     for p in fit.profiles or ():
@@ -261,8 +296,16 @@ def plan(req: PlanRequest) -> Report:
     for c in contexts:
         for n in req.concurrencies:
             row = fit.row(c, n)  # speed only where it would run
-            rows.append(ReportRow(c, n, row, _speed(req, gpu, shape, dep, weights=speed_dtype, weight_total=total, context=c,
-                                                  concurrency=n) if row.fits else None))
+            rows.append(
+                ReportRow(
+                    c,
+                    n,
+                    row,
+                    _speed(req, gpu, shape, dep, weights=speed_dtype, weight_total=total, context=c, concurrency=n)
+                    if row.fits
+                    else None,
+                )
+            )
     report = Report(
         request=req,
         resolved=resolved,
@@ -287,16 +330,35 @@ def plan(req: PlanRequest) -> Report:
             found = _solve(req, shape, [gpu], target, dep, engine, limit=1)
             report.fixes.append((target, found[0] if found else None))
     if req.solve:
-        report.solve_target = solve.Target(max(contexts), max(req.concurrencies), req.max_tpot_s, req.max_ttft_s,
-                                           req.prompt_len, req.output_len)
+        report.solve_target = solve.Target(
+            max(contexts), max(req.concurrencies), req.max_tpot_s, req.max_ttft_s, req.prompt_len, req.output_len
+        )
         gpus = [gpu_preset(g) for g in req.solve_gpus] if req.solve_gpus else list(gpu_presets().values())
         report.solutions = _solve(req, shape, gpus, report.solve_target, dep, engine, limit=10)
     return report
 
 
-def _solve(req: PlanRequest, shape: ModelShape, gpus: list[GpuPreset], target: solve.Target,
-           dep: capacity.Deployment, engine: vllm_kv.EngineArgs, *, limit: int) -> list[solve.Candidate]:
+def _solve(
+    req: PlanRequest,
+    shape: ModelShape,
+    gpus: list[GpuPreset],
+    target: solve.Target,
+    dep: capacity.Deployment,
+    engine: vllm_kv.EngineArgs,
+    *,
+    limit: int,
+) -> list[solve.Candidate]:
     kv_dtypes = solve.SOLVE_KV if req.accounting == "vllm" else (*solve.SOLVE_KV, "int8", "int4")
-    return solve.solve(shape, gpus, target, replace(dep, kv_cache_memory_bytes=None), accounting=req.accounting,
-                       engine=engine, kv_dtypes=kv_dtypes, group_size=req.group_size, spec=req.spec,
-                       eff=req.efficiency, limit=limit)
+    return solve.solve(
+        shape,
+        gpus,
+        target,
+        replace(dep, kv_cache_memory_bytes=None),
+        accounting=req.accounting,
+        engine=engine,
+        kv_dtypes=kv_dtypes,
+        group_size=req.group_size,
+        spec=req.spec,
+        eff=req.efficiency,
+        limit=limit,
+    )

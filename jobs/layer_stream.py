@@ -68,10 +68,16 @@ class LayerStream(LayerIO):
     """The `LayerIO` of a quantize run (see the module docstring)."""
 
     def __init__(
-        self, model: nn.Module, layers_path: str, run: RunDir, *,
+        self,
+        model: nn.Module,
+        layers_path: str,
+        run: RunDir,
+        *,
         part_tensors: Callable[[str | None, dict[str, Any]], dict],
-        read_part: Callable[[dict[str, torch.Tensor]], dict[str, Any]], weights: StreamedWeights | None,
-        evals: EvalStreams | None, deployed: Callable[[nn.Module, str, Any], AbstractContextManager],
+        read_part: Callable[[dict[str, torch.Tensor]], dict[str, Any]],
+        weights: StreamedWeights | None,
+        evals: EvalStreams | None,
+        deployed: Callable[[nn.Module, str, Any], AbstractContextManager],
     ) -> None:
         """part_tensors(prefix or None, {linear: weight}) -> a part's checkpoint tensors;
         read_part(tensors) -> {linear: weight} (the format's reader); deployed(layer, prefix,
@@ -184,8 +190,16 @@ class _Skip(nn.Module):
 
 
 @torch.no_grad()
-def ppl_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, seq_len: int,
-                   outputs: list[torch.Tensor], device: torch.device, *, progress: Any) -> Any:
+def ppl_of_streams(
+    model: nn.Module,
+    layers: nn.ModuleList,
+    ids: torch.Tensor,
+    seq_len: int,
+    outputs: list[torch.Tensor],
+    device: torch.device,
+    *,
+    progress: Any,
+) -> Any:
     """`evaluate_ppl` of `ids` (T,) in `seq_len` windows, where the decoder layers' output for
     window w is `outputs[w]`: the layers are replaced (the rest of the model, embeddings,
     norm and head, runs on `device`, then goes back to the CPU)."""
@@ -204,9 +218,17 @@ def ppl_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, s
 
 
 @torch.no_grad()
-def kld_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, seq_len: int, *,
-                   ref_outputs: list[torch.Tensor], outputs: list[torch.Tensor], device: torch.device,
-                   progress: Any) -> tuple[Any, Any, Any]:
+def kld_of_streams(
+    model: nn.Module,
+    layers: nn.ModuleList,
+    ids: torch.Tensor,
+    seq_len: int,
+    *,
+    ref_outputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    device: torch.device,
+    progress: Any,
+) -> tuple[Any, Any, Any]:
     """(`KldResult` of KL(reference ‖ model), the reference's `PplResult`, the model's) on `ids`
     (T,) in `seq_len` windows, where the decoder layers' output for window w is
     `ref_outputs[w]` for the reference and `outputs[w]` for the model; each window's logits of
@@ -243,4 +265,8 @@ def kld_of_streams(model: nn.Module, layers: nn.ModuleList, ids: torch.Tensor, s
         model.to("cpu")
         for i, layer in enumerate(originals):
             layers[i] = layer
-    return result, ppl_of_nll(ref_nll, windows, seq_len, None, seconds), ppl_of_nll(nll, windows, seq_len, None, seconds)
+    return (
+        result,
+        ppl_of_nll(ref_nll, windows, seq_len, None, seconds),
+        ppl_of_nll(nll, windows, seq_len, None, seconds),
+    )

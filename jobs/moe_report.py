@@ -38,6 +38,12 @@ def moe_summary(result: Any, opts: QuantizeOptions) -> MoeSummary | None:
     below = [f"{t.layer} expert {j} ({t.counts[j]} tokens)" for t in result.expert_tokens for j in t.below]
     fallen = sorted({f.layer.rsplit(".", 1)[0] for f in result.fallbacks if ".experts." in f.layer})
     return MoeSummary(
-        cal.mode, cal.min_tokens, len(result.expert_tokens), sum(len(t.counts) for t in result.expert_tokens),
-        sum(".experts." in n for n in result.quantized), below, fallen, result.expert_tokens,
+        cal.mode,
+        cal.min_tokens,
+        len(result.expert_tokens),
+        sum(len(t.counts) for t in result.expert_tokens),
+        sum(".experts." in n for n in result.quantized),
+        below,
+        fallen,
+        result.expert_tokens,
     )

@@ -89,13 +89,20 @@ def estimate(
         samples = min(samples, ERROR_SAMPLES)
     T = samples * opts.seq_len
     act = F32 * T * D
-    chunk = min(T, max(1, CPU_BATCH_TOKENS // opts.seq_len) * opts.seq_len if not dev.startswith("cuda")
-                else BATCH_SIZE * opts.seq_len)
-    calib = {"calibration.X+Y_hat": 2 * act, "calibration.rotary": 2 * F32 * T * head_dim,
-             # one chunk through a layer: q/k/v/o and residuals (6·D), the MLP (4·I), scores and softmax
-             "calibration.forward": F32 * chunk * (6 * D + 4 * inter) + 2 * F32 * chunk * heads * opts.seq_len,
-             # the solver's copies of the largest weight (W, its rounding, the dequantized values)
-             "calibration.solve": 6 * F32 * D * inter}
+    chunk = min(
+        T,
+        max(1, CPU_BATCH_TOKENS // opts.seq_len) * opts.seq_len
+        if not dev.startswith("cuda")
+        else BATCH_SIZE * opts.seq_len,
+    )
+    calib = {
+        "calibration.X+Y_hat": 2 * act,
+        "calibration.rotary": 2 * F32 * T * head_dim,
+        # one chunk through a layer: q/k/v/o and residuals (6·D), the MLP (4·I), scores and softmax
+        "calibration.forward": F32 * chunk * (6 * D + 4 * inter) + 2 * F32 * chunk * heads * opts.seq_len,
+        # the solver's copies of the largest weight (W, its rounding, the dequantized values)
+        "calibration.solve": 6 * F32 * D * inter,
+    }
     if needs.hessian:
         if not spill:
             calib["calibration.replayed+down_input"] = 2 * act + F32 * T * inter
@@ -168,8 +175,10 @@ def plan(model: Any, arch: Any, loaded: Any, opts: Any, needs: Any, dev: str) ->
         return est, None
     spilled = estimate(model, arch, loaded, opts, needs, dev, spill=True)
     check_fits(spilled, opts.max_memory, dev)
-    return spilled, (f"GPTQ's replayed activations are kept in a file in the run directory (about "
-                     f"{spilled.host / 2**30:.2f} GiB in memory, instead of {est.host / 2**30:.2f} GiB, more than {short})")
+    return spilled, (
+        f"GPTQ's replayed activations are kept in a file in the run directory (about "
+        f"{spilled.host / 2**30:.2f} GiB in memory, instead of {est.host / 2**30:.2f} GiB, more than {short})"
+    )
 
 
 def host_shortfall(est: MemoryEstimate, max_memory: str | None) -> str | None:
@@ -188,17 +197,21 @@ def check_fits(est: MemoryEstimate, max_memory: str | None, dev: str) -> None:
     what is free now)."""
     short = host_shortfall(est, max_memory)
     if short is not None:
-        raise BadInput(f"this run needs about {est.host / 2**30:.2f} GiB of host memory (estimate), more than "
-                       f"{short}; lower --num-samples / --seq-len / --eval-tokens, keep --stream, or raise the limit "
-                       "with --max-memory")
+        raise BadInput(
+            f"this run needs about {est.host / 2**30:.2f} GiB of host memory (estimate), more than "
+            f"{short}; lower --num-samples / --seq-len / --eval-tokens, keep --stream, or raise the limit "
+            "with --max-memory"
+        )
     _, device_limit = parse_limits(max_memory)
     if est.device is None:
         return
     device_limit = device_limit if device_limit is not None else device_available(dev)
     if device_limit is not None and est.device > device_limit:
-        raise BadInput(f"this run needs about {est.device / 2**30:.2f} GiB of {dev} memory (estimate), more than the "
-                       f"{device_limit / 2**30:.2f} GiB free there; lower --num-samples / --seq-len / --eval-tokens, "
-                       "or raise the limit with --max-memory HOST,DEVICE")
+        raise BadInput(
+            f"this run needs about {est.device / 2**30:.2f} GiB of {dev} memory (estimate), more than the "
+            f"{device_limit / 2**30:.2f} GiB free there; lower --num-samples / --seq-len / --eval-tokens, "
+            "or raise the limit with --max-memory HOST,DEVICE"
+        )
 
 
 def check_processes(opts: Any) -> None:
@@ -206,8 +219,10 @@ def check_processes(opts: Any) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return
-    for given, flag, why in ((opts.stats, "--stats", "it runs no calibration to split"),
-                             (opts.eval, "--eval", "evaluate the checkpoint with `accelerate launch infer-tool eval ppl`"),
-                             (opts.resume, "--resume", "run it in one process")):
+    for given, flag, why in (
+        (opts.stats, "--stats", "it runs no calibration to split"),
+        (opts.eval, "--eval", "evaluate the checkpoint with `accelerate launch infer-tool eval ppl`"),
+        (opts.resume, "--resume", "run it in one process"),
+    ):
         if given:
             raise BadInput(f"{flag} does not work across {world} processes: {why}")

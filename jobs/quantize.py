@@ -52,14 +52,21 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
     check_patterns(opts.ignore)
     moe_calibration(opts)  # refuses a bad --moe-calibration / --moe-min-tokens
     if opts.eval_activations not in EVAL_ACTIVATIONS:
-        raise BadInput(f"--eval-activations {opts.eval_activations!r} is not supported; use one of {', '.join(EVAL_ACTIVATIONS)}")
+        raise BadInput(
+            f"--eval-activations {opts.eval_activations!r} is not supported; use one of {', '.join(EVAL_ACTIVATIONS)}"
+        )
     if opts.eval_activations == "int8":
         if opts.eval is None:
             raise BadInput("--eval-activations int8 needs --eval CORPUS")
-        if scheme.kind not in ("int", "w8a8") or getattr(scheme, "bits", None) not in (4, 8) or (
-                scheme.kind == "int" and scheme.bits != 4):
-            raise BadInput(f"--eval-activations int8 applies to INT4 schemes (served W4A8 by vLLM's CPU build on AMX) "
-                           f"and W8A8; {scheme.describe()} is neither")
+        if (
+            scheme.kind not in ("int", "w8a8")
+            or getattr(scheme, "bits", None) not in (4, 8)
+            or (scheme.kind == "int" and scheme.bits != 4)
+        ):
+            raise BadInput(
+                f"--eval-activations int8 applies to INT4 schemes (served W4A8 by vLLM's CPU build on AMX) "
+                f"and W8A8; {scheme.describe()} is neither"
+            )
     if opts.max_ppl_increase is not None and opts.eval is None:
         raise BadInput("--max-ppl-increase needs --eval CORPUS (the ppl to compare)")
     if opts.max_kld is not None:
@@ -119,8 +126,11 @@ def quantize(
     scheme, fmt = check(opts, overwrite)
     from infer_tool.jobs.quantize_run import open_job, run_job  # torch and transformers: once the options are fine
 
-    return run_job(open_job(opts, scheme, fmt, started=started, overwrite=overwrite, recipe=recipe,
-                            progress=progress or no_progress))
+    return run_job(
+        open_job(
+            opts, scheme, fmt, started=started, overwrite=overwrite, recipe=recipe, progress=progress or no_progress
+        )
+    )
 
 
 def check_patterns(patterns: tuple[str, ...]) -> None:

@@ -26,8 +26,9 @@ EVALUATED = {
     "input_scale where that kernel reads it; vLLM's AMX path on CPUs quantizes per token)",
 }
 # Added to EVALUATED["int"] with --eval-activations int8.
-W4A8_EVALUATED = (", with each quantized linear's input rounded to int8 per token as vLLM's CPU build does on AMX "
-                  "CPUs (W4A8)")
+W4A8_EVALUATED = (
+    ", with each quantized linear's input rounded to int8 per token as vLLM's CPU build does on AMX CPUs (W4A8)"
+)
 
 
 @dataclass
@@ -128,7 +129,14 @@ class QuantizeReport:
             if f.name == "method_report":
                 d.update(value)
                 continue
-            if value is None and f.name in ("calibration", "eval", "quality_gate", "kld_gate", "kv_cache_scales", "moe"):
+            if value is None and f.name in (
+                "calibration",
+                "eval",
+                "quality_gate",
+                "kld_gate",
+                "kv_cache_scales",
+                "moe",
+            ):
                 continue
             if f.name == "calibration":
                 value = value.to_dict()

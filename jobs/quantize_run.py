@@ -281,9 +281,11 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
             ppl_before=before.ppl,
             ppl_after=after.ppl,
             ratio=after.ppl / before.ppl,
-            evaluated=EVALUATED[scheme.kind] + (W4A8_EVALUATED if opts.eval_activations == "int8" and
-                                                scheme.kind == "int" else ""),
-            activations=eval_activations(scheme, opts.eval_activations, result.quantized, torch.device(job.device).type),
+            evaluated=EVALUATED[scheme.kind]
+            + (W4A8_EVALUATED if opts.eval_activations == "int8" and scheme.kind == "int" else ""),
+            activations=eval_activations(
+                scheme, opts.eval_activations, result.quantized, torch.device(job.device).type
+            ),
             ppl_before_cached=cache_use.hit,
             kld=None if kld is None else kld.to_dict(),
         )
@@ -341,8 +343,12 @@ def _labelled(progress: Progress, label: str) -> Progress:
 
 
 def as_deployed(
-    module: nn.Module, quantized: dict[str, Any], scheme: Any, kv_scales: dict[str, tuple[float, float]],
-    activations: str = "auto", device_type: str = "cpu",
+    module: nn.Module,
+    quantized: dict[str, Any],
+    scheme: Any,
+    kv_scales: dict[str, tuple[float, float]],
+    activations: str = "auto",
+    device_type: str = "cpu",
 ) -> AbstractContextManager:
     """Where `--eval` measures ppl after quantizing (names relative to `module`): for FP8,
     as deployed (kernels' Fp8Linear W8A8, FP8 KV cache rounded with the calibrated scales);
@@ -380,7 +386,10 @@ def eval_activations(scheme: Any, activations: str, quantized: dict[str, Any], d
     parts = []
     for k in sorted(set(kernels.values())):
         mode = "static input_scale" if static and k != "sgl" else "per token"
-        parts.append(f"int8 {mode}{', W4A8' if scheme.kind != W8A8_KIND else ''} ({k}, {sum(v == k for v in kernels.values())} linears)")
+        parts.append(
+            f"int8 {mode}{', W4A8' if scheme.kind != W8A8_KIND else ''} "
+            f"({k}, {sum(v == k for v in kernels.values())} linears)"
+        )
     return "; ".join(parts)
 
 
@@ -504,11 +513,21 @@ def run_layers(job: QuantizeJob) -> LayersRun:
         if reference is None and hidden is not None:
             reference = load_hidden(hidden, len(evals.q))
             if reference is None:
-                eval_notes.append(f"KL divergence not computed: the fp hidden states cached at {hidden_path(hidden)} "
-                                  "could not be read (deleted during the run?)")
+                eval_notes.append(
+                    f"KL divergence not computed: the fp hidden states cached at {hidden_path(hidden)} "
+                    "could not be read (deleted during the run?)"
+                )
         if opts.kld and reference is not None:
-            kld, before, after = kld_of_streams(lm, layers, eval_ids, seq_len, ref_outputs=reference,
-                                                outputs=evals.q, device=device, progress=_labelled(progress, "kl divergence"))
+            kld, before, after = kld_of_streams(
+                lm,
+                layers,
+                eval_ids,
+                seq_len,
+                ref_outputs=reference,
+                outputs=evals.q,
+                device=device,
+                progress=_labelled(progress, "kl divergence"),
+            )
         else:
             if baseline is None:
                 before = ppl_of_streams(
@@ -523,8 +542,10 @@ def run_layers(job: QuantizeJob) -> LayersRun:
         if opts.kld and evals.fp is not None and entry is not None:  # keep the fp hidden states beside the ppl
             refused = store_hidden(Path(entry), evals.fp)
             if refused:
-                eval_notes.append(f"the fp hidden states were not cached ({refused}): a later run's KL divergence "
-                                  "needs the fp pass again")
+                eval_notes.append(
+                    f"the fp hidden states were not cached ({refused}): a later run's KL divergence "
+                    "needs the fp pass again"
+                )
     finally:
         if weights is not None:
             weights.release(weights.names(None, arch.layers))

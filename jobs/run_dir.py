@@ -52,12 +52,15 @@ def model_fingerprint(directory: Path) -> str:
 
 def run_key(parts: dict[str, Any]) -> str:
     """sha256 of a JSON document of what makes the run's output (tensors as their bytes' sha256)."""
+
     def encode(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return hashlib.sha256(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
         return v
 
-    return hashlib.sha256(json.dumps({k: encode(v) for k, v in parts.items()}, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps({k: encode(v) for k, v in parts.items()}, sort_keys=True, default=str).encode()
+    ).hexdigest()
 
 
 def _replace_json(path: Path, obj: Any) -> None:
@@ -76,7 +79,7 @@ class RunDir:
         self.path, self.state = path, state
 
     @classmethod
-    def open(cls, out: str | os.PathLike[str], key: str, n_layers: int, resume: bool) -> tuple["RunDir", str | None]:
+    def open(cls, out: str | os.PathLike[str], key: str, n_layers: int, resume: bool) -> tuple[RunDir, str | None]:
         """The run directory beside `out`: a new one, or with `resume` the one an earlier run
         left (refused when its key differs). Returns (run dir, a note for the report or None)."""
         check_progress(out, resume)
@@ -85,16 +88,24 @@ class RunDir:
         note = None
         if path.exists() and state is not None:
             if state["key"] != key:
-                raise BadInput(f"--resume: {path} was made with another model, recipe or calibration text; rerun with "
-                               "the options of that run, or delete the directory to start over")
-            note = f"resumed after layer {state['layers_done'] - 1} ({state['layers_done']} of {state['layers']} were done)" \
-                if state["layers_done"] else None
+                raise BadInput(
+                    f"--resume: {path} was made with another model, recipe or calibration text; rerun with "
+                    "the options of that run, or delete the directory to start over"
+                )
+            note = (
+                f"resumed after layer {state['layers_done'] - 1} "
+                f"({state['layers_done']} of {state['layers']} were done)"
+                if state["layers_done"]
+                else None
+            )
             return cls(path, state), note
         if resume:
             note = "--resume: no earlier progress beside --out; started from the first layer"
         shutil.rmtree(path, ignore_errors=True)  # a directory without run.json: killed before its first save
         path.mkdir(parents=True)
-        run = cls(path, {"key": key, "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False})
+        run = cls(
+            path, {"key": key, "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False}
+        )
         _replace_json(path / STATE, run.state)
         return run, note
 
@@ -150,8 +161,10 @@ class NoRun(RunDir):
     launch` (process 0 keeps the parts and writes the checkpoint)."""
 
     def __init__(self, n_layers: int) -> None:
-        super().__init__(Path(f".infer-tool-nothing-written-{os.getpid()}"),
-                         {"key": "", "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False})
+        super().__init__(
+            Path(f".infer-tool-nothing-written-{os.getpid()}"),
+            {"key": "", "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False},
+        )
 
     def write_tensors(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
         pass
@@ -172,8 +185,10 @@ def check_progress(out: str | os.PathLike[str], resume: bool) -> None:
     if path.exists() and not resume:
         state = _read_state(path)
         done = f"{state['layers_done']} of {state['layers']} layers done" if state else "no layer finished"
-        raise BadInput(f"{path} holds the progress of an interrupted run ({done}); pass --resume to continue it, "
-                       "or delete that directory to start over")
+        raise BadInput(
+            f"{path} holds the progress of an interrupted run ({done}); pass --resume to continue it, "
+            "or delete that directory to start over"
+        )
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:

@@ -171,11 +171,14 @@ def check_projection(opts: SpecProfileOptions) -> Projecting | None:
     """The projection's options, or None without a GPU preset; refused before anything is loaded."""
     eff = {"hbm_efficiency": opts.hbm_efficiency, "mfu": opts.mfu}
     if opts.gpu is None:
-        given = [f"--{n.replace('_', '-')}" for n, v in (("concurrency", opts.concurrency), *eff.items())
-                 if v is not None]
+        given = [
+            f"--{n.replace('_', '-')}" for n, v in (("concurrency", opts.concurrency), *eff.items()) if v is not None
+        ]
         if given:
-            raise BadInput(f"{', '.join(given)}: used only by the projection; give --gpu PRESET too "
-                           "(see infer-tool kv-budget --list-gpus)")
+            raise BadInput(
+                f"{', '.join(given)}: used only by the projection; give --gpu PRESET too "
+                "(see infer-tool kv-budget --list-gpus)"
+            )
         return None
     from infer_tool.sizing.presets import gpu_preset, gpu_presets, suggest
     from infer_tool.sizing.roofline import Efficiency, Hardware
@@ -184,8 +187,10 @@ def check_projection(opts: SpecProfileOptions) -> Projecting | None:
     try:
         preset = gpu_preset(opts.gpu)
     except BadInput:
-        raise BadInput(f"--gpu {opts.gpu!r} is not a GPU preset; {suggest(opts.gpu, list(gpu_presets()))} "
-                       "(see infer-tool kv-budget --list-gpus)") from None
+        raise BadInput(
+            f"--gpu {opts.gpu!r} is not a GPU preset; {suggest(opts.gpu, list(gpu_presets()))} "
+            "(see infer-tool kv-budget --list-gpus)"
+        ) from None
     Hardware.from_preset(preset)  # refuses a GPU without the datasheet figures
     counts = tuple(parse_counts(opts.concurrency, "--concurrency")) if opts.concurrency else DEFAULT_CONCURRENCY
     given = {f: v for f, v in (("hbm", opts.hbm_efficiency), ("mfu", opts.mfu)) if v is not None}
@@ -223,14 +228,23 @@ def served_models(
         return served_model(load_config(directory), name, str(directory / "config.json"))
 
     t = read(target, target_dir)
-    by_kind = {"ngram": lambda s: None, "truncated": lambda s: truncated(t, s.n, s.spec),
-               "model": lambda s: read(s.spec, model_dirs[s.spec])}
+    by_kind = {
+        "ngram": lambda s: None,
+        "truncated": lambda s: truncated(t, s.n, s.spec),
+        "model": lambda s: read(s.spec, model_dirs[s.spec]),
+    }
     return t, tuple(by_kind[s.kind](s) for s in specs)
 
 
 def projection_request(
-    p: Projecting, target: ServedModel, drafts: tuple[ServedModel | None, ...], *,
-    names: list[str], prompt_len: int, output_len: int, max_k: int,
+    p: Projecting,
+    target: ServedModel,
+    drafts: tuple[ServedModel | None, ...],
+    *,
+    names: list[str],
+    prompt_len: int,
+    output_len: int,
+    max_k: int,
 ) -> ProjectionRequest:
     """The roofline's pass times at each concurrency for a mean prompt of `prompt_len`
     tokens, and what they rest on."""
@@ -238,8 +252,10 @@ def projection_request(
     from infer_tool.spec.roofline import Serving, batch_times, describe
 
     serving = Serving(p.preset, p.eff, prompt_len, output_len)
-    return ProjectionRequest(tuple(batch_times(serving, target, drafts, B, max_k) for B in p.counts),
-                             describe(serving, target, drafts, names, p.counts))
+    return ProjectionRequest(
+        tuple(batch_times(serving, target, drafts, B, max_k) for B in p.counts),
+        describe(serving, target, drafts, names, p.counts),
+    )
 
 
 def notes_for(opts: SpecProfileOptions, loaded: LoadedModel, drafts: list[Draft], n_prompts: int) -> list[str]:
@@ -251,8 +267,10 @@ def notes_for(opts: SpecProfileOptions, loaded: LoadedModel, drafts: list[Draft]
     notes = list(loaded.notes) + [ALPHA_NOTE, PREDICTION_NOTE]
     for d in drafts:
         if isinstance(d, ModelDraft) and same_weights(d.lm.model, loaded.model):
-            notes.append(f"draft {d.name} has the target's own weights: it accepts every token "
-                         "(alpha = 1) at the target's cost, so it can only show the loop's overhead")
+            notes.append(
+                f"draft {d.name} has the target's own weights: it accepts every token "
+                "(alpha = 1) at the target's cost, so it can only show the loop's overhead"
+            )
     if any(isinstance(d, NgramDraft) for d in drafts):
         notes.append(NGRAM_NOTE)
     if n_prompts < opts.num_prompts:
@@ -278,8 +296,13 @@ def spec_profile(
     model_dirs: dict[str, Path] = {}
 
     def load(spec: str) -> LoadedModel:
-        m = load_model.load_for_eval(spec, dtype=c.dtype, device=c.device, allow_pickle=opts.allow_pickle,
-                                     trust_remote_code=opts.trust_remote_code)
+        m = load_model.load_for_eval(
+            spec,
+            dtype=c.dtype,
+            device=c.device,
+            allow_pickle=opts.allow_pickle,
+            trust_remote_code=opts.trust_remote_code,
+        )
         model_dirs[spec] = m.path
         return m
 
@@ -295,19 +318,48 @@ def spec_profile(
     if c.projecting is not None:  # sized now, so a config the roofline cannot read fails before the profile
         t, ds = served_models(opts.target, loaded.path, c.specs, model_dirs)
         mean_prompt = round(sum(x.numel() for x in ids) / len(ids))
-        projection = projection_request(c.projecting, t, ds, names=[d.name for d in drafts], prompt_len=mean_prompt,
-                                        output_len=opts.max_new_tokens, max_k=max(c.ks))
+        projection = projection_request(
+            c.projecting,
+            t,
+            ds,
+            names=[d.name for d in drafts],
+            prompt_len=mean_prompt,
+            output_len=opts.max_new_tokens,
+            max_k=max(c.ks),
+        )
     notes = notes_for(opts, loaded, drafts, len(ids))
     result = profile(
-        opts.target, loaded.model, vocab, drafts, ids, ks=c.ks, max_new_tokens=opts.max_new_tokens,
-        temperature=opts.temperature, top_p=opts.top_p,
-        cost_ratio=opts.cost_ratio, seed=opts.seed, categories=categories, loop=opts.loop,
-        clock=CLOCKS[c.clock], projection=projection, progress=progress,
+        opts.target,
+        loaded.model,
+        vocab,
+        drafts,
+        ids,
+        ks=c.ks,
+        max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        cost_ratio=opts.cost_ratio,
+        seed=opts.seed,
+        categories=categories,
+        loop=opts.loop,
+        clock=CLOCKS[c.clock],
+        projection=projection,
+        progress=progress,
     )
     settings = {
-        "prompts": opts.prompts, "num_prompts": len(ids), "prompt_len": opts.prompt_len,
-        "max_new_tokens": opts.max_new_tokens, "k": c.ks, "temperature": opts.temperature, "top_p": opts.top_p,
-        "seed": opts.seed, "dtype": opts.dtype, "device": c.device, "batch_size": 1, "threads": opts.threads,
-        "loop": opts.loop, "clock": c.clock,
+        "prompts": opts.prompts,
+        "num_prompts": len(ids),
+        "prompt_len": opts.prompt_len,
+        "max_new_tokens": opts.max_new_tokens,
+        "k": c.ks,
+        "temperature": opts.temperature,
+        "top_p": opts.top_p,
+        "seed": opts.seed,
+        "dtype": opts.dtype,
+        "device": c.device,
+        "batch_size": 1,
+        "threads": opts.threads,
+        "loop": opts.loop,
+        "clock": c.clock,
     }
     return SpecProfileReport(result, settings, notes)

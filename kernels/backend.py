@@ -74,11 +74,15 @@ def _interpreted(kernel: Any) -> Any:
     from triton.runtime.jit import JITFunction
 
     fn = kernel.fn
-    helpers = {name: _interpreted(value) for name in fn.__code__.co_names
-               if isinstance(value := fn.__globals__.get(name), JITFunction)}
+    helpers = {
+        name: _interpreted(value)
+        for name in fn.__code__.co_names
+        if isinstance(value := fn.__globals__.get(name), JITFunction)
+    }
     if helpers:
-        twin = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__,
-                                  fn.__closure__)
+        twin = types.FunctionType(
+            fn.__code__, {**fn.__globals__, **helpers}, fn.__name__, fn.__defaults__, fn.__closure__
+        )
         for attr in ("__annotations__", "__kwdefaults__", "__qualname__", "__module__", "__doc__"):
             setattr(twin, attr, getattr(fn, attr))
         fn = twin
@@ -128,8 +132,9 @@ class Launch:
         signature = {name: mangle_type(arg) for name, arg in zip(names, self.args)}
         signature.update({name: "constexpr" for name in constexprs})
         indices = {name: i for i, name in enumerate(names)}
-        src = ASTSource(fn=self.kernel, signature=signature,
-                        constexprs={(indices[k],): v for k, v in constexprs.items()})
+        src = ASTSource(
+            fn=self.kernel, signature=signature, constexprs={(indices[k],): v for k, v in constexprs.items()}
+        )
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -146,8 +151,9 @@ def resource_usage(compiled: Any) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
-                              text=True, check=True).stdout
+        text = subprocess.run(
+            [tool, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
     if found is None:
         raise RuntimeError(f"cuobjdump printed no resource usage: {text[-200:]!r}")

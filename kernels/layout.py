@@ -27,9 +27,7 @@ def pack_int4_k(q: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pack_int4_k expects an integer tensor, got {q.dtype}")
     q32 = q.to(torch.int32)
     if q32.numel() and (int(q32.min()) < 0 or int(q32.max()) > 15):
-        raise ValueError(
-            f"pack_int4_k expects values in 0..15, got range {int(q32.min())}..{int(q32.max())}"
-        )
+        raise ValueError(f"pack_int4_k expects values in 0..15, got range {int(q32.min())}..{int(q32.max())}")
     K, N = q32.shape
     rows = -(-K // PACK_FACTOR)
     padded = torch.zeros(rows * PACK_FACTOR, N, dtype=torch.int32, device=q.device)
@@ -43,9 +41,7 @@ def pack_int4_k(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4_k(packed: torch.Tensor, K: int) -> torch.Tensor:
     """Inverse of `pack_int4_k`: int32 `(ceil(K/8), N)` -> uint8 `(K, N)` values 0..15."""
     if packed.dim() != 2 or packed.dtype != torch.int32:
-        raise ValueError(
-            f"unpack_int4_k expects int32 (ceil(K/8), N), got {packed.dtype} {tuple(packed.shape)}"
-        )
+        raise ValueError(f"unpack_int4_k expects int32 (ceil(K/8), N), got {packed.dtype} {tuple(packed.shape)}")
     rows = packed.shape[0]
     if rows != -(-K // PACK_FACTOR):
         raise ValueError(f"unpack_int4_k: {rows} packed rows cannot hold K={K} (need ceil(K/8))")

@@ -86,9 +86,19 @@ class Int4Linear(nn.Module):
     (`kernel` "sgl", `kernels/w4a8.py`), the product in float32; "none": W4A16.
     """
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-                 g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int,
-                 in_features: int, out_features: int, activations: str = "none", kernel: str = "sgl") -> None:
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        zeros: torch.Tensor | None,
+        g_idx: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        group_size: int,
+        in_features: int,
+        out_features: int,
+        activations: str = "none",
+        kernel: str = "sgl",
+    ) -> None:
         super().__init__()
         _check_activations(activations, kernel)
         self.activations, self.kernel = activations, kernel
@@ -107,9 +117,17 @@ class Int4Linear(nn.Module):
         self.register_buffer("bias", bias)
 
     @classmethod
-    def from_unpacked(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-                      g_idx: torch.Tensor | None, group_size: int,
-                      bias: torch.Tensor | None = None, activations: str = "none", kernel: str = "sgl") -> Int4Linear:
+    def from_unpacked(
+        cls,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor | None,
+        g_idx: torch.Tensor | None,
+        group_size: int,
+        bias: torch.Tensor | None = None,
+        activations: str = "none",
+        kernel: str = "sgl",
+    ) -> Int4Linear:
         """Build from the `nn.Linear` orientation: `q` uint8 `(N, K)` values 0..15,
         `scale` `(N, G)`, `zero` uint8 `(N, G)` or None (the canonical QuantizedWeight)."""
         N, K = q.shape
@@ -121,8 +139,14 @@ class Int4Linear(nn.Module):
         lead = x.shape[:-1]
         x2 = _flatten(x, self.in_features)
         if self.activations == "int8":
-            y = w4a16_matmul(fake_quantize(x2, kernel=self.kernel), self.qweight, self.scales.float(), self.zeros,
-                             self.g_idx, self.group_size).to(x.dtype)
+            y = w4a16_matmul(
+                fake_quantize(x2, kernel=self.kernel),
+                self.qweight,
+                self.scales.float(),
+                self.zeros,
+                self.g_idx,
+                self.group_size,
+            ).to(x.dtype)
         else:
             y = w4a16_matmul(x2, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size)
         if self.bias is not None:
@@ -130,9 +154,11 @@ class Int4Linear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"group_size={self.group_size}, symmetric={self.zeros is None}, "
-                f"act_order={self.g_idx is not None}, activations={self.activations}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"group_size={self.group_size}, symmetric={self.zeros is None}, "
+            f"act_order={self.g_idx is not None}, activations={self.activations}"
+        )
 
 
 def _check_activations(activations: str, kernel: str) -> None:
@@ -152,8 +178,15 @@ class Int8Linear(_FixedDtypeBuffers):
     `kernels/int8_act.KERNELS`. The product is computed in float32 and returned in x's dtype.
     """
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, activations: str = "int8", kernel: str = "onednn") -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        activations: str = "int8",
+        kernel: str = "onednn",
+    ) -> None:
         super().__init__()
         _check_activations(activations, kernel)
         if weight.dtype != torch.int8 or weight.dim() != 2:
@@ -161,8 +194,10 @@ class Int8Linear(_FixedDtypeBuffers):
         self.out_features, self.in_features = weight.shape
         G = weight_scale.shape[1] if weight_scale.dim() == 2 else 0
         if weight_scale.shape[0] != self.out_features or G == 0 or self.in_features % G:
-            raise ValueError(f"Int8Linear: weight_scale {tuple(weight_scale.shape)} does not give groups over "
-                             f"{self.out_features} x {self.in_features}")
+            raise ValueError(
+                f"Int8Linear: weight_scale {tuple(weight_scale.shape)} does not give groups over "
+                f"{self.out_features} x {self.in_features}"
+            )
         self.activations, self.kernel = activations, kernel
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale.float())
@@ -175,7 +210,8 @@ class Int8Linear(_FixedDtypeBuffers):
         """(N, K) fp32: weight * weight_scale."""
         G = self.weight_scale.shape[1]
         return (self.weight.float().view(self.out_features, G, -1) * self.weight_scale.view(-1, G, 1)).view(
-            self.out_features, self.in_features)
+            self.out_features, self.in_features
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -191,9 +227,11 @@ class Int8Linear(_FixedDtypeBuffers):
         return y.to(x.dtype).reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"groups={self.weight_scale.shape[1]}, activations={self.activations}, kernel={self.kernel}, "
-                f"static_input_scale={self.input_scale is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"groups={self.weight_scale.shape[1]}, activations={self.activations}, kernel={self.kernel}, "
+            f"static_input_scale={self.input_scale is not None}"
+        )
 
 
 class Fp8Linear(_FixedDtypeBuffers):
@@ -204,9 +242,15 @@ class Fp8Linear(_FixedDtypeBuffers):
     None for dynamic per-token activation scales; `mode` "w8a8" or "w8a16".
     """
 
-    def __init__(self, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
-                 input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                 block_size: tuple[int, int] | None = None, mode: str = "w8a8") -> None:
+    def __init__(
+        self,
+        weight_fp8: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        block_size: tuple[int, int] | None = None,
+        mode: str = "w8a8",
+    ) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"Fp8Linear: unknown mode {mode!r}; expected one of {MODES}")
@@ -231,15 +275,18 @@ class Fp8Linear(_FixedDtypeBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = fp8_matmul(_flatten(x, self.in_features), self.weight, self.weight_scale, self.mode,
-                       self.block_size, self.input_scale)
+        y = fp8_matmul(
+            _flatten(x, self.in_features), self.weight, self.weight_scale, self.mode, self.block_size, self.input_scale
+        )
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
-                f"block_size={self.block_size}, static_input_scale={self.input_scale is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
+            f"block_size={self.block_size}, static_input_scale={self.input_scale is not None}"
+        )
 
 
 class Fp4Linear(nn.Module):
@@ -253,9 +300,16 @@ class Fp4Linear(nn.Module):
     CUDA, the torch reference on CPU.
     """
 
-    def __init__(self, w_packed: torch.Tensor, w_scale: torch.Tensor, global_scale: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, *, w4a4: bool = False,
-                 input_global_scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        w_packed: torch.Tensor,
+        w_scale: torch.Tensor,
+        global_scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        *,
+        w4a4: bool = False,
+        input_global_scale: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.fmt = fp4_format(w_scale, global_scale)  # validates the pair
         if w_packed.dtype != torch.uint8 or w_packed.dim() != 2:
@@ -271,8 +325,9 @@ class Fp4Linear(nn.Module):
         self.register_buffer("w_packed", w_packed)
         self.register_buffer("w_scale", w_scale)
         self.register_buffer("global_scale", None if global_scale is None else global_scale.float().reshape(1))
-        self.register_buffer("input_global_scale",
-                             None if input_global_scale is None else input_global_scale.float().reshape(1))
+        self.register_buffer(
+            "input_global_scale", None if input_global_scale is None else input_global_scale.float().reshape(1)
+        )
         self.register_buffer("bias", bias)
 
     # Buffers whose dtype is part of the format: moved between devices, never cast (as Fp8Linear's).
@@ -292,5 +347,7 @@ class Fp4Linear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}, "
-                f"activations={'fp4' if self.w4a4 else 'unquantized'}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}, "
+            f"activations={'fp4' if self.w4a4 else 'unquantized'}"
+        )

@@ -34,6 +34,10 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     S, M, N = partials.shape
     out = backend.empty_output((M, N), dtype, partials.device)
     numel = M * N
-    Launch(_sum_partials_kernel, (triton.cdiv(numel, BLOCK),), (partials, out, numel),
-           dict(SPLIT_K=S, BLOCK=BLOCK, num_warps=4, num_stages=1)).run()
+    Launch(
+        _sum_partials_kernel,
+        (triton.cdiv(numel, BLOCK),),
+        (partials, out, numel),
+        dict(SPLIT_K=S, BLOCK=BLOCK, num_warps=4, num_stages=1),
+    ).run()
     return out

@@ -36,8 +36,8 @@ import triton.language as tl
 
 from infer_tool.kernels import backend
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
-from infer_tool.kernels.splitk import sum_partials
 from infer_tool.kernels.layout import PACK_FACTOR, unpack_int4_k
+from infer_tool.kernels.splitk import sum_partials
 
 SYMMETRIC_ZERO = 8  # implied zero point of symmetric 4-bit weights
 _SYMMETRIC_ZERO: tl.constexpr = tl.constexpr(SYMMETRIC_ZERO)  # the same, inside the kernels

@@ -51,8 +51,11 @@ class Rounding:
         n, k = shape
         groups = k // group_size
         V = torch.zeros(n, k, device=device, requires_grad=True)
-        return cls(V, torch.ones(n, groups, device=device, requires_grad=True),
-                   torch.ones(n, groups, device=device, requires_grad=True))
+        return cls(
+            V,
+            torch.ones(n, groups, device=device, requires_grad=True),
+            torch.ones(n, groups, device=device, requires_grad=True),
+        )
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.V, self.alpha, self.beta]

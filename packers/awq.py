@@ -51,8 +51,12 @@ class AWQScaleResult:
         if self.search == "fast":
             out["fell_back"] = self.fell_back
         elif self.search == "screen":
-            out.update(fell_back=self.fell_back, screen_losses=self.screen_losses, screen_rtn_loss=self.screen_rtn_loss,
-                       screen_error=self.screen_error)
+            out.update(
+                fell_back=self.fell_back,
+                screen_losses=self.screen_losses,
+                screen_rtn_loss=self.screen_rtn_loss,
+                screen_error=self.screen_error,
+            )
         else:
             out["fast_ratio"] = self.fast_ratio
             out["fast_loss_excess"] = self.fast_loss - self.best_loss
@@ -214,8 +218,13 @@ def awq_search_scale(
     def effective_weights(s: torch.Tensor) -> list[torch.Tensor]:
         if qdq is not None:
             return [(q / s).to(w.dtype) for w, q in zip(weights, qdq([w.float() * s for w in weights]))]
-        return [(fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype) / s).to(w.dtype)
-                for w in weights]
+        return [
+            (
+                fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype)
+                / s
+            ).to(w.dtype)
+            for w in weights
+        ]
 
     def loss_with(s: torch.Tensor) -> float:
         effective = effective_weights(s)
@@ -297,7 +306,9 @@ def choose(losses: Sequence[float | None], rtn_loss: float) -> int | None:
 
 @torch.no_grad()
 def awq_search_clip(
-    weight: torch.Tensor, x: torch.Tensor, scheme: AWQScheme = AWQScheme(),
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    scheme: AWQScheme = AWQScheme(),
     qdq_rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Per (output row, group) clip threshold minimising the group-wise output error.

@@ -28,9 +28,13 @@ SUFFIXES = ("qweight", "qzeros", "scales")
 
 def check(scheme: QuantScheme, quantized: Mapping[str, QuantizedWeight]) -> None:
     if scheme.bits != 4:
-        raise BadInput(f"bits={scheme.bits}: the AWQ GEMM format holds 4-bit weights only; use --format compressed-tensors")
+        raise BadInput(
+            f"bits={scheme.bits}: the AWQ GEMM format holds 4-bit weights only; use --format compressed-tensors"
+        )
     if scheme.group_size == -1:
-        raise BadInput("the AWQ GEMM format needs a group size (not -1); use --format compressed-tensors for per-channel")
+        raise BadInput(
+            "the AWQ GEMM format needs a group size (not -1); use --format compressed-tensors for per-channel"
+        )
     for name, qw in quantized.items():
         if qw.shape[0] % 8:
             raise BadInput(f"{name}: N={qw.shape[0]} output features is not a multiple of 8, which AWQ GEMM packs")

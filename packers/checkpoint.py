@@ -196,7 +196,9 @@ def checkpoint_tensors(
     return {k: out[k].detach().to("cpu").contiguous() for k in sorted(out)}
 
 
-def checkpoint_config(model: nn.Module, fmt: CheckpointFormat, scheme: Any, ignore: Sequence[str], dtype: torch.dtype) -> dict[str, Any]:
+def checkpoint_config(
+    model: nn.Module, fmt: CheckpointFormat, scheme: Any, ignore: Sequence[str], dtype: torch.dtype
+) -> dict[str, Any]:
     """config.json of the checkpoint: the model's config, its dtype, `quantization_config`."""
     config_obj = getattr(model, "config", None)
     if config_obj is None:
@@ -210,7 +212,9 @@ def checkpoint_config(model: nn.Module, fmt: CheckpointFormat, scheme: Any, igno
 
 
 def ignored_linears(
-    model: nn.Module, quantized: Mapping[str, Any], unquantized: Sequence[str] = (),
+    model: nn.Module,
+    quantized: Mapping[str, Any],
+    unquantized: Sequence[str] = (),
     rename: Callable[[str], str] | None = None,
 ) -> list[str]:
     """`quantization_config.ignore`: the model's nn.Linear modules left unquantized, plus
@@ -224,7 +228,10 @@ def ignored_linears(
 
 
 def fill_directory(
-    tmp: Path, model: nn.Module, config: Mapping[str, Any], src_dir: str | os.PathLike[str] | None,
+    tmp: Path,
+    model: nn.Module,
+    config: Mapping[str, Any],
+    src_dir: str | os.PathLike[str] | None,
     extra_files: Mapping[str, str | bytes] | None,
 ) -> None:
     """config.json, the source's tokenizer / chat template / generation config, and the extra files."""
@@ -259,14 +266,25 @@ def publish(tmp: Path, out: Path) -> None:
 
 
 def assemble(
-    tmp: Path, out: Path, specs: Sequence[Any], load: Callable[[str], torch.Tensor], model: nn.Module,
-    config: Mapping[str, Any], src_dir: str | os.PathLike[str] | None, extra_files: Mapping[str, str | bytes] | None,
+    tmp: Path,
+    out: Path,
+    specs: Sequence[Any],
+    load: Callable[[str], torch.Tensor],
+    model: nn.Module,
+    config: Mapping[str, Any],
+    src_dir: str | os.PathLike[str] | None,
+    extra_files: Mapping[str, str | bytes] | None,
     max_shard_bytes: int,
 ) -> None:
     """The checkpoint's shards from `specs` / `load(name)`, its config and copied files, all in
     `tmp`, then renamed to `out` (the caller removes `tmp` on failure)."""
-    write_shards(tmp, specs, load, max_shard_bytes,
-                 total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None)
+    write_shards(
+        tmp,
+        specs,
+        load,
+        max_shard_bytes,
+        total_parameters=model.num_parameters() if hasattr(model, "num_parameters") else None,
+    )
     fill_directory(tmp, model, config, src_dir, extra_files)
     publish(tmp, out)
 
@@ -313,8 +331,16 @@ def write_checkpoint(
         tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
         if rename is not None:
             tensors = {rename(k): v for k, v in tensors.items()}
-        assemble(tmp, out, *in_memory(tensors), model, checkpoint_config(model, fmt_obj, scheme, ignore, dtype),
-                 src_dir, extra_files, max_shard_bytes)
+        assemble(
+            tmp,
+            out,
+            *in_memory(tensors),
+            model,
+            checkpoint_config(model, fmt_obj, scheme, ignore, dtype),
+            src_dir,
+            extra_files,
+            max_shard_bytes,
+        )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -342,7 +368,9 @@ def load_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def read_checkpoint(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
+def read_checkpoint(
+    directory: str | os.PathLike[str],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
     """(config dict, {linear name: weight object}, {other tensor name: tensor}).
 
     The weight objects are `QuantizedWeight` for INT formats (Fp8Weight for FP8 ones).

@@ -62,8 +62,17 @@ def write_from_parts(
     tmp.mkdir(parents=True)
     try:
         specs = [replace(s, name=n) for n, s in zip(stored, source.specs())] + [spec_of(n, t) for n, t in extra.items()]
-        assemble(tmp, out, specs, lambda n: extra[n] if n in extra else source.load(stored[n]), model,
-                 checkpoint_config(model, fmt_obj, scheme, ignore, dtype), src_dir, extra_files, max_shard_bytes)
+        assemble(
+            tmp,
+            out,
+            specs,
+            lambda n: extra[n] if n in extra else source.load(stored[n]),
+            model,
+            checkpoint_config(model, fmt_obj, scheme, ignore, dtype),
+            src_dir,
+            extra_files,
+            max_shard_bytes,
+        )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

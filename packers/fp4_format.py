@@ -60,8 +60,9 @@ def _args(fmt: str, **kw: Any) -> dict[str, Any]:
 
 def quantization_config(scheme: Fp4Scheme, ignore: Sequence[str]) -> dict[str, Any]:
     fmt = scheme.fp4
-    weights = _args(fmt, observer=OBSERVERS[scheme.observer],
-                    actorder="static" if getattr(scheme, "act_order", False) else None)
+    weights = _args(
+        fmt, observer=OBSERVERS[scheme.observer], actorder="static" if getattr(scheme, "act_order", False) else None
+    )
     inputs = None
     if scheme.w4a4:
         inputs = _args(fmt, dynamic="local", observer="static_minmax") if fmt == "nvfp4" else _args(fmt, dynamic=True)
@@ -118,8 +119,10 @@ def read_layers(tensors: Mapping[str, torch.Tensor], quant_config: Mapping[str, 
         packed, scale = tensors[key], tensors.get(f"{name}.weight_scale")
         gs = tensors.get(f"{name}.weight_global_scale")
         if packed.dtype != torch.uint8 or scale is None or scale.dtype != want or (gs is None) != (fmt == "mxfp4"):
-            raise BadInput(f"{name}: its tensors are not {FORMATS[fmt]}'s (uint8 weight_packed, {want} weight_scale"
-                           f"{', float32 weight_global_scale' if fmt == 'nvfp4' else ''})")
+            raise BadInput(
+                f"{name}: its tensors are not {FORMATS[fmt]}'s (uint8 weight_packed, {want} weight_scale"
+                f"{', float32 weight_global_scale' if fmt == 'nvfp4' else ''})"
+            )
         igs = tensors.get(f"{name}.input_global_scale")
         if w4a4 and fmt == "nvfp4" and igs is None:
             raise BadInput(f"{name}: a W4A4 NVFP4 checkpoint needs {name}.input_global_scale")

@@ -62,15 +62,24 @@ def group_scales(W: torch.Tensor, scheme: Fp4Scheme, global_scale: torch.Tensor 
     return fp4.mxfp4_group_scales(amax_g)
 
 
-def _weight(codes: torch.Tensor, w_scale: torch.Tensor, gs: torch.Tensor | None, scheme: Fp4Scheme,
-            info: dict[str, object]) -> Fp4Weight:
-    return Fp4Weight(codes=codes, w_scale=w_scale, global_scale=None if gs is None else gs.to(torch.float32),
-                     activations=scheme.fp4_activations, info=info)
+def _weight(
+    codes: torch.Tensor, w_scale: torch.Tensor, gs: torch.Tensor | None, scheme: Fp4Scheme, info: dict[str, object]
+) -> Fp4Weight:
+    return Fp4Weight(
+        codes=codes,
+        w_scale=w_scale,
+        global_scale=None if gs is None else gs.to(torch.float32),
+        activations=scheme.fp4_activations,
+        info=info,
+    )
 
 
 def quantize_fp4_rtn(
-    weight: torch.Tensor, stats: object | None = None, scheme: Fp4Scheme = Fp4RTNScheme(),
-    *, global_scale: torch.Tensor | None = None,
+    weight: torch.Tensor,
+    stats: object | None = None,
+    scheme: Fp4Scheme = Fp4RTNScheme(),
+    *,
+    global_scale: torch.Tensor | None = None,
 ) -> Fp4Weight:
     """Round W (N, K) to the FP4 grid with the observer's group scales. `global_scale`: the
     fused shards' (NVFP4; `(1,)` or `(N, 1)` per row), default W's own. `stats` is unused."""
@@ -81,8 +90,11 @@ def quantize_fp4_rtn(
 
 
 def quantize_fp4_gptq(
-    weight: torch.Tensor, stats: object, scheme: Fp4GPTQScheme = Fp4GPTQScheme(),
-    *, global_scale: torch.Tensor | None = None,
+    weight: torch.Tensor,
+    stats: object,
+    scheme: Fp4GPTQScheme = Fp4GPTQScheme(),
+    *,
+    global_scale: torch.Tensor | None = None,
 ) -> Fp4Weight:
     """GPTQ of W (N, K) onto the FP4 grid (module docstring). stats: LayerStats (`.H` (K, K))
     or the Hessian itself; `global_scale` as in `quantize_fp4_rtn`. info as INT GPTQ's: method,
@@ -97,8 +109,15 @@ def quantize_fp4_gptq(
 
     def fallback(reason: str, attempts: int, dead: int) -> Fp4Weight:
         w = quantize_fp4_rtn(weight, None, scheme, global_scale=gs)
-        w.info = {"method": "gptq", "damp": None, "attempts": attempts, "fallback": "rtn", "reason": reason,
-                  "dead_columns": dead, "loss": None}
+        w.info = {
+            "method": "gptq",
+            "damp": None,
+            "attempts": attempts,
+            "fallback": "rtn",
+            "reason": reason,
+            "dead_columns": dead,
+            "loss": None,
+        }
         return w
 
     p = prepare(weight, stats, scheme.act_order)
@@ -115,8 +134,15 @@ def quantize_fp4_gptq(
     solved = solve_columns(p, fp4_column, scheme)
     if isinstance(solved, str):
         return fallback(solved, scheme.damp_retries + 1, p.dead)
-    info = {"method": "gptq", "damp": solved.damp, "attempts": solved.attempts, "fallback": None, "reason": None,
-            "dead_columns": p.dead, "loss": solved.loss if math.isfinite(solved.loss) else None}
+    info = {
+        "method": "gptq",
+        "damp": solved.damp,
+        "attempts": solved.attempts,
+        "fallback": None,
+        "reason": None,
+        "dead_columns": p.dead,
+        "loss": solved.loss if math.isfinite(solved.loss) else None,
+    }
     return _weight(fp4.quantize_codes(solved.Q, eff), w_scale, gs, scheme, info)
 
 

@@ -41,7 +41,7 @@ class Fp4Weight:
 
     @property
     def fmt(self) -> str:
-        """"nvfp4" or "mxfp4", from the scale dtype."""
+        """ "nvfp4" or "mxfp4", from the scale dtype."""
         return "nvfp4" if self.w_scale.dtype == torch.float8_e4m3fn else "mxfp4"
 
     @property
@@ -70,5 +70,10 @@ class Fp4Weight:
     def to(self, device: torch.device | str) -> Fp4Weight:
         """A copy with every tensor on `device`."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return replace(self, codes=move(self.codes), w_scale=move(self.w_scale), global_scale=move(self.global_scale),
-                       input_global_scale=move(self.input_global_scale))
+        return replace(
+            self,
+            codes=move(self.codes),
+            w_scale=move(self.w_scale),
+            global_scale=move(self.global_scale),
+            input_global_scale=move(self.input_global_scale),
+        )

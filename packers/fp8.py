@@ -74,11 +74,16 @@ class Fp8Weight:
         """(N, K) weight in `dtype`: weight * scale."""
         return (self.weight.float() * self.scale_full()).to(dtype)
 
-    def to(self, device: torch.device | str) -> "Fp8Weight":
+    def to(self, device: torch.device | str) -> Fp8Weight:
         """A copy with every tensor on `device`."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return replace(self, weight=move(self.weight), weight_scale=move(self.weight_scale),
-                       input_scale=move(self.input_scale), clip_ratio=move(self.clip_ratio))
+        return replace(
+            self,
+            weight=move(self.weight),
+            weight_scale=move(self.weight_scale),
+            input_scale=move(self.input_scale),
+            clip_ratio=move(self.clip_ratio),
+        )
 
 
 def check_finite(weight: torch.Tensor, name: str) -> None:

@@ -134,7 +134,9 @@ def quantization_config(scheme: Fp8Scheme, fmt: str, ignore: Iterable[str]) -> d
 # ---------------------------------------------------------------- tensors
 
 
-def layer_tensors(name: str, w: Fp8Weight, fmt: str, scale_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def layer_tensors(
+    name: str, w: Fp8Weight, fmt: str, scale_dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The tensors of one quantized linear `name` (module path, no `.weight`).
 
     scale_dtype: compressed-tensors scales may be stored in the model dtype (llm-compressor

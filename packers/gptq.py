@@ -144,7 +144,7 @@ def solve_columns(p: Prepared, quantize_column: ColumnQuantizer, scheme: GPTQSch
     damp = scheme.damp
     Hinv = None
     attempts = 0
-    for attempts in range(1, scheme.damp_retries + 2):
+    for attempts in range(1, scheme.damp_retries + 2):  # noqa: B007 (read after the loop: Solved.attempts)
         Hinv = inverse_hessian_cholesky(H, damp)
         if Hinv is not None:
             break

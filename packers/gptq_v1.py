@@ -37,7 +37,9 @@ def check(scheme: QuantScheme, quantized: Mapping[str, QuantizedWeight]) -> None
         raise BadInput(f"bits={scheme.bits}: our GPTQ writer packs 2, 4 or 8 bits")
     for name, qw in quantized.items():
         if qw.zero is not None:
-            raise BadInput(f"{name}: asymmetric result cannot be written as GPTQ v1; use --format awq or compressed-tensors")
+            raise BadInput(
+                f"{name}: asymmetric result cannot be written as GPTQ v1; use --format awq or compressed-tensors"
+            )
         if (qw.shape[1] * qw.bits) % 32:
             raise BadInput(f"{name}: K={qw.shape[1]} input features do not fill whole int32 words")
 

@@ -70,11 +70,17 @@ class QuantizedWeight:
         s = self.scale.float()[:, g]  # (N, K)
         return ((self.q.float() - z) * s).to(dtype)
 
-    def to(self, device: torch.device | str) -> "QuantizedWeight":
+    def to(self, device: torch.device | str) -> QuantizedWeight:
         """A copy with every tensor on `device`."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return replace(self, q=move(self.q), scale=move(self.scale), zero=move(self.zero), g_idx=move(self.g_idx),
-                       input_scale=move(self.input_scale))
+        return replace(
+            self,
+            q=move(self.q),
+            scale=move(self.scale),
+            zero=move(self.zero),
+            g_idx=move(self.g_idx),
+            input_scale=move(self.input_scale),
+        )
 
     def validate(self) -> None:
         """Raise ValueError when fields disagree on shapes, dtypes or ranges."""

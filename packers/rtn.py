@@ -88,7 +88,9 @@ def quantize_rtn(
         raise ValueError(f"group size {g} does not divide K={k}")
     w = weight.float()
     if g_idx is None:
-        scale, zero = qparams(w.reshape(n, k // g, g), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype)  # (N, G)
+        scale, zero = qparams(
+            w.reshape(n, k // g, g), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype
+        )  # (N, G)
         cols = torch.arange(k, device=w.device) // g
     else:
         cols = g_idx.long()

@@ -29,8 +29,18 @@ from infer_tool.packers.safetensors_stream import DTYPE_OF_NAME, TensorSpec, rea
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 METADATA = {"format": "pt"}
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
@@ -68,7 +78,10 @@ def plan_shards(specs: Iterable[TensorSpec], max_shard_bytes: int) -> list[list[
 
 
 def write_shards(
-    directory: Path, specs: Iterable[TensorSpec], load: Callable[[str], torch.Tensor], max_shard_bytes: int,
+    directory: Path,
+    specs: Iterable[TensorSpec],
+    load: Callable[[str], torch.Tensor],
+    max_shard_bytes: int,
     total_parameters: int | None = None,
 ) -> list[str]:
     """Write the shards (and the index when there are several) into `directory`; returns the file names."""

@@ -55,8 +55,10 @@ class QuantScheme(Scheme):
         if not 2 <= self.bits <= 8:
             raise BadInput(f"bits={self.bits} is not supported; use 2..8 (4 for the INT4 formats)")
         if self.int8_activations not in INT8_ACTIVATIONS:
-            raise BadInput(f"int8 activations {self.int8_activations!r} are not supported; "
-                           f"use one of {', '.join(INT8_ACTIVATIONS)}")
+            raise BadInput(
+                f"int8 activations {self.int8_activations!r} are not supported; "
+                f"use one of {', '.join(INT8_ACTIVATIONS)}"
+            )
         if self.int8_activations != "none" and (self.bits, self.group_size, self.symmetric) != (8, -1, True):
             raise BadInput(
                 f"int8 activations (W8A8) need 8-bit symmetric per-channel weights (--bits 8 --group-size -1 "
@@ -64,8 +66,10 @@ class QuantScheme(Scheme):
                 f"{'sym' if self.symmetric else 'asym'}: vLLM's W8A8 kernels take no group or zero-point weights"
             )
         if self.smoothquant is not None and (isinstance(self.smoothquant, bool) or not 0.0 <= self.smoothquant <= 1.0):
-            raise BadInput(f"--smoothquant {self.smoothquant} is not supported; use a migration strength in [0, 1] "
-                           "such as 0.5 (the paper's) or 0.8 (llm-compressor's examples)")
+            raise BadInput(
+                f"--smoothquant {self.smoothquant} is not supported; use a migration strength in [0, 1] "
+                "such as 0.5 (the paper's) or 0.8 (llm-compressor's examples)"
+            )
         if self.scale_dtype not in SCALE_DTYPES:
             raise BadInput(f"scale dtype {self.scale_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
         if self.group_size != -1 and self.group_size <= 0:
@@ -76,7 +80,7 @@ class QuantScheme(Scheme):
 
     @property
     def kind(self) -> str:  # type: ignore[override]
-        """"w8a8" with int8 activations, else "int" (weights only)."""
+        """ "w8a8" with int8 activations, else "int" (weights only)."""
         return W8A8_KIND if self.int8_activations != "none" else "int"
 
     @property
@@ -184,8 +188,10 @@ class AWQScheme(QuantScheme):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.int8_activations != "none" or self.smoothquant is not None:
-            raise BadInput("int8 activations and --smoothquant go with --method gptq or rtn: AWQ searches its own "
-                           "scales for the weights alone")
+            raise BadInput(
+                "int8 activations and --smoothquant go with --method gptq or rtn: AWQ searches its own "
+                "scales for the weights alone"
+            )
         if self.grid < 1 or self.clip_grid < 1:
             raise BadInput(f"grid={self.grid}, clip_grid={self.clip_grid}: use at least 1 point")
         if self.search not in AWQ_SEARCHES:
@@ -259,11 +265,15 @@ class AutoRoundScheme(QuantScheme):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.int8_activations != "none" or self.smoothquant is not None:
-            raise BadInput("int8 activations and --smoothquant go with --method gptq or rtn: autoround learns the "
-                           "rounding of weight-only INT")
+            raise BadInput(
+                "int8 activations and --smoothquant go with --method gptq or rtn: autoround learns the "
+                "rounding of weight-only INT"
+            )
         if self.iters < 1:
-            raise BadInput(f"--iters {self.iters} is not supported; use 1 or more descent steps per block "
-                           "(0 steps is plain rounding: --method rtn)")
+            raise BadInput(
+                f"--iters {self.iters} is not supported; use 1 or more descent steps per block "
+                "(0 steps is plain rounding: --method rtn)"
+            )
         if self.lr is not None and not (self.lr > 0 and self.lr < float("inf")):
             raise BadInput(f"--lr {self.lr} is not supported; use a positive step size, e.g. 0.005 (default 1/iters)")
         if self.batch < 1:

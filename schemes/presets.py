@@ -83,7 +83,8 @@ PRESETS: tuple[Preset, ...] = (
         "FP8_BLOCK",
         "fp8",
         {"granularity": "block", "activations": "dynamic"},
-        "fp8 e4m3 weights per 128x128 block; fp8 activations dynamic (ours written per token, llm-compressor's per 128-channel group)",
+        "fp8 e4m3 weights per 128x128 block; fp8 activations dynamic "
+        "(ours written per token, llm-compressor's per 128-channel group)",
     ),
 )
 BY_NAME: dict[str, Preset] = {p.name.upper(): p for p in PRESETS}

@@ -78,7 +78,13 @@ from infer_tool.schemes.integer import AutoRoundScheme, AWQGPTQScheme, AWQScheme
 # The schemes `--method` offers, in the order error messages list them; a method's first
 # class is its default, the later ones other number formats of the same method (FP4).
 BUILTIN: tuple[type[Scheme], ...] = (
-    RTNScheme, GPTQScheme, AWQScheme, AWQGPTQScheme, AutoRoundScheme, Fp8Scheme, *FP4_SCHEMES
+    RTNScheme,
+    GPTQScheme,
+    AWQScheme,
+    AWQGPTQScheme,
+    AutoRoundScheme,
+    Fp8Scheme,
+    *FP4_SCHEMES,
 )
 CLASSES: dict[str, list[type[Scheme]]] = {}  # method -> its classes, the default first
 for _cls in BUILTIN:
@@ -95,8 +101,9 @@ def register_scheme(cls: type[Scheme]) -> type[Scheme]:
     if cls not in classes:
         for other in classes:
             if set(cls.option_names()) <= set(other.option_names()):
-                raise ValueError(f"method {cls.method!r} already has {other.__name__}, which takes every option of "
-                                 f"{cls.__name__}")
+                raise ValueError(
+                    f"method {cls.method!r} already has {other.__name__}, which takes every option of {cls.__name__}"
+                )
         classes.append(cls)
     SCHEMES.setdefault(cls.method, classes[0])
     return cls

@@ -124,16 +124,24 @@ class Planner:
     (else `dep.reserve_bytes`) is what the GPU keeps beside weights and KV cache;
     `weights_per_gpu` overrides an even split of `weight_bytes`."""
 
-    def __init__(self, shape: ModelShape, dep: Deployment, weight_bytes: int, *, reserve: int | None = None,
-                 weights_per_gpu: int | None = None) -> None:
+    def __init__(
+        self,
+        shape: ModelShape,
+        dep: Deployment,
+        weight_bytes: int,
+        *,
+        reserve: int | None = None,
+        weights_per_gpu: int | None = None,
+    ) -> None:
         validate(shape, dep)
         self.shape, self.dep = shape, dep
         self.reserve_bytes = dep.reserve_bytes if reserve is None else reserve
         if self.reserve_bytes is None:
             raise ValueError("Planner needs a reserve: Deployment.reserve_bytes or reserve=")
         self.stages = [shape.layers[a:b] for a, b in pp_stages(shape.num_layers, dep.pp)]
-        self.weight_bytes_per_gpu = weights_per_gpu if weights_per_gpu is not None else \
-            ceil_div(weight_bytes, dep.tp * dep.pp)
+        self.weight_bytes_per_gpu = (
+            weights_per_gpu if weights_per_gpu is not None else ceil_div(weight_bytes, dep.tp * dep.pp)
+        )
         # KV budget per GPU; <= 0 when the weights (and reserve) alone do not fit
         spare = dep.usable_bytes - self.weight_bytes_per_gpu - self.reserve_bytes
         if dep.kv_cache_memory_bytes is None:

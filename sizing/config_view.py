@@ -46,7 +46,15 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 # Families whose layer layout and parameter count this package knows (the rest are
 # sized as plain attention from their fields, with a note saying so).
 KNOWN_MODEL_TYPES = frozenset(FAMILY_DEFAULTS) | {
-    "gemma3", "gpt_neox", "gpt_bigcode", "opt", "bloom", "falcon", "phi", "phi3", "starcoder2",
+    "gemma3",
+    "gpt_neox",
+    "gpt_bigcode",
+    "opt",
+    "bloom",
+    "falcon",
+    "phi",
+    "phi3",
+    "starcoder2",
 }
 
 
@@ -93,8 +101,5 @@ class ConfigView:
     def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1) -> int:
         v = self.get(*keys, default=default)
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise BadInput(
-                f"{self.source}: config field '{keys[0]}' = {v!r}; expected an integer >= {minimum}"
-            )
+            raise BadInput(f"{self.source}: config field '{keys[0]}' = {v!r}; expected an integer >= {minimum}")
         return v
-

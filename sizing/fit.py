@@ -64,9 +64,18 @@ class Fit:
         if reserve is None:
             cc = gpu.compute_capability if gpu else ""
             self.profiles = [
-                vllm_memory.profile(shape, self.profile_engine(), self.policy, total=dep.gpu_memory_bytes,
-                                    mem_util=dep.mem_util, weights=weights, compute_capability=cc, tp=dep.tp,
-                                    layers=stage, last_stage=i == len(self.stages) - 1)
+                vllm_memory.profile(
+                    shape,
+                    self.profile_engine(),
+                    self.policy,
+                    total=dep.gpu_memory_bytes,
+                    mem_util=dep.mem_util,
+                    weights=weights,
+                    compute_capability=cc,
+                    tp=dep.tp,
+                    layers=stage,
+                    last_stage=i == len(self.stages) - 1,
+                )
                 for i, (stage, weights) in enumerate(zip(self.stages, self.stage_weights))
             ]
             reserve = max(p.overhead for p in self.profiles)
@@ -116,14 +125,20 @@ class Fit:
         s = self.shape
         attention = any(l.kind != STATE for l in s.layers)
         moe = s.forward is not None and s.forward.num_experts > 0
-        return self.policy.model_runner_v2(s.model_type, moe=moe, hybrid=attention and s.count(STATE) > 0,
-                                           attention_free=not attention)
+        return self.policy.model_runner_v2(
+            s.model_type, moe=moe, hybrid=attention and s.count(STATE) > 0, attention_free=not attention
+        )
 
     def profile_engine(self) -> vllm_memory.ProfileEngine:
         e = self.engine
-        return vllm_memory.ProfileEngine(self.max_num_batched_tokens(), self.max_num_seqs(), e.enforce_eager,
-                                         e.cudagraph_capture_sizes, e.max_cudagraph_capture_size,
-                                         self.model_runner_v2())
+        return vllm_memory.ProfileEngine(
+            self.max_num_batched_tokens(),
+            self.max_num_seqs(),
+            e.enforce_eager,
+            e.cudagraph_capture_sizes,
+            e.max_cudagraph_capture_size,
+            self.model_runner_v2(),
+        )
 
     def stage_budgets(self) -> list[int]:
         """KV-cache bytes each pipeline stage's workers have (vLLM sizes them apart)."""

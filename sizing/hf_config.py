@@ -155,9 +155,7 @@ def _layer_kinds(cfg: ConfigView, n_layers: int) -> list[str]:
             raise BadInput(f"{cfg.source}: layer_types must list {n_layers} entries (one per layer)")
         unknown = sorted({t for t in types if t not in _LAYER_TYPE_NAMES})
         if unknown:
-            raise BadInput(
-                f"{cfg.source}: unknown layer_types {unknown}; accepted: {sorted(_LAYER_TYPE_NAMES)}"
-            )
+            raise BadInput(f"{cfg.source}: unknown layer_types {unknown}; accepted: {sorted(_LAYER_TYPE_NAMES)}")
         return [_LAYER_TYPE_NAMES[t] for t in types]
     if cfg.model_type == "qwen3_next" or cfg.has("full_attention_interval"):
         k = cfg.int("full_attention_interval")
@@ -183,8 +181,10 @@ def _layer_kinds(cfg: ConfigView, n_layers: int) -> list[str]:
 def _layer_spec(cfg: ConfigView, kind: str, n_heads: int, hidden: int) -> LayerSpec:
     if kind in (FULL, SLIDING):
         head_dim = cfg.int("head_dim", default=0, minimum=0) or _even_split(cfg, hidden, n_heads)
-        kv_heads = 1 if cfg.get("multi_query", default=False) is True else cfg.int(
-            "num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads
+        kv_heads = (
+            1
+            if cfg.get("multi_query", default=False) is True
+            else cfg.int("num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
         )
         return LayerSpec(
             kind=kind,  # type: ignore[arg-type]
@@ -194,9 +194,7 @@ def _layer_spec(cfg: ConfigView, kind: str, n_heads: int, hidden: int) -> LayerS
             window=cfg.int("sliding_window") if kind == SLIDING else None,
         )
     if kind == MLA:
-        return LayerSpec(
-            kind=MLA, kv_lora_rank=cfg.int("kv_lora_rank"), qk_rope_head_dim=cfg.int("qk_rope_head_dim")
-        )
+        return LayerSpec(kind=MLA, kv_lora_rank=cfg.int("kv_lora_rank"), qk_rope_head_dim=cfg.int("qk_rope_head_dim"))
     return _state_spec(cfg, hidden)
 
 
@@ -246,4 +244,3 @@ def _even_split(cfg: ConfigView, hidden: int, n_heads: int) -> int:
             "the config needs an explicit 'head_dim'"
         )
     return hidden // n_heads
-

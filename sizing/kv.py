@@ -50,6 +50,7 @@ KV_DTYPES: dict[str, KvDtype] = {
     )
 }
 
+
 def kv_dtype(name: str) -> KvDtype:
     try:
         return KV_DTYPES[name.lower()]
@@ -80,8 +81,10 @@ def state_bytes(layer: LayerSpec, tp: int) -> int:
         return 0
     shards = min(tp, layer.state_shards)
     conv = layer.state_elements - layer.ssm_state_elements
-    return (ceil_div(conv, shards) * layer.conv_dtype_bytes
-            + ceil_div(layer.ssm_state_elements, shards) * layer.ssm_dtype_bytes)
+    return (
+        ceil_div(conv, shards) * layer.conv_dtype_bytes
+        + ceil_div(layer.ssm_state_elements, shards) * layer.ssm_dtype_bytes
+    )
 
 
 def held_blocks(layer: LayerSpec, context: int, block: int) -> int:

@@ -130,9 +130,10 @@ def is_moe_layer(cfg: ConfigView, i: int) -> bool:
     if cfg.has("num_local_experts"):  # Mixtral
         return True
     if cfg.has("num_experts"):  # Qwen MoE
-        return i not in (cfg.get("mlp_only_layers", default=[]) or []) and (i + 1) % cfg.int(
-            "decoder_sparse_step", default=1
-        ) == 0
+        return (
+            i not in (cfg.get("mlp_only_layers", default=[]) or [])
+            and (i + 1) % cfg.int("decoder_sparse_step", default=1) == 0
+        )
     return False
 
 

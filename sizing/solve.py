@@ -71,17 +71,37 @@ def splits(shape: ModelShape, num_gpus: int) -> list[tuple[int, int]]:
     return out
 
 
-def speed_of(shape: ModelShape, gpu: GpuPreset, target: Target, *, weights: str, kv: str, tp: int, pp: int,
-             dp: int, weight_total: int, spec: roofline.Speculation | None = None,
-             eff: roofline.Efficiency = roofline.Efficiency()) -> roofline.StepTimes | None:
+def speed_of(
+    shape: ModelShape,
+    gpu: GpuPreset,
+    target: Target,
+    *,
+    weights: str,
+    kv: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    weight_total: int,
+    spec: roofline.Speculation | None = None,
+    eff: roofline.Efficiency = roofline.Efficiency(),
+) -> roofline.StepTimes | None:
     """Step times at the target (None for a GPU without datasheet speed figures)."""
     if not gpu.has_speed:
         return None
     output = min(target.output_len, max(1, target.context - 1))
     prompt = target.prompt_len or max(1, target.context - output)
     work = roofline.Workload(prompt, output, ceil_div(target.concurrency, dp), spec)
-    return roofline.step_times(shape, roofline.Hardware.from_preset(gpu), work, weights=weights, kv=kv,
-                               tp=tp, pp=pp, weight_total=weight_total, eff=eff)
+    return roofline.step_times(
+        shape,
+        roofline.Hardware.from_preset(gpu),
+        work,
+        weights=weights,
+        kv=kv,
+        tp=tp,
+        pp=pp,
+        weight_total=weight_total,
+        eff=eff,
+    )
 
 
 def solve(
@@ -117,19 +137,38 @@ def solve(
                 for w in weight_dtypes:
                     total = weight_bytes(shape.params, w, group_size).total
                     for k in kv_dtypes:
-                        dep = replace(base, gpu_memory_bytes=gpu.total_bytes, num_gpus=n, tp=tp, pp=pp,
-                                      kv=kv_dtype(k), kv_cache_memory_bytes=None)
+                        dep = replace(
+                            base,
+                            gpu_memory_bytes=gpu.total_bytes,
+                            num_gpus=n,
+                            tp=tp,
+                            pp=pp,
+                            kv=kv_dtype(k),
+                            kv_cache_memory_bytes=None,
+                        )
                         fit = Fit(shape, dep, total, accounting=accounting, engine=engine, gpu=gpu)
                         if not fit.fits(target.context, target.concurrency):
                             continue
-                        speed = speed_of(shape, gpu, target, weights=w, kv=k, tp=tp, pp=pp, dp=dep.dp,
-                                         weight_total=total, spec=spec, eff=eff)
+                        speed = speed_of(
+                            shape,
+                            gpu,
+                            target,
+                            weights=w,
+                            kv=k,
+                            tp=tp,
+                            pp=pp,
+                            dp=dep.dp,
+                            weight_total=total,
+                            spec=spec,
+                            eff=eff,
+                        )
                         if target.max_tpot_s is not None and (speed is None or speed.tpot_s > target.max_tpot_s):
                             continue
                         if target.max_ttft_s is not None and (speed is None or speed.ttft_s > target.max_ttft_s):
                             continue
                         headroom = fit.headroom(target.context, target.concurrency)
-                        found.append(Candidate(gpu.key, n, tp, pp, w, k, headroom,
-                                               fit.max_concurrency(target.context), speed))
+                        found.append(
+                            Candidate(gpu.key, n, tp, pp, w, k, headroom, fit.max_concurrency(target.context), speed)
+                        )
     found.sort(key=lambda c: (c.num_gpus, -round(c.headroom, 3), c.speed.tpot_s if c.speed else float("inf")))
     return found[:limit]

@@ -11,10 +11,18 @@ from infer_tool.common.errors import BadInput
 _MEM_UNITS = {
     "": 2**30,  # a bare number is GiB
     "b": 1,
-    "k": 2**10, "kib": 2**10, "kb": 10**3,
-    "m": 2**20, "mib": 2**20, "mb": 10**6,
-    "g": 2**30, "gib": 2**30, "gb": 10**9,
-    "t": 2**40, "tib": 2**40, "tb": 10**12,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
 }
 _COUNT_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
 _MAX_ITEMS = 64

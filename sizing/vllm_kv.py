@@ -86,7 +86,6 @@ def serve_batch_defaults(gpu_memory_bytes: int, gpu_name: str) -> tuple[int, int
     return 2048, 256
 
 
-
 @dataclass(frozen=True)
 class Group:
     """Layers sharing one block table: their kind, window, block size and page."""
@@ -191,13 +190,10 @@ def layer_page(group: Group, layer: int, shape: ModelShape, kv: KvDtype, tp: int
 
 def bytes_per_block(lay: Layout, stage: range, shape: ModelShape, kv: KvDtype, tp: int) -> int:
     """Pool bytes one block id costs on a worker holding the layers in `stage`."""
-    return max(
-        sum(layer_page(g, i, shape, kv, tp) for i in g.layers if i in stage) for g in lay.groups
-    )
+    return max(sum(layer_page(g, i, shape, kv, tp) for i in g.layers if i in stage) for g in lay.groups)
 
 
-def num_blocks(lay: Layout, stages: list[range], available: list[int], shape: ModelShape, kv: KvDtype,
-               tp: int) -> int:
+def num_blocks(lay: Layout, stages: list[range], available: list[int], shape: ModelShape, kv: KvDtype, tp: int) -> int:
     """Blocks every worker can hold with `available[i]` bytes on stage i (the smallest
     count wins), 0 if none."""
     counts = [a // bytes_per_block(lay, s, shape, kv, tp) for s, a in zip(stages, available) if len(s)]
@@ -240,22 +236,36 @@ class Capacity:
     max_concurrency: int  # whole requests that fit in num_blocks - 1, with the shared prefix
 
     def fits(self, requests: int) -> bool:
-        return requests == 0 or self.shared_blocks + requests * (self.blocks_per_request - self.shared_blocks) <= self.num_blocks - 1
+        return (
+            requests == 0
+            or self.shared_blocks + requests * (self.blocks_per_request - self.shared_blocks) <= self.num_blocks - 1
+        )
 
 
 def capacity(
-    lay: Layout, blocks: int, max_model_len: int, *, in_flight: int, prefix_caching: bool, prefix: int = 0,
+    lay: Layout,
+    blocks: int,
+    max_model_len: int,
+    *,
+    in_flight: int,
+    prefix_caching: bool,
+    prefix: int = 0,
     tokens_per_concurrency: bool = True,
 ) -> Capacity:
     prefix = min(prefix, max_model_len - 1)  # a request owns at least its last token
     per_request = sum(group_blocks(g, max_model_len, in_flight, prefix_caching) for g in lay.groups)
-    shared = sum(min(shared_prefix_blocks(g, prefix), group_blocks(g, max_model_len, in_flight, prefix_caching))
-                 for g in lay.groups)
+    shared = sum(
+        min(shared_prefix_blocks(g, prefix), group_blocks(g, max_model_len, in_flight, prefix_caching))
+        for g in lay.groups
+    )
     log = blocks / per_request
     own = per_request - shared
     usable = blocks - 1 - shared
-    tokens = int(log * max_model_len) if tokens_per_concurrency else \
-        blocks // len(lay.groups) * min(g.block for g in lay.groups)
+    tokens = (
+        int(log * max_model_len)
+        if tokens_per_concurrency
+        else blocks // len(lay.groups) * min(g.block for g in lay.groups)
+    )
     return Capacity(
         num_blocks=blocks,
         blocks_per_request=per_request,

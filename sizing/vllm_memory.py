@@ -219,8 +219,9 @@ def forward_bytes(shape: ModelShape, tokens: int, layers: range, tp: int) -> int
     return tokens * layer_elements(shape, layers, tp) * ACT_BYTES
 
 
-def sampler_bytes(shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy,
-                  runner_v2: bool = False) -> int:
+def sampler_bytes(
+    shape: ModelShape, rows: int, tokens: int, tp: int, policy: VllmPolicy, runner_v2: bool = False
+) -> int:
     """`_dummy_sampler_run`'s peak over `rows` rows of logits, with the forward's hidden
     states still held by `profile_run`. V1 copies the logits to float32 and runs top-k /
     top-p; V2's dummy batch samples the logits as they are."""

@@ -48,9 +48,7 @@ class Acceptance:
     positions: int  # β values pooled
 
 
-def bootstrap_ci(
-    betas: list[torch.Tensor], n_boot: int, seed: int, level: float = 0.95
-) -> tuple[float, float]:
+def bootstrap_ci(betas: list[torch.Tensor], n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float]:
     """Percentile interval of the pooled mean β when prompts are resampled with
     replacement (a cluster bootstrap: positions of one prompt are not independent)."""
     sums = torch.tensor([float(b.sum()) for b in betas], dtype=torch.float64)

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -163,8 +164,15 @@ class CostTimer:
     so the models may be used for other work in between."""
 
     def __init__(
-        self, target: CachedLM, drafts: list[Draft], context: torch.Tensor, ms: list[int],
-        temperature: float, top_p: float, seed: int = 0, clock: Clock = time.perf_counter,
+        self,
+        target: CachedLM,
+        drafts: list[Draft],
+        context: torch.Tensor,
+        ms: list[int],
+        temperature: float,
+        top_p: float,
+        seed: int = 0,
+        clock: Clock = time.perf_counter,
     ):
         self.target, self.drafts, self.context, self.clock = target, drafts, context, clock
         self.temperature, self.top_p = temperature, top_p
@@ -204,12 +212,12 @@ class CostTimer:
             s = _seconds(self._plain_step, clock)
             self.steps += [s] if keep else []
             for m in self.ms:
-                s = _seconds(lambda: self._verify_step(m), clock)
+                s = _seconds(lambda m=m: self._verify_step(m), clock)
                 self.passes[m] += [s] if keep else []
             for d, samples in zip(self.drafts, self.proposals):
                 for key, n, behind in (("one", 1, 1), ("long", self.long, 1), ("catch_up", 1, 2)):
                     self._verify_step(1)  # leaves the machine as the loop's verify step does
-                    s = _seconds(lambda: self._propose(d, n, behind), clock)
+                    s = _seconds(lambda d=d, n=n, behind=behind: self._propose(d, n, behind), clock)
                     samples[key] += [s] if keep else []
 
     def result(self) -> tuple[TargetTimes, list[DraftTimes]]:

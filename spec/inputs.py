@@ -19,9 +19,10 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -180,9 +181,7 @@ def parse_draft(spec: str, allow_pickle: bool = False) -> DraftSpec:
     return DraftSpec(spec, "model")
 
 
-def make_draft(
-    spec: DraftSpec, target_model: Any, target_tok: Any, load: Callable[[str], Any]
-) -> tuple[Draft, int]:
+def make_draft(spec: DraftSpec, target_model: Any, target_tok: Any, load: Callable[[str], Any]) -> tuple[Draft, int]:
     """A draft from its parsed spec and the logit columns shared with the target.
 
     `load(spec) -> LoadedModel` loads a model draft (plain or quantized)."""

@@ -112,16 +112,27 @@ def _generator(seed: int, temperature: float) -> torch.Generator | None:
 
 
 def _k_result(
-    k: int, alpha: float, costs: RoundCosts, preds: list[Expectation], runs: list[SpecRun] | None,
-    plain_seconds: float, conts: list[torch.Tensor], temperature: float,
+    k: int,
+    alpha: float,
+    costs: RoundCosts,
+    preds: list[Expectation],
+    runs: list[SpecRun] | None,
+    plain_seconds: float,
+    conts: list[torch.Tensor],
+    temperature: float,
 ) -> KResult:
     a = alpha_prediction(alpha, k, costs)
     tokens = sum(e.tokens for e in preds)
     r = KResult(
-        k=k, verify_cost=a.verify_cost, draft_cost=a.draft_cost, cost_ratio=a.draft_cost / k,
+        k=k,
+        verify_cost=a.verify_cost,
+        draft_cost=a.draft_cost,
+        cost_ratio=a.draft_cost / k,
         predicted_tokens=tokens / sum(e.passes for e in preds),
         predicted_speedup=tokens / sum(e.cost for e in preds),
-        alpha_tokens=a.tokens, alpha_speedup=a.speedup, vllm_predicted=vllm_predicted(alpha, k),
+        alpha_tokens=a.tokens,
+        alpha_speedup=a.speedup,
+        vllm_predicted=vllm_predicted(alpha, k),
     )
     if runs is None:
         return r
@@ -147,8 +158,13 @@ class _Figures:
 
 
 def _categories(
-    categories: list[str | None], betas: list[torch.Tensor], ks: list[int], basis: str,
-    preds: dict[int, list[Expectation]], runs: dict[int, list[SpecRun]] | None, plain: list[float],
+    categories: list[str | None],
+    betas: list[torch.Tensor],
+    ks: list[int],
+    basis: str,
+    preds: dict[int, list[Expectation]],
+    runs: dict[int, list[SpecRun]] | None,
+    plain: list[float],
 ) -> list[CategoryResult]:
     """Per category: pooled α, and each k's speedup over the category's prompts."""
     out = []
@@ -160,10 +176,16 @@ def _categories(
             meas = sum(plain[i] for i in idx) / sum(runs[k][i].seconds for i in idx) if runs else None
             per_k.append(_Figures(k, pred, meas))
         b = best(per_k, basis)
-        out.append(CategoryResult(
-            category=cat, prompts=len(idx), alpha=float(torch.cat([betas[i] for i in idx]).double().mean()),
-            best_k=b.k, speedup=speedup_on(b, basis), predicted_speedup=b.predicted_speedup,
-        ))
+        out.append(
+            CategoryResult(
+                category=cat,
+                prompts=len(idx),
+                alpha=float(torch.cat([betas[i] for i in idx]).double().mean()),
+                best_k=b.k,
+                speedup=speedup_on(b, basis),
+                predicted_speedup=b.predicted_speedup,
+            )
+        )
     return out
 
 
@@ -239,7 +261,8 @@ def profile(
             for j, draft in enumerate(drafts):
                 for k in ks:
                     runs[j][k].append(
-                        speculative_decode(lm, draft, prompt, k, *args, _generator(seed + i, temperature), clock))
+                        speculative_decode(lm, draft, prompt, k, *args, _generator(seed + i, temperature), clock)
+                    )
                     done += 1
                     progress("speculative decode", done, total)
             after = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
@@ -261,22 +284,25 @@ def profile(
     for j, draft in enumerate(drafts):
         acceptance = summaries[j]
         per_k = [
-            _k_result(k, acceptance.alpha, costs[j], preds[j][k], runs[j][k] if runs else None,
-                      sum(plain), conts, temperature)
+            _k_result(
+                k, acceptance.alpha, costs[j], preds[j][k], runs[j][k] if runs else None, sum(plain), conts, temperature
+            )
             for k in ks
         ]
-        profiles.append(DraftProfile(
-            name=draft.name,
-            acceptance=acceptance,
-            cost_ratio=costs[j].draft(1, False),
-            cost_source="given" if cost_ratio is not None else "measured",
-            times=draft_times[j],
-            per_k=per_k,
-            best_k=best(per_k, basis).k,
-            slower_everywhere=all(speedup_on(r, basis) < 1.0 for r in per_k),
-            per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
-            round_acceptance=acc[j],
-        ))
+        profiles.append(
+            DraftProfile(
+                name=draft.name,
+                acceptance=acceptance,
+                cost_ratio=costs[j].draft(1, False),
+                cost_source="given" if cost_ratio is not None else "measured",
+                times=draft_times[j],
+                per_k=per_k,
+                best_k=best(per_k, basis).k,
+                slower_everywhere=all(speedup_on(r, basis) < 1.0 for r in per_k),
+                per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
+                round_acceptance=acc[j],
+            )
+        )
     return SpecProfile(
         target=target_name,
         target_step_ms=1000.0 * target_times.step_seconds,

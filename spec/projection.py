@@ -107,8 +107,11 @@ def _speedup(windows: list[list[list[float]]], k: int, costs: RooflineCosts) -> 
 
 
 def project(
-    req: ProjectionRequest, names: list[str], alphas: list[float],
-    round_acceptance: list[dict[int, list[list[list[float]]]]], ks: list[int],
+    req: ProjectionRequest,
+    names: list[str],
+    alphas: list[float],
+    round_acceptance: list[dict[int, list[list[list[float]]]]],
+    ks: list[int],
 ) -> Projection:
     """Per draft j (name, α, acceptance windows per k per prompt, as in
     `DraftProfile.round_acceptance`) and per concurrency: each k's projected speedup."""
@@ -119,20 +122,37 @@ def project(
     for t in req.batches:
         B, step = t.concurrency, t.step_s
         assert len(t.draft_s) == len(names) and max(ks) <= max(t.pass_s)
-        targets.append(TargetRow(B, 1e3 * step, t.bound, {k: t.pass_s[k] / step for k in ks},
-                                 {k: t.pass_bound[k] for k in ks}))
+        targets.append(
+            TargetRow(B, 1e3 * step, t.bound, {k: t.pass_s[k] / step for k in ks}, {k: t.pass_bound[k] for k in ks})
+        )
         for j, ((one, two), need) in enumerate(zip(t.draft_s, t.memory_bytes)):
             costs = RooflineCosts(step, t.pass_s, one, two)
             per_k = []
             for k in ks:
                 a = alpha_prediction(alphas[j], k, costs)
-                per_k.append(ProjectedK(k, a.verify_cost, a.draft_cost, a.draft_cost / k,
-                                        _speedup(round_acceptance[j][k], k, costs), a.speedup))
+                per_k.append(
+                    ProjectedK(
+                        k,
+                        a.verify_cost,
+                        a.draft_cost,
+                        a.draft_cost / k,
+                        _speedup(round_acceptance[j][k], k, costs),
+                        a.speedup,
+                    )
+                )
             top = best(per_k, "predicted")
-            drafts[j].rows.append(ProjectedRow(
-                B, 1e3 * one, per_k, top.k, top.predicted_speedup,
-                all(r.predicted_speedup < 1.0 for r in per_k), need, need <= t.usable_bytes,
-            ))
+            drafts[j].rows.append(
+                ProjectedRow(
+                    B,
+                    1e3 * one,
+                    per_k,
+                    top.k,
+                    top.predicted_speedup,
+                    all(r.predicted_speedup < 1.0 for r in per_k),
+                    need,
+                    need <= t.usable_bytes,
+                )
+            )
             if need > t.usable_bytes:
                 notes.append(
                     f"{names[j]} at concurrency {B}: target + draft need {need / 2**30:.1f} GiB of weights and KV "

@@ -75,9 +75,17 @@ def rank(drafts: list[Any], basis: str) -> list[dict[str, object]]:
             )
         if d.slower_everywhere:
             reason += f"; slower than plain decoding at every k tried ({basis})"
-        ranking.append({
-            "rank": i + 1, "name": d.name, "best_k": b.k, "basis": basis, "speedup": s,
-            "predicted_speedup": b.predicted_speedup, "measured_speedup": b.measured_speedup,
-            "slower_than_plain": d.slower_everywhere, "reason": reason,
-        })
+        ranking.append(
+            {
+                "rank": i + 1,
+                "name": d.name,
+                "best_k": b.k,
+                "basis": basis,
+                "speedup": s,
+                "predicted_speedup": b.predicted_speedup,
+                "measured_speedup": b.measured_speedup,
+                "slower_than_plain": d.slower_everywhere,
+                "reason": reason,
+            }
+        )
     return ranking

@@ -41,8 +41,10 @@ def _projected(doc: dict[str, Any], name: str, k: int) -> tuple[float, str] | No
     r = next(r for r in rows[0]["per_k"] if int(r["k"]) == k)
     best = ", ".join(f"{row['concurrency']}: k={row['best_k']}" for row in rows)
     gpu = proj["inputs"]["gpu"]
-    how = (f"from the report's roofline projection on {gpu} at concurrency {rows[0]['concurrency']}; "
-           f"that projection's best k per concurrency: {best}")
+    how = (
+        f"from the report's roofline projection on {gpu} at concurrency {rows[0]['concurrency']}; "
+        f"that projection's best k per concurrency: {best}"
+    )
     return float(r["cost_ratio"]), how
 
 
@@ -61,8 +63,11 @@ def from_report(path: str | Path) -> tuple[Speculation, str]:
         else:
             c = float(d["cost_ratio"])
             where = (doc.get("settings") or {}).get("device", "the profiling machine")
-            how = ("given with --cost-ratio" if d.get("cost_source") == "given" else
-                   f"measured on {where} in its target steps (profile with --gpu for a roofline c)")
+            how = (
+                "given with --cost-ratio"
+                if d.get("cost_source") == "given"
+                else f"measured on {where} in its target steps (profile with --gpu for a roofline c)"
+            )
         slower = bool(d.get("slower_than_plain", False))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadInput(f"--spec-profile {p}: cannot read ({e.__class__.__name__}: {e})") from None
@@ -72,8 +77,10 @@ def from_report(path: str | Path) -> tuple[Speculation, str]:
             f"alpha, best_k, cost_ratio; {e.__class__.__name__}: {e})"
         ) from None
     spec = Speculation(alpha, k, c)
-    note = (f"speculative decoding from --spec-profile: draft {name}, alpha {alpha:.3f}, k {k} (best by {basis} "
-            f"speedup), c {c:.3g} {how}")
+    note = (
+        f"speculative decoding from --spec-profile: draft {name}, alpha {alpha:.3f}, k {k} (best by {basis} "
+        f"speedup), c {c:.3g} {how}"
+    )
     if slower:
         note += f"; the report found this draft slower than plain decoding at every k ({basis})"
     return spec, note

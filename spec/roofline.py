@@ -79,11 +79,15 @@ def weights_of(config: dict[str, Any]) -> tuple[str, int]:
             return (fmt if any(inputs) else f"{fmt}a16"), int(w.get("group_size") or 16)
         bits, group = w.get("num_bits"), w.get("group_size") or -1
     else:
-        raise BadInput(f"quantization method {method!r} is not one the projection can size; accepted: "
-                       "compressed-tensors, gptq, awq, fp8")
+        raise BadInput(
+            f"quantization method {method!r} is not one the projection can size; accepted: "
+            "compressed-tensors, gptq, awq, fp8"
+        )
     if bits not in (4, 8) or not isinstance(group, int) or (group < 1 and group != -1):
-        raise BadInput(f"{method} checkpoint with bits {bits!r}, group size {group!r}: the projection sizes "
-                       "4- and 8-bit integer weights only")
+        raise BadInput(
+            f"{method} checkpoint with bits {bits!r}, group size {group!r}: the projection sizes "
+            "4- and 8-bit integer weights only"
+        )
     return ("int4" if bits == 4 else "int8"), group
 
 
@@ -131,8 +135,15 @@ def pass_times(model: ServedModel, serving: Serving, batch: int, q: int) -> tupl
     """(seconds, 'memory' or 'compute') of one pass of `model` over `batch` sequences of
     `q` new tokens each; the bound is the larger roofline term of that pass."""
     spec = None if q == 1 else Speculation(alpha=0.0, k=q - 1, cost_ratio=0.0)
-    t = step_times(model.shape, serving.hardware, Workload(serving.prompt_len, serving.output_len, batch, spec),
-                   weights=model.weights, kv=serving.kv, group_size=model.group_size, eff=serving.eff)
+    t = step_times(
+        model.shape,
+        serving.hardware,
+        Workload(serving.prompt_len, serving.output_len, batch, spec),
+        weights=model.weights,
+        kv=serving.kv,
+        group_size=model.group_size,
+        eff=serving.eff,
+    )
     if q == 1:
         return t.decode_step_s, t.bound
     # compute grows with q (q x the step's FLOPs); the weights and KV are read once
@@ -171,12 +182,21 @@ def batch_times(
     B = concurrency
     step, bound = pass_times(target, serving, B, 1)
     passes = {m: pass_times(target, serving, B, m + 1) for m in range(max_m + 1)}
-    draft_s = tuple((0.0, 0.0) if d is None else (pass_times(d, serving, B, 1)[0], pass_times(d, serving, B, 2)[0])
-                    for d in drafts)
+    draft_s = tuple(
+        (0.0, 0.0) if d is None else (pass_times(d, serving, B, 1)[0], pass_times(d, serving, B, 2)[0]) for d in drafts
+    )
     memory = tuple(memory_needed([target] + ([d] if d is not None else []), serving, B) for d in drafts)
     usable = int(serving.gpu.memory_bytes * DEFAULT_MEM_UTIL - DEFAULT_RESERVE_BYTES)
-    return BatchTimes(B, step, bound, {m: t for m, (t, _) in passes.items()}, {m: b for m, (_, b) in passes.items()},
-                      draft_s, memory, usable)
+    return BatchTimes(
+        B,
+        step,
+        bound,
+        {m: t for m, (t, _) in passes.items()},
+        {m: b for m, (_, b) in passes.items()},
+        draft_s,
+        memory,
+        usable,
+    )
 
 
 ASSUMPTIONS = (
@@ -191,16 +211,27 @@ def _model_inputs(m: ServedModel) -> dict[str, Any]:
     s = m.shape
     assert s.params is not None
     return {
-        "weights": m.weights, "group_size": m.group_size if m.weights == "int4" else None,
-        "weight_bytes": m.weight_bytes, "shares_target_weights": m.shares_weights,
-        "layers": s.num_layers, "hidden_size": s.hidden_size, "attention_heads": s.num_attention_heads,
-        "kv_heads": s.layers[0].kv_heads if s.layers else 0, "params": s.params.total,
-        "active_params": s.params.active, "source": s.source,
+        "weights": m.weights,
+        "group_size": m.group_size if m.weights == "int4" else None,
+        "weight_bytes": m.weight_bytes,
+        "shares_target_weights": m.shares_weights,
+        "layers": s.num_layers,
+        "hidden_size": s.hidden_size,
+        "attention_heads": s.num_attention_heads,
+        "kv_heads": s.layers[0].kv_heads if s.layers else 0,
+        "params": s.params.total,
+        "active_params": s.params.active,
+        "source": s.source,
     }
 
 
-def describe(serving: Serving, target: ServedModel, drafts: tuple[ServedModel | None, ...], names: list[str],
-             concurrencies: tuple[int, ...]) -> dict[str, Any]:
+def describe(
+    serving: Serving,
+    target: ServedModel,
+    drafts: tuple[ServedModel | None, ...],
+    names: list[str],
+    concurrencies: tuple[int, ...],
+) -> dict[str, Any]:
     """What a projection rests on, for its report: GPU figures, efficiencies, dtypes,
     model shapes, context, concurrencies and assumptions."""
     gpu = serving.gpu
@@ -208,9 +239,19 @@ def describe(serving: Serving, target: ServedModel, drafts: tuple[ServedModel | 
     for name, d in zip(names, drafts):
         models.append({"name": name, "role": "draft", **({"free": True} if d is None else _model_inputs(d))})
     return {
-        "gpu": gpu.key, "gpu_name": gpu.name, "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
-        "bf16_flops": gpu.bf16_flops, "fp8_flops": gpu.fp8_flops, "gpu_memory_bytes": gpu.memory_bytes,
-        "gpu_source": gpu.spec_source, "efficiency": asdict(serving.eff), "kv_dtype": serving.kv,
-        "prompt_len": serving.prompt_len, "output_len": serving.output_len, "mean_context": serving.context,
-        "concurrencies": list(concurrencies), "models": models, "assumptions": list(ASSUMPTIONS),
+        "gpu": gpu.key,
+        "gpu_name": gpu.name,
+        "hbm_bytes_per_s": gpu.hbm_bytes_per_s,
+        "bf16_flops": gpu.bf16_flops,
+        "fp8_flops": gpu.fp8_flops,
+        "gpu_memory_bytes": gpu.memory_bytes,
+        "gpu_source": gpu.spec_source,
+        "efficiency": asdict(serving.eff),
+        "kv_dtype": serving.kv,
+        "prompt_len": serving.prompt_len,
+        "output_len": serving.output_len,
+        "mean_context": serving.context,
+        "concurrencies": list(concurrencies),
+        "models": models,
+        "assumptions": list(ASSUMPTIONS),
     }

@@ -60,8 +60,13 @@ def cpu_info() -> dict[str, object]:
     if "flags" in fields:
         flags = set(fields["flags"].split())
     else:  # no /proc/cpuinfo: what torch can tell
-        probes = {"avx2": "_is_avx2_supported", "avx512f": "_is_avx512_supported", "avx512_bf16": "_is_avx512_bf16_supported",
-                  "amx_tile": "_is_amx_tile_supported", "amx_fp16": "_is_amx_fp16_supported"}
+        probes = {
+            "avx2": "_is_avx2_supported",
+            "avx512f": "_is_avx512_supported",
+            "avx512_bf16": "_is_avx512_bf16_supported",
+            "amx_tile": "_is_amx_tile_supported",
+            "amx_fp16": "_is_amx_fp16_supported",
+        }
         flags = {f for f, fn in probes.items() if getattr(torch.cpu, fn, lambda: False)()}
     return {
         "vendor": fields.get("vendor_id", platform.processor() or platform.machine()),
@@ -107,9 +112,11 @@ def fingerprint_id(fp: Mapping[str, object]) -> str:
 def describe(fp: Mapping[str, object]) -> str:
     cpu, build = fp["cpu"], fp["build"]
     env = " ".join(f"{k}={v}" for k, v in fp["env"].items())
-    return (f"{cpu['vendor']} {cpu['model_name']} (family {cpu['family']} model {cpu['model']}; {' '.join(cpu['isa'])}), "
-            f"torch {build['torch']} (MKL {build['mkl']}, oneDNN {build['onednn']}), capability "
-            f"{fp['cpu_capability']}, {fp['threads']} thread(s){', ' + env if env else ''}")
+    return (
+        f"{cpu['vendor']} {cpu['model_name']} (family {cpu['family']} model {cpu['model']}; {' '.join(cpu['isa'])}), "
+        f"torch {build['torch']} (MKL {build['mkl']}, oneDNN {build['onednn']}), capability "
+        f"{fp['cpu_capability']}, {fp['threads']} thread(s){', ' + env if env else ''}"
+    )
 
 
 # --- reading a checkpoint into the canonical form -----------------------------------------
@@ -153,13 +160,20 @@ def _linear_int4(method: str, t: dict[str, torch.Tensor], name: str) -> dict[str
             return out.reshape(words.shape[0], -1)
 
         codes = unpack(t.pop(f"{name}.qweight")).T.contiguous()
-        return {"q4": codes, "zero": unpack(t.pop(f"{name}.qzeros")).T.contiguous(),
-                "scale": t.pop(f"{name}.scales").float().T.contiguous()}
+        return {
+            "q4": codes,
+            "zero": unpack(t.pop(f"{name}.qzeros")).T.contiguous(),
+            "scale": t.pop(f"{name}.scales").float().T.contiguous(),
+        }
     if method == "gptq":  # qweight (K/8, N) along K; qzeros (K/g, N/8) along N storing zero - 1; g_idx (K,)
         codes = _nibbles(t.pop(f"{name}.qweight"), 0).T.contiguous()
         zero = ((_nibbles(t.pop(f"{name}.qzeros"), 1).to(torch.int16) + 1) & 0xF).to(torch.uint8)
-        return {"q4": codes, "zero": zero.T.contiguous(), "scale": t.pop(f"{name}.scales").float().T.contiguous(),
-                "g_idx": t.pop(f"{name}.g_idx").to(torch.int32)}
+        return {
+            "q4": codes,
+            "zero": zero.T.contiguous(),
+            "scale": t.pop(f"{name}.scales").float().T.contiguous(),
+            "g_idx": t.pop(f"{name}.g_idx").to(torch.int32),
+        }
     raise ValueError(f"{name}: unknown INT4 format {method!r}")
 
 
@@ -193,8 +207,10 @@ def extract(directory: Path, rows: int | None = None) -> dict[str, torch.Tensor]
     for key, v in t.items():
         out[key] = v.float() if v.is_floating_point() else v
     if rows is not None:
-        out = {k: v if k.endswith(":g_idx") or not v.dim() else v[:: max(1, -(-v.shape[0] // rows))]
-               for k, v in out.items()}
+        out = {
+            k: v if k.endswith(":g_idx") or not v.dim() else v[:: max(1, -(-v.shape[0] // rows))]
+            for k, v in out.items()
+        }
     return out
 
 
@@ -279,8 +295,12 @@ def differences(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor
             flips += int((a != b).sum())
             total += b.numel()
     rel = {k: (d / n) ** 0.5 if n else d**0.5 for k, (d, n) in sums.items()}
-    return {"code_flips": flips / max(total, 1), "scale_rel": rel["scale"], "weight_rel": rel["weight"],
-            "float_rel": float_rel}
+    return {
+        "code_flips": flips / max(total, 1),
+        "scale_rel": rel["scale"],
+        "weight_rel": rel["weight"],
+        "float_rel": float_rel,
+    }
 
 
 def exceeded(diff: Mapping[str, float], tolerances: Mapping[str, float] = TOLERANCES) -> list[str]:
@@ -320,7 +340,9 @@ def save_reference(path: Path, forms: Mapping[str, Mapping[str, torch.Tensor]]) 
         for name, t in sorted(forms[run].items()):
             q4 = name.endswith((":q4", ":zero"))
             data = _pack_q4(t) if q4 else t.contiguous()
-            key = hashlib.sha256(str((data.dtype, list(t.shape), q4)).encode() + data.numpy().tobytes()).hexdigest()[:20]
+            key = hashlib.sha256(str((data.dtype, list(t.shape), q4)).encode() + data.numpy().tobytes()).hexdigest()[
+                :20
+            ]
             stored.setdefault(key, data)
             index[run][name] = [key, list(t.shape), q4]
     blob = save(stored, metadata={"index": json.dumps(index, sort_keys=True)})
@@ -338,6 +360,7 @@ def load_reference(path: Path) -> dict[str, dict[str, torch.Tensor]]:
     stored = load(blob)
     header_len = int.from_bytes(blob[:8], "little")
     index = json.loads(json.loads(blob[8 : 8 + header_len])["__metadata__"]["index"])
-    return {run: {name: _unpack_q4(stored[key], shape) if q4 else stored[key] for name, (key, shape, q4) in parts.items()}
-            for run, parts in index.items()}
-
+    return {
+        run: {name: _unpack_q4(stored[key], shape) if q4 else stored[key] for name, (key, shape, q4) in parts.items()}
+        for run, parts in index.items()
+    }

@@ -8,8 +8,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from infer_tool.evals.kld import evaluate_kld
 from tiny import make_llama
+
+from infer_tool.evals.kld import evaluate_kld
 
 torch.manual_seed(0)
 model, reference = make_llama(300, seed=0), make_llama(300, seed=1)

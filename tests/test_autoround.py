@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_quantize_cli import one_thread, quantize, reference_model, run, tiny  # noqa: F401  (fixtures)
+from test_resume import _digests, _run, work  # noqa: F401  (the kill driver and its fixture)
 
 from infer_tool.packers.autoround import Grouped, Rounding, fake_quantize_rounding, quantize_rounding
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.registry import make_scheme
-
-from test_quantize_cli import one_thread, quantize, reference_model, run, tiny  # noqa: F401  (fixtures)
-from test_resume import _digests, _run, work  # noqa: F401  (the kill driver and its fixture)
 
 FEW = ("--method", "autoround", "--group-size", "32", "--iters", "8", "--batch", "2")
 
@@ -38,8 +37,9 @@ def test_the_starting_point_is_rtn_bit_for_bit(symmetric: bool, scale_dtype: str
     want = quantize_rtn(W, None, scheme)
     assert torch.equal(got.q, want.q) and torch.equal(got.scale, want.scale)
     assert (got.zero is None) == symmetric and (symmetric or torch.equal(got.zero, want.zero))
-    assert torch.equal(fake_quantize_rounding(Grouped.of(W, scheme), Rounding.initial(W.shape, 16), scheme),
-                       want.dequantize())
+    assert torch.equal(
+        fake_quantize_rounding(Grouped.of(W, scheme), Rounding.initial(W.shape, 16), scheme), want.dequantize()
+    )
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
@@ -106,8 +106,9 @@ def test_descent_lowers_every_block_loss_and_the_output_error(tiny: dict[str, Pa
     errors = {}
     for method, extra in (("autoround", {"iters": 30, "batch": 4}), ("rtn", {})):
         model = AutoModelForCausalLM.from_pretrained(tiny["model"], dtype=torch.float32).eval()
-        result = quantize_model(model, ids, make_scheme(method, group_size=32, symmetric=symmetric, **extra),
-                                device="cpu")
+        result = quantize_model(
+            model, ids, make_scheme(method, group_size=32, symmetric=symmetric, **extra), device="cpu"
+        )
         with torch.no_grad():
             errors[method] = float((model(held_out).logits - want).norm() / want.norm())
         if method == "autoround":
@@ -119,7 +120,10 @@ def test_descent_lowers_every_block_loss_and_the_output_error(tiny: dict[str, Pa
     assert errors["autoround"] < 0.9 * errors["rtn"], errors
 
 
-def test_symmetric_checkpoint_loads_in_transformers_as_our_dequantized_model(tiny: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_symmetric_checkpoint_loads_in_transformers_as_our_dequantized_model(
+    tiny: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "ckpt"
@@ -136,10 +140,15 @@ def test_symmetric_checkpoint_loads_in_transformers_as_our_dequantized_model(tin
     assert float((a - b).norm() / b.norm()) < 1e-4
 
 
-@pytest.mark.parametrize("fmt, sym", [("compressed-tensors", "--asym"), ("awq", "--asym"), ("awq", "--sym"),
-                                      ("gptq", "--sym")])
-def test_every_format_reads_back_to_the_pipeline_weights(tiny: dict[str, Path], tmp_path: Path, fmt: str,  # noqa: F811
-                                                         sym: str) -> None:
+@pytest.mark.parametrize(
+    "fmt, sym", [("compressed-tensors", "--asym"), ("awq", "--asym"), ("awq", "--sym"), ("gptq", "--sym")]
+)
+def test_every_format_reads_back_to_the_pipeline_weights(
+    tiny: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    fmt: str,
+    sym: str,
+) -> None:
     """The checkpoint read back by our reader equals the library pipeline's own result on the
     same calibration batch, code for code and scale for scale."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -155,7 +164,9 @@ def test_every_format_reads_back_to_the_pipeline_weights(tiny: dict[str, Path], 
     model = AutoModelForCausalLM.from_pretrained(tiny["model"], dtype=torch.float32).eval()
     ids = calibration_batch(AutoTokenizer.from_pretrained(tiny["model"]), str(tiny["calib"]), 4, 32, 0)
     scheme = make_scheme("autoround", group_size=32, iters=8, batch=2, symmetric=sym == "--sym")
-    result = quantize_model(model, ids, scheme.for_storage(get_format(fmt, "int").scale_dtype or "float32"), device="cpu")
+    result = quantize_model(
+        model, ids, scheme.for_storage(get_format(fmt, "int").scale_dtype or "float32"), device="cpu"
+    )
     assert sorted(read) == sorted(result.quantized)
     for name, qw in result.quantized.items():
         assert torch.equal(read[name].dequantize(), qw.dequantize()), name
@@ -174,7 +185,10 @@ def test_bad_input_exits_2_naming_why(tiny: dict[str, Path], tmp_path: Path) -> 
     (tmp_path / "stats").mkdir()
     (tmp_path / "stats" / "stats_index.json").write_text("{}")
     cases = [
-        (["--method", "autoround", "--stats", str(tmp_path / "stats")], "autoround tunes each block on its live inputs"),
+        (
+            ["--method", "autoround", "--stats", str(tmp_path / "stats")],
+            "autoround tunes each block on its live inputs",
+        ),
         (["--method", "autoround", "--iters", "0"], "--iters 0 is not supported"),
         (["--method", "autoround", "--lr", "-0.1"], "--lr -0.1 is not supported"),
         (["--method", "autoround", "--batch", "0"], "--batch 0 is not supported"),
@@ -191,11 +205,31 @@ def test_bad_input_exits_2_naming_why(tiny: dict[str, Path], tmp_path: Path) -> 
 def test_killed_run_resumes_to_the_same_bytes(work: Path) -> None:  # noqa: F811
     """The fp chain the descent trains toward is saved with the run's progress: a run killed
     after its second layer, resumed, writes the uninterrupted run's bytes."""
-    args = ["--calib", str(work / "calib.txt"), "--num-samples", "8", "--seq-len", "32", "--method", "autoround",
-            "--group-size", "32", "--iters", "6", "--batch", "2", "--no-progress", "--device", "cpu", "--json"]
+    args = [
+        "--calib",
+        str(work / "calib.txt"),
+        "--num-samples",
+        "8",
+        "--seq-len",
+        "32",
+        "--method",
+        "autoround",
+        "--group-size",
+        "32",
+        "--iters",
+        "6",
+        "--batch",
+        "2",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--json",
+    ]
     ref = _run(["quantize", str(work / "model"), "--out", str(work / "ar-ref"), *args])
     assert ref.returncode == 0, ref.stderr
-    killed = _run(["quantize", str(work / "model"), "--out", str(work / "ar"), *args], work / "driver.py", "after-layer", 2)
+    killed = _run(
+        ["quantize", str(work / "model"), "--out", str(work / "ar"), *args], work / "driver.py", "after-layer", 2
+    )
     assert killed.returncode == -9, killed.stderr
     resumed = _run(["quantize", str(work / "model"), "--out", str(work / "ar"), *args, "--resume"])
     assert resumed.returncode == 0, resumed.stderr

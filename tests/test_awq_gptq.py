@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_quantize_cli import one_thread, quantize, reference_model, tiny  # noqa: F401  (fixtures)
 
 from infer_tool.calib.quantizers import register_quantizer
 from infer_tool.calib.quantizers.awq import AWQQuantizer
@@ -18,8 +19,6 @@ from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQu
 from infer_tool.calib.quantizers.gptq import GPTQQuantizer
 from infer_tool.schemes.integer import AWQGPTQScheme, AWQScheme, GPTQScheme
 from infer_tool.schemes.registry import make_scheme
-
-from test_quantize_cli import one_thread, quantize, reference_model, tiny  # noqa: F401  (fixtures)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +34,12 @@ class ByHandQuantizer(LayerQuantizer[ByHand]):
         return dataclasses.replace(GPTQQuantizer().needs(GPTQScheme()), activation_stats=True, live_blocks=True)
 
     def quantize_layer(self, ctx: LayerContext, scheme: ByHand) -> LayerOutputs:
-        common = {"bits": scheme.bits, "group_size": scheme.group_size, "symmetric": scheme.symmetric,
-                  "scale_dtype": scheme.scale_dtype}
+        common = {
+            "bits": scheme.bits,
+            "group_size": scheme.group_size,
+            "symmetric": scheme.symmetric,
+            "scale_dtype": scheme.scale_dtype,
+        }
         Y = AWQQuantizer().search_and_fold(ctx, AWQScheme(**common, clip=False)).Y
         del ctx.result.expert_tokens[:]
         _, Y_hat = GPTQQuantizer().quantize_layer(ctx, GPTQScheme(**common))
@@ -63,7 +66,10 @@ def test_equals_awq_search_and_fold_then_gptq_by_hand(tiny: dict[str, Path], sym
 
     ids = batch(tiny)
     results = []
-    for scheme in (make_scheme("awq+gptq", group_size=32, symmetric=symmetric), ByHand(group_size=32, symmetric=symmetric)):
+    for scheme in (
+        make_scheme("awq+gptq", group_size=32, symmetric=symmetric),
+        ByHand(group_size=32, symmetric=symmetric),
+    ):
         model = fp_model(tiny)
         results.append((quantize_model(model, ids, scheme, device="cpu"), model.state_dict()))
     (a, state_a), (b, state_b) = results

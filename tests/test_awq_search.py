@@ -233,7 +233,9 @@ def test_fast_and_full_choose_the_same_scales(seed: int, symmetric: bool) -> Non
     assert full.summary()["fast_loss_excess"] == 0.0 and fast.summary()["fell_back"] is fast.fell_back
 
 
-TINY_TYPES = [t for t, a in ARCHITECTURES.items() if t != "gpt2" and a.moe is None]  # gpt2: Conv1D, no INT4 format; MoE: tests/test_moe*.py
+TINY_TYPES = [
+    t for t, a in ARCHITECTURES.items() if t != "gpt2" and a.moe is None
+]  # gpt2: Conv1D, no INT4 format; MoE: tests/test_moe*.py
 
 
 @pytest.mark.parametrize("model_type", TINY_TYPES)
@@ -292,7 +294,11 @@ def test_screen_attention_is_sdpa(model_type: str) -> None:
 
     from infer_tool.calib.quantizers.awq_screen import screen_attention_name
 
-    model = make_moe(model_type) if model_type in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3") else tiny_model(model_type)
+    model = (
+        make_moe(model_type)
+        if model_type in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+        else tiny_model(model_type)
+    )
     x = ids()
     mask = torch.ones_like(x)
     mask[0, :5] = 0  # left padding
@@ -301,8 +307,10 @@ def test_screen_attention_is_sdpa(model_type: str) -> None:
         model.config._attn_implementation = impl
         try:
             with torch.no_grad():
-                logits[impl] = [model(input_ids=x, use_cache=False).logits,
-                                model(input_ids=x, attention_mask=mask, use_cache=False).logits[:, 5:]]
+                logits[impl] = [
+                    model(input_ids=x, use_cache=False).logits,
+                    model(input_ids=x, attention_mask=mask, use_cache=False).logits[:, 5:],
+                ]
         except ValueError as e:  # gemma2's softcap: sdpa refuses it, and the screen hands it to sdpa
             errors[impl] = str(e)
     if errors:
@@ -327,15 +335,21 @@ def test_screen_block_runs_its_attention_as_screen_attention(monkeypatch) -> Non
     model.config._attn_implementation = "sdpa"
     attn = model.model.layers[0].self_attn
     h = torch.randn(3, 16, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    calls = [LayerCall((h[:2],), {"position_embeddings": model.model.rotary_emb(h, torch.arange(16)[None]),
-                                  "attention_mask": None}),
-             LayerCall((h[2:],), {"position_embeddings": model.model.rotary_emb(h, torch.arange(16)[None]),
-                                  "attention_mask": None})]
+    calls = [
+        LayerCall(
+            (h[:2],), {"position_embeddings": model.model.rotary_emb(h, torch.arange(16)[None]), "attention_mask": None}
+        ),
+        LayerCall(
+            (h[2:],), {"position_embeddings": model.model.rotary_emb(h, torch.arange(16)[None]), "attention_mask": None}
+        ),
+    ]
     balance = [attn.q_proj, attn.k_proj, attn.v_proj]
     forward = awq_screen.low_precision_block(attn, balance, calls, conv1d=False)
     seen = []
     name = awq_screen.screen_attention_name()
-    monkeypatch.setitem(AttentionInterface._global_mapping, name, lambda *a, **k: seen.append(1) or awq_screen.screen_attention(*a, **k))
+    monkeypatch.setitem(
+        AttentionInterface._global_mapping, name, lambda *a, **k: seen.append(1) or awq_screen.screen_attention(*a, **k)
+    )
     out = forward([b.weight.detach() for b in balance])
     assert len(seen) == 2 and model.config._attn_implementation == "sdpa"
     with torch.no_grad():
@@ -354,8 +368,9 @@ def test_gram_loss_screened_in_bfloat16_chooses_as_the_full_grid(seed: int, symm
     x[:, ::16] *= 10
     w = torch.randn(48, K, generator=gen)
     gram = (x.T @ x, T)
-    full = awq_search_scale(x.abs().mean(0), [w], None, None, AWQScheme(group_size=32, symmetric=symmetric, search="full"),
-                            gram=gram)
+    full = awq_search_scale(
+        x.abs().mean(0), [w], None, None, AWQScheme(group_size=32, symmetric=symmetric, search="full"), gram=gram
+    )
     scheme = AWQScheme(group_size=32, symmetric=symmetric, search="screen")
     fast = awq_search_scale(x.abs().mean(0), [w], None, None, scheme, gram=gram, gram_lo=gram[0].to(torch.bfloat16))
     assert fast.search == "screen" and fast.ratio == full.ratio and torch.equal(fast.scales, full.scales)

@@ -48,8 +48,11 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rng = random.Random(0)
     words = [f"w{i}" for i in range(90)]
     (root / "calib.txt").write_text(" ".join(rng.choice(words) for _ in range(40000)))
-    return {"model": save_tiny_llama(root / "model", seed=0), "moe": save_moe(root / "moe", "qwen2_moe", seed=0),
-            "calib": root / "calib.txt"}
+    return {
+        "model": save_tiny_llama(root / "model", seed=0),
+        "moe": save_moe(root / "moe", "qwen2_moe", seed=0),
+        "calib": root / "calib.txt",
+    }
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -62,8 +65,19 @@ def _two(args: list[str], **env: str) -> subprocess.CompletedProcess:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), INFER_TOOL, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        INFER_TOOL,
+        *args,
+    ]
     return subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=300)
 
 
@@ -99,8 +113,11 @@ def _same_files(a: Path, b: Path, skip: tuple[str, ...] = ()) -> None:
 @pytest.mark.parametrize("case", [*CASES, "moe-gptq-routed"])
 def test_two_processes_write_the_one_process_checkpoint(tiny, tmp_path, case):
     model = tiny["moe"] if case.startswith("moe") else tiny["model"]
-    extra = ("--method", "gptq", "--group-size", "32", "--moe-calibration", "routed", "--moe-min-tokens", "1") \
-        if case.startswith("moe") else CASES[case]
+    extra = (
+        ("--method", "gptq", "--group-size", "32", "--moe-calibration", "routed", "--moe-min-tokens", "1")
+        if case.startswith("moe")
+        else CASES[case]
+    )
     args = ["quantize", str(model), "--calib", str(tiny["calib"]), *CALIB, *extra]
     _one([*args, "--out", str(tmp_path / "one")])
     proc = _two([*args, "--out", str(tmp_path / "two"), "--json"])
@@ -131,8 +148,19 @@ def test_two_processes_calibrate_the_one_process_statistics(tiny, tmp_path):
 
 def test_a_failing_process_stops_every_process_and_writes_nothing(tiny, tmp_path):
     out = tmp_path / "out"
-    proc = _two(["quantize", str(tiny["model"]), "--calib", str(tiny["calib"]), *CALIB, *CASES["gptq-act-order"],
-                 "--out", str(out)], INFER_TOOL_TEST_FAIL_RANK="1")
+    proc = _two(
+        [
+            "quantize",
+            str(tiny["model"]),
+            "--calib",
+            str(tiny["calib"]),
+            *CALIB,
+            *CASES["gptq-act-order"],
+            "--out",
+            str(out),
+        ],
+        INFER_TOOL_TEST_FAIL_RANK="1",
+    )
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert ours[0] == "error: process 1 failed on purpose (INFER_TOOL_TEST_FAIL_RANK)", proc.stderr[-3000:]
@@ -150,8 +178,20 @@ def test_refusals_name_the_flag_and_the_process_count(tiny, tmp_path, monkeypatc
     monkeypatch.setenv("WORLD_SIZE", "2")  # refused by the option checks, before the process group is joined
     for flag in ("--eval", "--resume"):
         value = [str(tiny["calib"])] if flag == "--eval" else []
-        r = CliRunner().invoke(app, ["quantize", str(tiny["model"]), "--calib", str(tiny["calib"]), *CALIB,
-                                     flag, *value, "--out", str(tmp_path / "out")])
+        r = CliRunner().invoke(
+            app,
+            [
+                "quantize",
+                str(tiny["model"]),
+                "--calib",
+                str(tiny["calib"]),
+                *CALIB,
+                flag,
+                *value,
+                "--out",
+                str(tmp_path / "out"),
+            ],
+        )
         assert r.exit_code == 2, r.output
         assert f"{flag} does not work across 2 processes" in r.output
 
@@ -162,7 +202,9 @@ def test_every_split_gives_the_pairwise_sum_bits(n):
     order (what `TreeSum.total` exchanges), equals one process's stack, bit for bit; absent
     chunks (an expert routed nothing there) are exact zeros in both."""
     g = torch.Generator().manual_seed(n)
-    leaves = [None if i % 4 == 3 else (torch.randn(16, generator=g, dtype=torch.float64) * 10 ** (i % 5)) for i in range(n)]
+    leaves = [
+        None if i % 4 == 3 else (torch.randn(16, generator=g, dtype=torch.float64) * 10 ** (i % 5)) for i in range(n)
+    ]
 
     def stack_of(first: int, stop: int) -> list:
         stack: list = []

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from tiny import TEXT, make_llama, make_tokenizer
 from typer.testing import CliRunner
 
 from infer_tool.cli.app import app
@@ -14,7 +15,6 @@ from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Scheme, quantize_fp8_weight
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.registry import make_scheme
-from tiny import TEXT, make_llama, make_tokenizer
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -89,8 +89,24 @@ def test_eval_ppl_cli_on_our_checkpoint_reports_the_backend(tmp_path):
     model.save_pretrained(src, safe_serialization=True)
     out = write_checkpoint(model, quantized, "compressed-tensors", scheme, tmp_path / "q", src_dir=src)
     (tmp_path / "c.txt").write_text(TEXT)
-    r = CliRunner().invoke(app, ["eval", "ppl", str(out), "--baseline", str(src), "--data", str(tmp_path / "c.txt"),
-                                 "--seq-len", "64", "--json", "--no-progress", "--device", "cpu"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "ppl",
+            str(out),
+            "--baseline",
+            str(src),
+            "--data",
+            str(tmp_path / "c.txt"),
+            "--seq-len",
+            "64",
+            "--json",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert "reference" in doc["backend"] and "unquantized" in doc["baseline"]["backend"]

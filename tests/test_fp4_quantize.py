@@ -65,8 +65,19 @@ def runs(tmp_path_factory) -> dict:  # noqa: ANN001
     save_tiny_llama(root / "model", tie=False)
     out = {"root": root}
     for name, flags in RUNS.items():
-        code, text = invoke("quantize", root / "model", "--calib", root / "corpus.txt", "--out", root / name,
-                            "--eval", root / "corpus.txt", *EVAL, *TINY, *flags)
+        code, text = invoke(
+            "quantize",
+            root / "model",
+            "--calib",
+            root / "corpus.txt",
+            "--out",
+            root / name,
+            "--eval",
+            root / "corpus.txt",
+            *EVAL,
+            *TINY,
+            *flags,
+        )
         assert code == 0, text
         out[name] = json.loads(text)
     return out
@@ -85,9 +96,16 @@ def test_method_picks_the_fp4_class_with_the_int_methods_defaults() -> None:
     assert type(make_scheme("rtn", fp4="nvfp4")) is Fp4RTNScheme and type(make_scheme("rtn")) is RTNScheme
     gptq, awq = make_scheme("gptq", fp4="mxfp4"), make_scheme("awq", fp4_activations="fp4")
     assert type(gptq) is Fp4GPTQScheme and (gptq.damp, gptq.block_size, gptq.act_order) == (
-        GPTQScheme().damp, GPTQScheme().block_size, GPTQScheme().act_order)
+        GPTQScheme().damp,
+        GPTQScheme().block_size,
+        GPTQScheme().act_order,
+    )
     assert type(awq) is Fp4AWQScheme and (awq.fp4, awq.grid, awq.search, awq.clip) == (
-        "nvfp4", AWQScheme().grid, AWQScheme().search, AWQScheme().clip)
+        "nvfp4",
+        AWQScheme().grid,
+        AWQScheme().search,
+        AWQScheme().clip,
+    )
     assert FP4_GROUP_SIZE == GROUP_SIZE and gptq.group_size == 32 and awq.group_size == 16
     assert (make_scheme("rtn", fp4="nvfp4").preset, awq.preset, gptq.preset) == ("NVFP4A16", "NVFP4", "MXFP4A16")
     with pytest.raises(BadInput, match="damp=0 is not supported"):  # GPTQ's own check
@@ -96,21 +114,36 @@ def test_method_picks_the_fp4_class_with_the_int_methods_defaults() -> None:
         make_scheme("gptq", fp4="nvfp4", bits=4)
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (("--fp4", "nvfp4", "--group-size", "16"),
-     "--fp4 does not go with --group-size: they set two number formats of --method awq"),
-    (("--method", "fp8", "--fp4", "nvfp4"), "--fp4 does not apply to --method fp8 (only to --method awq / gptq / rtn)"),
-    (("--fp4", "nvfp8"), "--fp4 'nvfp8' is not supported; use one of nvfp4, mxfp4"),
-    (("--fp4", "nvfp4", "--fp4-activations", "fp8"), "--fp4-activations 'fp8' is not supported; use none"),
-    (("--fp4", "nvfp4", "--fp4-observer", "percentile"),
-     "--fp4-observer 'percentile' is not supported; use one of minmax, mse"),
-    (("--fp4", "mxfp4", "--format", "awq"),
-     "format 'awq' is not supported for fp4 weights; use one of compressed-tensors"),
-    (("--fp4", "nvfp4", "--format", "fp8"),
-     "format 'fp8' is not supported for fp4 weights; use one of compressed-tensors"),
-])
-def test_bad_fp4_options_exit_2_in_one_line_before_any_work(tmp_path: Path, flags: tuple[str, ...],
-                                                            message: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ("--fp4", "nvfp4", "--group-size", "16"),
+            "--fp4 does not go with --group-size: they set two number formats of --method awq",
+        ),
+        (
+            ("--method", "fp8", "--fp4", "nvfp4"),
+            "--fp4 does not apply to --method fp8 (only to --method awq / gptq / rtn)",
+        ),
+        (("--fp4", "nvfp8"), "--fp4 'nvfp8' is not supported; use one of nvfp4, mxfp4"),
+        (("--fp4", "nvfp4", "--fp4-activations", "fp8"), "--fp4-activations 'fp8' is not supported; use none"),
+        (
+            ("--fp4", "nvfp4", "--fp4-observer", "percentile"),
+            "--fp4-observer 'percentile' is not supported; use one of minmax, mse",
+        ),
+        (
+            ("--fp4", "mxfp4", "--format", "awq"),
+            "format 'awq' is not supported for fp4 weights; use one of compressed-tensors",
+        ),
+        (
+            ("--fp4", "nvfp4", "--format", "fp8"),
+            "format 'fp8' is not supported for fp4 weights; use one of compressed-tensors",
+        ),
+    ],
+)
+def test_bad_fp4_options_exit_2_in_one_line_before_any_work(
+    tmp_path: Path, flags: tuple[str, ...], message: str
+) -> None:
     code, text = invoke("quantize", tmp_path / "no-model", "--out", tmp_path / "out", *flags)
     assert code == 2 and message in text and "Traceback" not in text
     assert not (tmp_path / "out").exists()
@@ -121,8 +154,9 @@ def test_k_not_a_multiple_of_the_group_is_refused(tmp_path: Path) -> None:
     (tmp_path / "corpus.txt").write_text(TEXT)
     save_tiny_llama(tmp_path / "model", hidden=40)
     for f, g in (("nvfp4", 16), ("mxfp4", 32)):
-        code, text = invoke("quantize", tmp_path / "model", "--calib", tmp_path / "corpus.txt", "--out", tmp_path / f,
-                            "--fp4", f, *TINY)
+        code, text = invoke(
+            "quantize", tmp_path / "model", "--calib", tmp_path / "corpus.txt", "--out", tmp_path / f, "--fp4", f, *TINY
+        )
         assert code == 2 and f"{f} scales groups of {g} input features, which do not divide those of" in text
         assert "(K=40)" in text and "Traceback" not in text and not (tmp_path / f).exists()
 
@@ -245,8 +279,9 @@ def test_awq_searches_scored_by_fp4_beat_rtn_on_salient_channels(fmt: str, margi
     X = _outlier_channels(1024, 256, seed=5)
     scheme = Fp4AWQScheme(fp4=fmt, search="full")
     ref = X @ W.T
-    found = awq_search_scale(X.abs().mean(0), [W], lambda eff: X @ eff[0].T, ref, scheme,
-                             qdq=lambda ws: fake_quantize_shards(ws, scheme))
+    found = awq_search_scale(
+        X.abs().mean(0), [W], lambda eff: X @ eff[0].T, ref, scheme, qdq=lambda ws: fake_quantize_shards(ws, scheme)
+    )
     assert found.best_loss < found.rtn_loss
     Ws, Xs = W * found.scales, X / found.scales
     gs = fp4.nvfp4_fused_global_scale(Ws) if fmt == "nvfp4" else None
@@ -276,8 +311,9 @@ def test_checkpoint_layout_and_config_are_llm_compressors(runs: dict, name: str)
     assert qc["format"] == group["format"] == f"{fmt}-pack-quantized" and qc["ignore"] == ["lm_head"]
     w = group["weights"]
     assert (w["type"], w["num_bits"], w["group_size"], w["symmetric"], w["dynamic"]) == ("float", 4, g, True, False)
-    assert (w["strategy"], w["scale_dtype"]) == (("tensor_group", "torch.float8_e4m3fn") if fmt == "nvfp4"
-                                                 else ("group", "torch.uint8"))
+    assert (w["strategy"], w["scale_dtype"]) == (
+        ("tensor_group", "torch.float8_e4m3fn") if fmt == "nvfp4" else ("group", "torch.uint8")
+    )
     assert w["actorder"] == ("static" if name.startswith("gptq") else None)
     assert w["observer"] == ("memoryless_mse" if name.endswith("mse") else "memoryless_minmax")
     inputs = group["input_activations"]
@@ -295,8 +331,9 @@ def test_checkpoint_layout_and_config_are_llm_compressors(runs: dict, name: str)
         assert (f"{n}.input_global_scale" in t) == (w4a4 and fmt == "nvfp4")
 
 
-@pytest.mark.parametrize("name,weights", [("rtn-nvfp4-a16", "nvfp4a16"), ("rtn-nvfp4-w4a4", "nvfp4"),
-                                          ("gptq-mxfp4-w4a4-mse", "mxfp4")])
+@pytest.mark.parametrize(
+    "name,weights", [("rtn-nvfp4-a16", "nvfp4a16"), ("rtn-nvfp4-w4a4", "nvfp4"), ("gptq-mxfp4-w4a4-mse", "mxfp4")]
+)
 def test_kv_budget_weights_count_the_checkpoints_real_bytes(runs: dict, name: str, weights: str) -> None:
     """`kv-budget --weights nvfp4|nvfp4a16|mxfp4` (an estimate from config.json) counts exactly the
     bytes the checkpoint's quantized linears hold on disk (values, group scales, global and input
@@ -323,8 +360,9 @@ def test_kv_budget_weights_count_the_checkpoints_real_bytes(runs: dict, name: st
 def _fused(names: list[str]) -> list[list[str]]:
     """q/k/v and gate/up of each layer (dense)."""
     layers = sorted({n.rsplit(".", 2)[0] for n in names})
-    return [[f"{p}.self_attn.{x}" for x in QKV] for p in layers] + [[f"{p}.mlp.{x}" for x in ("gate_proj", "up_proj")]
-                                                                  for p in layers]
+    return [[f"{p}.self_attn.{x}" for x in QKV] for p in layers] + [
+        [f"{p}.mlp.{x}" for x in ("gate_proj", "up_proj")] for p in layers
+    ]
 
 
 @pytest.mark.parametrize("name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4", "awq-nvfp4-a16"])
@@ -378,11 +416,24 @@ def test_eval_ppl_of_the_checkpoint_is_the_quantizers_own(runs: dict, name: str)
     """`eval ppl` (Fp4Linear, W4A4 inputs quantized as vLLM's emulation) = `--eval`'s ppl of the
     in-memory model (the solver's weights, the same activation rule), to fp32 summation order."""
     root = runs["root"]
-    code, text = invoke("eval", "ppl", root / name, "--data", root / "corpus.txt", "--max-tokens", "256",
-                        "--seq-len", "64", "--json", "--no-progress", "--device", "cpu")
+    code, text = invoke(
+        "eval",
+        "ppl",
+        root / name,
+        "--data",
+        root / "corpus.txt",
+        "--max-tokens",
+        "256",
+        "--seq-len",
+        "64",
+        "--json",
+        "--no-progress",
+        "--device",
+        "cpu",
+    )
     assert code == 0, text
     assert json.loads(text)["ppl"] == pytest.approx(runs[name]["eval"]["ppl_after"], rel=1e-6)
-    assert ("vLLM 0.32's CPU emulation" in runs[name]["eval"]["evaluated"])
+    assert "vLLM 0.32's CPU emulation" in runs[name]["eval"]["evaluated"]
 
 
 @pytest.mark.parametrize("name", ["rtn-nvfp4-a16", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "gptq-mxfp4-w4a4-mse"])
@@ -407,6 +458,7 @@ def test_transformers_with_compressed_tensors_gives_our_logits(runs: dict, name:
         m.weight.data = w.dequantize(torch.bfloat16)
         if w.activations == "fp4":
             if w.fmt == "nvfp4":
+
                 def quant(x, igs=w.input_global_scale):
                     return fp4.nvfp4_fake_quantize_input(x, igs, rule="compressed-tensors")
             else:
@@ -422,11 +474,37 @@ def test_w4a4_from_saved_statistics_and_statistics_without_ranges(runs: dict, tm
     """--stats: the input global scales come from the saved max |x| (exactly); a statistics
     directory whose layers lack it is refused before any work (exit 2, one line)."""
     root = runs["root"]
-    code, text = invoke("calibrate", root / "model", "--calib", root / "corpus.txt", "--out", tmp_path / "stats",
-                        "--num-samples", "8", "--seq-len", "32", "--no-progress", "--device", "cpu")
+    code, text = invoke(
+        "calibrate",
+        root / "model",
+        "--calib",
+        root / "corpus.txt",
+        "--out",
+        tmp_path / "stats",
+        "--num-samples",
+        "8",
+        "--seq-len",
+        "32",
+        "--no-progress",
+        "--device",
+        "cpu",
+    )
     assert code == 0, text
-    code, text = invoke("quantize", root / "model", "--stats", tmp_path / "stats", "--out", tmp_path / "q", *TINY,
-                        "--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4")
+    code, text = invoke(
+        "quantize",
+        root / "model",
+        "--stats",
+        tmp_path / "stats",
+        "--out",
+        tmp_path / "q",
+        *TINY,
+        "--method",
+        "gptq",
+        "--fp4",
+        "nvfp4",
+        "--fp4-activations",
+        "fp4",
+    )
     assert code == 0, text
     index = json.loads((tmp_path / "stats" / "stats_index.json").read_text())
     t = tensors(tmp_path / "q")
@@ -435,8 +513,21 @@ def test_w4a4_from_saved_statistics_and_statistics_without_ranges(runs: dict, tm
         assert torch.equal(t[f"{n}.input_global_scale"], expect), n
     del index["layers"]["model.layers.1.mlp.down_proj"]["act_abs_max"]
     (tmp_path / "stats" / "stats_index.json").write_text(json.dumps(index))
-    code, text = invoke("quantize", root / "model", "--stats", tmp_path / "stats", "--out", tmp_path / "q2", *TINY,
-                        "--method", "rtn", "--fp4", "nvfp4", "--fp4-activations", "fp4")
+    code, text = invoke(
+        "quantize",
+        root / "model",
+        "--stats",
+        tmp_path / "stats",
+        "--out",
+        tmp_path / "q2",
+        *TINY,
+        "--method",
+        "rtn",
+        "--fp4",
+        "nvfp4",
+        "--fp4-activations",
+        "fp4",
+    )
     assert code == 2 and "have no activation range" in text and "model.layers.1.mlp.down_proj" in text
     assert len(text.strip().splitlines()) == 1 and not (tmp_path / "q2").exists()
 
@@ -449,13 +540,41 @@ def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: 
     equals `--eval`'s."""
     (tmp_path / "corpus.txt").write_text(TEXT * 4)
     save_moe(tmp_path / "moe", "qwen2_moe")
-    code, text = invoke("quantize", tmp_path / "moe", "--calib", tmp_path / "corpus.txt", "--out", tmp_path / "q",
-                        "--eval", tmp_path / "corpus.txt", *EVAL, *TINY,
-                        "--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4")
+    code, text = invoke(
+        "quantize",
+        tmp_path / "moe",
+        "--calib",
+        tmp_path / "corpus.txt",
+        "--out",
+        tmp_path / "q",
+        "--eval",
+        tmp_path / "corpus.txt",
+        *EVAL,
+        *TINY,
+        "--method",
+        "gptq",
+        "--fp4",
+        "nvfp4",
+        "--fp4-activations",
+        "fp4",
+    )
     assert code == 0, text
     ppl = json.loads(text)["eval"]["ppl_after"]
-    code, text = invoke("eval", "ppl", tmp_path / "q", "--data", tmp_path / "corpus.txt", "--max-tokens", "256",
-                        "--seq-len", "64", "--json", "--no-progress", "--device", "cpu")
+    code, text = invoke(
+        "eval",
+        "ppl",
+        tmp_path / "q",
+        "--data",
+        tmp_path / "corpus.txt",
+        "--max-tokens",
+        "256",
+        "--seq-len",
+        "64",
+        "--json",
+        "--no-progress",
+        "--device",
+        "cpu",
+    )
     assert code == 0 and json.loads(text)["ppl"] == pytest.approx(ppl, rel=1e-6), text  # our loader reads every expert
     t = tensors(tmp_path / "q")
     ignore = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["ignore"]
@@ -466,8 +585,10 @@ def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: 
         gate, up, down = (f"{e}.{p}" for p in ("gate_proj", "up_proj", "down_proj"))
         assert torch.equal(t[f"{gate}.weight_global_scale"], t[f"{up}.weight_global_scale"])
         w1 = t[f"{gate}.weight_global_scale"]
-        assert torch.equal(fp4.effective_scale(t[f"{up}.weight_scale"], w1),
-                           fp4.effective_scale(t[f"{up}.weight_scale"], t[f"{up}.weight_global_scale"]))
+        assert torch.equal(
+            fp4.effective_scale(t[f"{up}.weight_scale"], w1),
+            fp4.effective_scale(t[f"{up}.weight_scale"], t[f"{up}.weight_global_scale"]),
+        )
         assert f"{down}.weight_global_scale" in t
     for layer in range(2):
         mine = [e for e in experts if e.startswith(f"model.layers.{layer}.")]

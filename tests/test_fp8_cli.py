@@ -45,7 +45,9 @@ def quantize(tiny: dict[str, Path], out: Path, *extra: Any) -> Any:
         (("--format", "awq"), "compressed-tensors, fp8"),
     ],
 )
-def test_refused_combinations_exit_2_before_work(tiny: dict[str, Path], tmp_path: Path, extra: tuple[str, ...], message: str) -> None:
+def test_refused_combinations_exit_2_before_work(
+    tiny: dict[str, Path], tmp_path: Path, extra: tuple[str, ...], message: str
+) -> None:
     r = quantize(tiny, tmp_path / "out", *extra)
     assert r.exit_code == 2, r.output
     assert message in r.stderr.replace("\n", " ")
@@ -67,19 +69,37 @@ def test_static_kv_checkpoint_loads_and_reports(tiny: dict[str, Path], tmp_path:
     from infer_tool.packers.checkpoint import read_checkpoint
 
     out = tmp_path / "ckpt"
-    r = quantize(tiny, out, "--fp8-granularity", "tensor", "--fp8-activations", "static", "--kv-cache", "fp8",
-                 "--eval", tiny["calib"], "--eval-seq-len", "64", "--eval-tokens", "256", "--json")
+    r = quantize(
+        tiny,
+        out,
+        "--fp8-granularity",
+        "tensor",
+        "--fp8-activations",
+        "static",
+        "--kv-cache",
+        "fp8",
+        "--eval",
+        tiny["calib"],
+        "--eval-seq-len",
+        "64",
+        "--eval-tokens",
+        "256",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["method"] == "fp8" and report["scheme"]["granularity"] == "tensor"
     assert report["quantized_layers"] == 14 and set(report["kv_cache_scales"]) == {
-        "model.layers.0.self_attn", "model.layers.1.self_attn"}
+        "model.layers.0.self_attn",
+        "model.layers.1.self_attn",
+    }
     assert report["eval"]["ppl_after"] > 0 and "Fp8Linear" in report["eval"]["evaluated"]
     config, layers, rest = read_checkpoint(out)
     qcfg = config["quantization_config"]
     assert qcfg["format"] == "float-quantized" and qcfg["kv_cache_scheme"]["strategy"] == "tensor"
     assert float(rest["model.layers.1.self_attn.k_scale"]) == pytest.approx(
-        report["kv_cache_scales"]["model.layers.1.self_attn"]["k_scale"])
+        report["kv_cache_scales"]["model.layers.1.self_attn"]["k_scale"]
+    )
     assert all(w.input_scale is not None for w in layers.values())
     # two independent W8A8 implementations agree: compressed-tensors inside transformers, and
     # eval ppl's loader (kernels' Fp8Linear, torch reference on CPU); neither applies the KV
@@ -118,8 +138,12 @@ def test_native_block_checkpoint(tiny: dict[str, Path], tmp_path: Path) -> None:
     r = quantize(tiny, out, "--fp8-granularity", "block", "--format", "fp8")
     assert r.exit_code == 0, r.output
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
-    assert cfg == {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
-                   "ignored_layers": ["lm_head"]}
+    assert cfg == {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "ignored_layers": ["lm_head"],
+    }
     assert "fp8 e4m3 block weights 128x128, dynamic activations" in r.stdout.replace("\n", " ")
     report = json.loads((out / "quantize_report.json").read_text())
     assert any("not multiples of 128x128" in n for n in report["notes"])  # the tiny model's 64x64 layers

@@ -141,7 +141,10 @@ def test_compressed_tensors_checkpoint_loads_in_transformers(
     # our reader returns the same bytes and scales
     from safetensors.torch import load_file
 
-    back = read_fp8_layers(load_file(str(tmp_path / "model.safetensors")), json.loads((tmp_path / "config.json").read_text())["quantization_config"])
+    back = read_fp8_layers(
+        load_file(str(tmp_path / "model.safetensors")),
+        json.loads((tmp_path / "config.json").read_text())["quantization_config"],
+    )
     assert set(back) == set(layers)
     for n, w in layers.items():
         assert torch.equal(back[n].weight.view(torch.uint8), w.weight.view(torch.uint8))
@@ -153,7 +156,9 @@ def test_compressed_tensors_config_parses_with_its_own_parser() -> None:
     from compressed_tensors.quantization import QuantizationConfig
 
     for g, a in (("tensor", "static"), ("channel", "dynamic"), ("block", "dynamic")):
-        cfg = quantization_config(Fp8Scheme(granularity=g, activations=a, kv_cache="fp8"), "compressed-tensors", ["lm_head"])
+        cfg = quantization_config(
+            Fp8Scheme(granularity=g, activations=a, kv_cache="fp8"), "compressed-tensors", ["lm_head"]
+        )
         parsed = QuantizationConfig.model_validate(cfg)
         w = parsed.config_groups["group_0"].weights
         assert (w.type, w.num_bits, w.strategy, w.dynamic) == ("float", 8, g, False)
@@ -211,9 +216,16 @@ def test_native_per_tensor_names_and_refusals(tiny: Any) -> None:
     assert t["model.layers.0.self_attn.q_proj.weight_scale"].shape == ()
     assert float(t["model.layers.0.self_attn.q_proj.input_scale"]) == pytest.approx(ACT_MAX / 448)
     cfg = quantization_config(scheme, "fp8", ["lm_head"])
-    assert cfg == {"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": None, "ignored_layers": ["lm_head"]}
+    assert cfg == {
+        "quant_method": "fp8",
+        "activation_scheme": "static",
+        "weight_block_size": None,
+        "ignored_layers": ["lm_head"],
+    }
     back = read_fp8_layers(fp8_state_dict(tiny.state_dict(), layers, "fp8"), cfg)
-    assert torch.equal(back["model.layers.1.mlp.down_proj"].dequantize(), layers["model.layers.1.mlp.down_proj"].dequantize())
+    assert torch.equal(
+        back["model.layers.1.mlp.down_proj"].dequantize(), layers["model.layers.1.mlp.down_proj"].dequantize()
+    )
     with pytest.raises(BadInput, match="only by --format compressed-tensors"):
         quantization_config(Fp8Scheme(granularity="channel"), "fp8", [])
     with pytest.raises(BadInput, match="compressed-tensors, fp8"):

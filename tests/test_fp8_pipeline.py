@@ -19,8 +19,8 @@ from infer_tool.calib.pipeline import quantize_model
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
 from infer_tool.packers.fp8 import Fp8Weight
-from infer_tool.schemes.fp8 import Fp8Scheme
 from infer_tool.packers.fp8_formats import kv_scale_tensors, read_kv_scales
+from infer_tool.schemes.fp8 import Fp8Scheme
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,9 @@ def test_static_activations_and_kv_scales_match_a_plain_rerun(model: Any, ids: t
 
 
 @pytest.mark.parametrize("fmt,granularity", [("compressed-tensors", "channel"), ("fp8", "block")])
-def test_write_and_read_back_through_the_registry(model: Any, ids: torch.Tensor, tmp_path: Path, fmt: str, granularity: str) -> None:
+def test_write_and_read_back_through_the_registry(
+    model: Any, ids: torch.Tensor, tmp_path: Path, fmt: str, granularity: str
+) -> None:
     m = copy.deepcopy(model)
     scheme = Fp8Scheme(granularity=granularity, kv_cache="fp8", clip_search=True, clip_steps=4)
     result, kv = quantize_model_fp8(m, ids, scheme, device="cpu", ignore=("mlp.down_proj",))

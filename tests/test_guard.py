@@ -69,6 +69,7 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 import guard_reference as ref
+
 from infer_tool.cli.app import app
 
 GUARD = Path(__file__).with_name("guard_hashes.json")
@@ -87,24 +88,63 @@ for _method in ("rtn", "gptq", "awq"):
             if _fmt == "gptq" and _sym == "--asym":
                 continue  # GPTQ v1 is written symmetric only
             order = ("--no-act-order",) if _method == "gptq" else ()  # explicit: the default changes
-            TINY_RUNS[f"{_method}-{_sym[2:]}-{_fmt}"] = ("--method", _method, _sym, "--group-size", "32", "--format", _fmt, *order)
+            TINY_RUNS[f"{_method}-{_sym[2:]}-{_fmt}"] = (
+                "--method",
+                _method,
+                _sym,
+                "--group-size",
+                "32",
+                "--format",
+                _fmt,
+                *order,
+            )
 TINY_RUNS["gptq-actorder-sym-compressed-tensors"] = ("--method", "gptq", "--act-order", "--sym", "--group-size", "32")
 TINY_RUNS["gptq-actorder-asym-compressed-tensors"] = ("--method", "gptq", "--act-order", "--asym", "--group-size", "32")
-TINY_RUNS["gptq-actorder-sym-gptq"] = ("--method", "gptq", "--act-order", "--sym", "--group-size", "32", "--format", "gptq")
+TINY_RUNS["gptq-actorder-sym-gptq"] = (
+    "--method",
+    "gptq",
+    "--act-order",
+    "--sym",
+    "--group-size",
+    "32",
+    "--format",
+    "gptq",
+)
 for _gran in ("tensor", "channel", "block"):
     TINY_RUNS[f"fp8-{_gran}"] = ("--method", "fp8", "--fp8-granularity", _gran)
     if _gran != "channel":  # native FP8 holds per-tensor or block scales only
         TINY_RUNS[f"fp8-{_gran}-native"] = ("--method", "fp8", "--fp8-granularity", _gran, "--format", "fp8")
 TINY_RUNS["fp8-static-kv"] = ("--method", "fp8", "--fp8-activations", "static", "--kv-cache", "fp8")
-TINY_RUNS["fp8-static-kv-native"] = ("--method", "fp8", "--fp8-granularity", "tensor", "--fp8-activations", "static",
-                                     "--kv-cache", "fp8", "--format", "fp8")
+TINY_RUNS["fp8-static-kv-native"] = (
+    "--method",
+    "fp8",
+    "--fp8-granularity",
+    "tensor",
+    "--fp8-activations",
+    "static",
+    "--kv-cache",
+    "fp8",
+    "--format",
+    "fp8",
+)
 TINY_RUNS["fp8-clip"] = ("--method", "fp8", "--fp8-clip-search")
 TINY_RUNS["rtn-g-1"] = ("--method", "rtn", "--group-size", "-1")
 TINY_RUNS["gptq-ignore-down"] = ("--method", "gptq", "--act-order", "--group-size", "32", "--ignore", "*.down_proj")
 TINY_RUNS["awq-bf16"] = ("--method", "awq", "--group-size", "32", "--dtype", "bfloat16")
 TINY_RUNS["autoround-sym"] = ("--method", "autoround", "--sym", "--group-size", "32", "--iters", "5", "--batch", "4")
-TINY_RUNS["autoround-asym-awq"] = ("--method", "autoround", "--asym", "--group-size", "32", "--iters", "5", "--batch", "4",
-                                   "--format", "awq")
+TINY_RUNS["autoround-asym-awq"] = (
+    "--method",
+    "autoround",
+    "--asym",
+    "--group-size",
+    "32",
+    "--iters",
+    "5",
+    "--batch",
+    "4",
+    "--format",
+    "awq",
+)
 TINY_RUNS["awq+gptq-asym"] = ("--method", "awq+gptq", "--asym", "--group-size", "32")
 # From saved statistics (calibrate first): the key names the quantize arguments.
 STATS_RUNS: dict[str, tuple[str, ...]] = {
@@ -132,7 +172,11 @@ DEMO_TOLERANCES: dict[str, dict[str, float]] = {
 }
 # "Another CPU's kernels" on this CPU: overrides of torch's, MKL's and oneDNN's choices.
 OTHER_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-OTHER_KERNEL_RUNS = ("gptq-actorder-asym-compressed-tensors", "gptq-asym-compressed-tensors", "awq-asym-compressed-tensors")
+OTHER_KERNEL_RUNS = (
+    "gptq-actorder-asym-compressed-tensors",
+    "gptq-asym-compressed-tensors",
+    "awq-asym-compressed-tensors",
+)
 
 runner = CliRunner()
 
@@ -149,8 +193,16 @@ def make_tiny(root: Path) -> dict[str, Path]:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                         num_hidden_layers=2, vocab_size=96, max_position_embeddings=128, tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=96,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(config).save_pretrained(root / "model")
     fast.save_pretrained(root / "model")
     rng = random.Random(0)
@@ -165,8 +217,15 @@ def make_tiny(root: Path) -> dict[str, Path]:
 def quantize(tiny: dict[str, Path], name: str, out: Path, *extra: str) -> Path:
     """Write guard run `name` (tiny or from-stats run; stats in tiny["root"]/"stats") to `out`."""
     if name in STATS_RUNS:
-        args = [str(tiny["model"]), "--stats", str(tiny["root"] / "stats"), "--no-progress", "--device", "cpu",
-                *STATS_RUNS[name]]
+        args = [
+            str(tiny["model"]),
+            "--stats",
+            str(tiny["root"] / "stats"),
+            "--no-progress",
+            "--device",
+            "cpu",
+            *STATS_RUNS[name],
+        ]
     else:
         args = [str(tiny["model"]), "--calib", str(tiny["calib"]), *TINY, *TINY_RUNS[name]]
     return _run(["quantize", *args, *extra, "--out", str(out)], out)
@@ -174,8 +233,24 @@ def quantize(tiny: dict[str, Path], name: str, out: Path, *extra: str) -> Path:
 
 def calibrate(tiny: dict[str, Path]) -> Path:
     out = tiny["root"] / "stats"
-    return _run(["calibrate", str(tiny["model"]), "--out", str(out), "--calib", str(tiny["calib"]), "--num-samples", "8",
-                 "--seq-len", "32", "--no-progress", "--device", "cpu"], out)
+    return _run(
+        [
+            "calibrate",
+            str(tiny["model"]),
+            "--out",
+            str(out),
+            "--calib",
+            str(tiny["calib"]),
+            "--num-samples",
+            "8",
+            "--seq-len",
+            "32",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+        out,
+    )
 
 
 def _run(args: list[str], out: Path) -> Path:
@@ -227,13 +302,16 @@ def check(name: str, directory: Path, rows: int, tolerances: dict[str, float] = 
     fp = ref.fingerprint()
     diff = ref.differences(form, want)
     over = ref.exceeded(diff, tolerances)
-    assert not over, (f"{name}: the checkpoint moved past the tolerant guard ({', '.join(over)}; all: "
-                      f"{ {k: f'{v:.3g}' for k, v in diff.items()} }) on {ref.describe(fp)}")
+    assert not over, (
+        f"{name}: the checkpoint moved past the tolerant guard ({', '.join(over)}; all: "
+        f"{ {k: f'{v:.3g}' for k, v in diff.items()} }) on {ref.describe(fp)}"
+    )
     recorded = _records().get(ref.fingerprint_id(fp), {}).get("runs", {}).get(name)
     if recorded is not None:
         assert file_hashes(directory) == recorded, (
             f"{name}: safetensors bytes changed on the machine they were recorded on ({ref.describe(fp)}), "
-            f"within the tolerant guard ({ {k: f'{v:.3g}' for k, v in diff.items()} })")
+            f"within the tolerant guard ({ {k: f'{v:.3g}' for k, v in diff.items()} })"
+        )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -273,8 +351,12 @@ def test_saved_stats_unchanged(saved_stats: Path) -> None:
 @pytest.mark.parametrize("name", sorted(DEMO_RUNS))
 def test_demo_checkpoint_unchanged(tmp_path: Path, name: str) -> None:
     out = tmp_path / "out"
-    check(name, _run(["quantize", "smollm2-135m", *DEMO, *DEMO_RUNS[name], "--out", str(out)], out), DEMO_ROWS,
-          DEMO_TOLERANCES[name])
+    check(
+        name,
+        _run(["quantize", "smollm2-135m", *DEMO, *DEMO_RUNS[name], "--out", str(out)], out),
+        DEMO_ROWS,
+        DEMO_TOLERANCES[name],
+    )
 
 
 def test_readers_agree_across_formats(tiny: dict[str, Path], tmp_path: Path) -> None:
@@ -284,7 +366,9 @@ def test_readers_agree_across_formats(tiny: dict[str, Path], tmp_path: Path) -> 
     from safetensors.torch import load_file
 
     source = load_file(str(tiny["model"] / "model.safetensors"))
-    forms = {f: ref.extract(quantize(tiny, f"rtn-sym-{f}", tmp_path / f)) for f in ("compressed-tensors", "awq", "gptq")}
+    forms = {
+        f: ref.extract(quantize(tiny, f"rtn-sym-{f}", tmp_path / f)) for f in ("compressed-tensors", "awq", "gptq")
+    }
     ct = forms["compressed-tensors"]
     names = ref.linears(ct)
     assert len(names) == 14
@@ -292,7 +376,10 @@ def test_readers_agree_across_formats(tiny: dict[str, Path], tmp_path: Path) -> 
         assert ref.linears(form) == names, fmt
         for name in names:
             # AWQ and GPTQ store fp16 scales (ct the model's float32): a code at a rounding boundary moves by one
-            assert torch.equal(form[f"{name}:q4"], forms["awq"][f"{name}:q4"]) or fmt == "compressed-tensors", (fmt, name)
+            assert torch.equal(form[f"{name}:q4"], forms["awq"][f"{name}:q4"]) or fmt == "compressed-tensors", (
+                fmt,
+                name,
+            )
             step = (form[f"{name}:q4"].int() - ct[f"{name}:q4"].int()).abs()
             assert step.max() <= 1 and step.float().mean() < 5e-3, (fmt, name)
             w = ref.dequantize(form, name)
@@ -302,7 +389,9 @@ def test_readers_agree_across_formats(tiny: dict[str, Path], tmp_path: Path) -> 
 
 def test_fingerprint_tracks_kernel_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     fp = ref.fingerprint()
-    assert fp["cpu"]["vendor"] and fp["build"]["torch"] == torch.__version__ and fp["threads"] == torch.get_num_threads()
+    assert (
+        fp["cpu"]["vendor"] and fp["build"]["torch"] == torch.__version__ and fp["threads"] == torch.get_num_threads()
+    )
     assert set(fp["cpu"]["isa"]) <= set(ref.KERNEL_FLAGS)
     base = ref.fingerprint_id(fp)
     for key, value in OTHER_KERNELS.items():
@@ -321,13 +410,20 @@ def test_guard_passes_under_other_kernels(tmp_path: Path) -> None:
         "ref = g._reference(); out = {'fingerprint': g.ref.fingerprint_id(g.ref.fingerprint()), 'runs': {}}\n"
         "for name in g.OTHER_KERNEL_RUNS:\n"
         "    d = g.quantize(tiny, name, root / name)\n"
-        "    out['runs'][name] = {'files': g.file_hashes(d), 'diff': g.ref.differences(g.ref.extract(d, g.TINY_ROWS), ref[name])}\n"
+        "    out['runs'][name] = {'files': g.file_hashes(d), "
+        "'diff': g.ref.differences(g.ref.extract(d, g.TINY_ROWS), ref[name])}\n"
         "print(json.dumps(out))\n"
     )
     env = {**os.environ, **OTHER_KERNELS}
     env.pop("INFER_TOOL_RECORD_GUARD", None)
-    r = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)], env=env,
-                       capture_output=True, text=True, timeout=600, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["fingerprint"] not in _records(), "the overrides must give a fingerprint without a byte-exact record"
@@ -353,8 +449,9 @@ SOLVER_CHANGES = {  # name -> (guard run, extra quantize flags, what it changes)
 
 
 @pytest.mark.parametrize("change", sorted(SOLVER_CHANGES))
-def test_solver_change_fails_tolerant_guard(tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            change: str) -> None:
+def test_solver_change_fails_tolerant_guard(
+    tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
     """A deliberate one-line change to a solver: GPTQ damping 1% -> 2% of mean diag(H) (the
     --damp flag), AWQ's ratio grid 20 -> 10 points (the scheme's `grid` field), AWQ without
     folding 1/s into the previous norm or linear, AutoRound stopped one descent step early.

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import TEXT, save_tiny_llama
 
 from infer_tool.cli.app import main
-from tiny import TEXT, save_tiny_llama
 
 TIME_BOUND_S = 30.0  # per case, generous for a loaded 2-core machine; most take well under 1 s
 
@@ -35,18 +35,57 @@ class Case:
 
 def q(*args: str) -> tuple[str, ...]:
     """quantize the tiny model into a fresh output, quietly."""
-    return ("quantize", "{w}/model", "--out", "{w}/out", "--calib", "{w}/calib.txt", "--no-progress", "--device", "cpu",
-            "--group-size", "32", "--num-samples", "4", "--seq-len", "16", *args)
+    return (
+        "quantize",
+        "{w}/model",
+        "--out",
+        "{w}/out",
+        "--calib",
+        "{w}/calib.txt",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--group-size",
+        "32",
+        "--num-samples",
+        "4",
+        "--seq-len",
+        "16",
+        *args,
+    )
 
 
 def qf(*args: str) -> tuple[str, ...]:
     """quantize --method fp8 (no group size)."""
-    return ("quantize", "{w}/model", "--out", "{w}/out", "--calib", "{w}/calib.txt", "--no-progress", "--device", "cpu",
-            "--method", "fp8", *args)
+    return (
+        "quantize",
+        "{w}/model",
+        "--out",
+        "{w}/out",
+        "--calib",
+        "{w}/calib.txt",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--method",
+        "fp8",
+        *args,
+    )
 
 
 def cal(*args: str) -> tuple[str, ...]:
-    return ("calibrate", "{w}/model", "--out", "{w}/stats-out", "--calib", "{w}/calib.txt", "--no-progress", "--device", "cpu", *args)
+    return (
+        "calibrate",
+        "{w}/model",
+        "--out",
+        "{w}/stats-out",
+        "--calib",
+        "{w}/calib.txt",
+        "--no-progress",
+        "--device",
+        "cpu",
+        *args,
+    )
 
 
 def ev(*args: str) -> tuple[str, ...]:
@@ -54,8 +93,20 @@ def ev(*args: str) -> tuple[str, ...]:
 
 
 def quant_model(model: str, *args: str) -> tuple[str, ...]:
-    return ("quantize", model, "--out", "{w}/out", "--calib", "{w}/calib.txt", "--no-progress", "--device", "cpu",
-            "--group-size", "32", *args)
+    return (
+        "quantize",
+        model,
+        "--out",
+        "{w}/out",
+        "--calib",
+        "{w}/calib.txt",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--group-size",
+        "32",
+        *args,
+    )
 
 
 def ev_model(model: str, *args: str) -> tuple[str, ...]:
@@ -74,7 +125,9 @@ CASES: dict[str, Case] = {
     "kv-cache with rtn": Case(q("--method", "rtn", "--kv-cache", "fp8"), "--kv-cache does not apply to --method rtn"),
     "group size with fp8": Case(qf("--group-size", "64"), "--group-size does not apply to --method fp8"),
     "fp8 granularity row": Case(qf("--fp8-granularity", "row"), "granularity 'row'"),
-    "fp8 block static": Case(qf("--fp8-granularity", "block", "--fp8-activations", "static"), "dynamic activations only"),
+    "fp8 block static": Case(
+        qf("--fp8-granularity", "block", "--fp8-activations", "static"), "dynamic activations only"
+    ),
     "fp8 activations lazy": Case(qf("--fp8-activations", "lazy"), "activations 'lazy'"),
     "fp8 kv int8": Case(qf("--kv-cache", "int8"), "kv cache 'int8'"),
     "fp8 channel native": Case(qf("--format", "fp8"), "compressed-tensors"),
@@ -89,7 +142,9 @@ CASES: dict[str, Case] = {
     "seed not a number": Case(q("--seed", "abc"), "'abc' is not a valid int"),
     "eval tokens 1": Case(q("--eval", "{w}/calib.txt", "--eval-tokens", "1"), "--eval-tokens 1"),
     "gate without eval": Case(q("--max-ppl-increase", "5%"), "--eval"),
-    "gate not a percentage": Case(q("--eval", "{w}/calib.txt", "--max-ppl-increase", "lots"), "'lots' is not a percentage"),
+    "gate not a percentage": Case(
+        q("--eval", "{w}/calib.txt", "--max-ppl-increase", "lots"), "'lots' is not a percentage"
+    ),
     "gate negative": Case(q("--eval", "{w}/calib.txt", "--max-ppl-increase", "-5"), "'-5' must be a finite percentage"),
     "gate nan": Case(q("--eval", "{w}/calib.txt", "--max-ppl-increase", "nan%"), "'nan%' must be a finite percentage"),
     "dtype int8": Case(q("--dtype", "int8"), "--dtype 'int8'"),
@@ -145,17 +200,25 @@ CASES: dict[str, Case] = {
     "recipe sym string": Case(q("--recipe", "{w}/sym-string.yaml"), "must be true or false"),
     "recipe ignore 5": Case(q("--recipe", "{w}/ignore-5.yaml"), "= 5 must be a list of strings"),
     "recipe damp abc": Case(q("--recipe", "{w}/damp-abc.yaml"), "'abc' must be a finite number"),
-    "recipe out 123": Case(("quantize", "{w}/model", "--recipe", "{w}/out-123.yaml", "--no-progress"), "= 123 must be a string"),
+    "recipe out 123": Case(
+        ("quantize", "{w}/model", "--recipe", "{w}/out-123.yaml", "--no-progress"), "= 123 must be a string"
+    ),
     "recipe num_samples 1.5": Case(q("--recipe", "{w}/samples-float.json"), "must be an integer"),
     # -- calibrate
     "calibrate no out": Case(("calibrate", "{w}/model", "--no-progress"), "--out DIR"),
     "calibrate out exists": Case(cal()[:3] + ("{w}/unrelated",) + cal()[4:], "already exists"),
-    "calibrate overwrite unrelated": Case(cal()[:3] + ("{w}/unrelated",) + cal()[4:] + ("--overwrite",), "did not write"),
+    "calibrate overwrite unrelated": Case(
+        cal()[:3] + ("{w}/unrelated",) + cal()[4:] + ("--overwrite",), "did not write"
+    ),
     "calibrate samples 0": Case(cal("--num-samples", "0"), "--num-samples 0"),
     "calibrate split": Case(cal("--calib", "sotu:x"), "sotu split 'x'"),
-    "calibrate missing model": Case(("calibrate", "{w}/missing-model", "--out", "{w}/s", "--no-progress"), "does not exist"),
-    "calibrate unknown type": Case(("calibrate", "{w}/bert-type", "--out", "{w}/s", "--calib", "{w}/calib.txt", "--no-progress"),
-                                   "'bert' is not in the quantization table"),
+    "calibrate missing model": Case(
+        ("calibrate", "{w}/missing-model", "--out", "{w}/s", "--no-progress"), "does not exist"
+    ),
+    "calibrate unknown type": Case(
+        ("calibrate", "{w}/bert-type", "--out", "{w}/s", "--calib", "{w}/calib.txt", "--no-progress"),
+        "'bert' is not in the quantization table",
+    ),
     # -- eval ppl
     "eval seq len 1": Case(ev("--seq-len", "1"), "--seq-len must be >= 2"),
     "eval max tokens 0": Case(ev("--max-tokens", "0"), "--max-tokens must be >= 1"),
@@ -183,12 +246,16 @@ CASES: dict[str, Case] = {
     "kv mem util 1.5": Case(("kv-budget", "llama-3.1-8b", "--mem-util", "1.5"), "1.5"),
     "kv dtype fp4": Case(("kv-budget", "llama-3.1-8b", "--kv-dtype", "fp4"), "fp4"),
     "kv preset typo": Case(("kv-budget", "lama-3.1-70b"), "did you mean"),
-    "kv shared prefix above context": Case(("kv-budget", "llama-3.1-8b", "--context", "1k..8k", "--shared-prefix", "8192"), "shared"),
+    "kv shared prefix above context": Case(
+        ("kv-budget", "llama-3.1-8b", "--context", "1k..8k", "--shared-prefix", "8192"), "shared"
+    ),
     "kv config a list": Case(("kv-budget", "{w}/config-list"), "config-list"),
 }
 
 
-def _write_model_variant(root: Path, name: str, config: object | str | None, weights: bytes | None = b"", pickle: bool = False) -> None:
+def _write_model_variant(
+    root: Path, name: str, config: object | str | None, weights: bytes | None = b"", pickle: bool = False
+) -> None:
     d = root / name
     d.mkdir()
     if config is not None:
@@ -222,14 +289,23 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _write_model_variant(w, "zero-heads", {**config, "num_attention_heads": 0, "num_key_value_heads": 0}, weights)
     _write_model_variant(w, "random-weights", config, os.urandom(4096))
     _write_model_variant(w, "truncated-weights", config, weights[: len(weights) // 3])
-    _write_model_variant(w, "remote-code", {**config, "model_type": "custom_lm", "auto_map": {"AutoConfig": "x.Config"}}, weights)
+    _write_model_variant(
+        w, "remote-code", {**config, "model_type": "custom_lm", "auto_map": {"AutoConfig": "x.Config"}}, weights
+    )
     for variant in ("zero-heads", "random-weights", "truncated-weights", "remote-code", "foo-type"):
         for f in model.iterdir():
             if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
                 (w / variant / f.name).write_bytes(f.read_bytes())
     (w / "random.gguf").write_bytes(b"GGUF" + os.urandom(200))
-    (w / "crafted.gguf").write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k"
-                                     + struct.pack("<I", 9) + struct.pack("<IQ", 9, 2**60) + struct.pack("<IQ", 0, 2**62))
+    (w / "crafted.gguf").write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 1)
+        + struct.pack("<Q", 1)
+        + b"k"
+        + struct.pack("<I", 9)
+        + struct.pack("<IQ", 9, 2**60)
+        + struct.pack("<IQ", 0, 2**62)
+    )
     (w / "stats").mkdir()
     (w / "stats" / "stats_index.json").write_text(json.dumps({"version": 1, "meta": {}, "layers": {}}))
     (w / "stats-corrupt").mkdir()
@@ -257,8 +333,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every path with its size and mtime (directories: existence only; a temporary entry
     made and removed inside one changes its mtime, not its contents)."""
-    return {str(p.relative_to(root)): (0, 0) if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (0, 0) if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -296,7 +374,9 @@ def test_hostile_input(name: str, world: Path, capfd: pytest.CaptureFixture[str]
     assert elapsed < TIME_BOUND_S, (name, elapsed)
 
 
-def test_unexpected_error_is_one_line_and_exit_1(world: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unexpected_error_is_one_line_and_exit_1(
+    world: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The last-resort handler: a bug of ours (simulated) is one line, exit 1, no traceback;
     INFER_TOOL_DEBUG=1 shows the traceback."""
     import infer_tool.jobs.quantize as job
@@ -316,11 +396,16 @@ def test_unexpected_error_is_one_line_and_exit_1(world: Path, capfd: pytest.Capt
         main(argv)
 
 
-def test_checkpoint_files_are_readable_by_others(world: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_checkpoint_files_are_readable_by_others(
+    world: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Every written file gets the mode a plain file gets under the umask (0644 under 022);
     safetensors alone would make model.safetensors 0600. Overwriting our own output works."""
     out = tmp_path / "ckpt"
-    argv = [a.replace("{w}", str(world)).replace(str(world / "out"), str(out)) for a in q("--method", "rtn", "--group-size", "32")]
+    argv = [
+        a.replace("{w}", str(world)).replace(str(world / "out"), str(out))
+        for a in q("--method", "rtn", "--group-size", "32")
+    ]
     old = os.umask(0o022)
     try:
         for extra in ([], ["--overwrite"]):
@@ -357,7 +442,10 @@ def test_no_progress_silences_library_bars(world: Path, tmp_path: Path, capfd: p
     """--no-progress: nothing on stderr from transformers' own bars (weight loading) either;
     with progress on, transformers' bar is drawn as ours (its description appears)."""
     out = tmp_path / "o"
-    base = [a.replace("{w}", str(world)).replace(str(world / "out"), str(out)) for a in q("--method", "rtn", "--group-size", "32")]
+    base = [
+        a.replace("{w}", str(world)).replace(str(world / "out"), str(out))
+        for a in q("--method", "rtn", "--group-size", "32")
+    ]
     with pytest.raises(SystemExit) as e:
         main(base)
     assert e.value.code == 0
@@ -366,10 +454,14 @@ def test_no_progress_silences_library_bars(world: Path, tmp_path: Path, capfd: p
     assert torch.get_num_threads() >= 1
 
 
-def test_ignore_pattern_matching_nothing_is_reported(world: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_ignore_pattern_matching_nothing_is_reported(
+    world: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "o"
-    argv = [a.replace("{w}", str(world)).replace(str(world / "out"), str(out))
-            for a in q("--method", "rtn", "--ignore", "*.nothing_like_this", "--ignore", "*.down_proj", "--json")]
+    argv = [
+        a.replace("{w}", str(world)).replace(str(world / "out"), str(out))
+        for a in q("--method", "rtn", "--ignore", "*.nothing_like_this", "--ignore", "*.down_proj", "--json")
+    ]
     with pytest.raises(SystemExit) as e:
         main(argv)
     captured = capfd.readouterr()

@@ -33,8 +33,22 @@ ALLOWED = {
 # package -> third-party libraries it must not import
 BANNED = {
     "sizing": {"torch", "transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},
-    "schemes": {"transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},  # torch: inside functions only
-    "common": {"transformers", "triton", "datasets", "typer", "rich"},  # torch: inside functions only (common/device.py)
+    "schemes": {
+        "transformers",
+        "triton",
+        "datasets",
+        "safetensors",
+        "numpy",
+        "typer",
+        "rich",
+    },  # torch: inside functions only
+    "common": {
+        "transformers",
+        "triton",
+        "datasets",
+        "typer",
+        "rich",
+    },  # torch: inside functions only (common/device.py)
     "kernels": {"transformers", "datasets", "typer", "rich"},
     "packers": {"transformers", "datasets", "typer", "rich"},
     "calib": {"typer", "rich", "triton"},
@@ -83,7 +97,7 @@ def test_no_import_cycles() -> None:
         stack.append(n)
         for m in sorted(g[n]):
             if state.get(m) == 1:
-                cycle = stack[stack.index(m):] + [m]
+                cycle = stack[stack.index(m) :] + [m]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if m not in state:
                 visit(m)

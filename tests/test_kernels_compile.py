@@ -25,13 +25,16 @@ def int4_operands(M, *, asym, act_order, dtype=torch.bfloat16):
     return torch.randn(M, K, dtype=dtype), qw, torch.rand(G, N, dtype=dtype), zeros, g_idx
 
 
-@pytest.mark.parametrize("M,asym,act_order,config", [
-    (1, True, True, None),  # gemv, act-order scale gathers
-    (1, False, False, w4a16.W4A16Config("gemv", BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4)),
-    (3, True, False, None),  # gemv, BLOCK_M=4
-    (16, False, False, None),  # splitk, one scale row per K-block
-    (256, True, False, None),  # tiled
-])
+@pytest.mark.parametrize(
+    "M,asym,act_order,config",
+    [
+        (1, True, True, None),  # gemv, act-order scale gathers
+        (1, False, False, w4a16.W4A16Config("gemv", BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4)),
+        (3, True, False, None),  # gemv, BLOCK_M=4
+        (16, False, False, None),  # splitk, one scale row per K-block
+        (256, True, False, None),  # tiled
+    ],
+)
 def test_w4a16_compiles_for_sm90(M, asym, act_order, config):
     x, qw, s, z, g = int4_operands(M, asym=asym, act_order=act_order)
     launch, _ = w4a16.plan(x, qw, s, z, g, 128, config=config)
@@ -58,6 +61,7 @@ def test_split_k_reduction_compiles_for_sm90():
     from infer_tool.kernels.splitk import BLOCK, _sum_partials_kernel
 
     partials, out = torch.zeros(4, 3, N), torch.empty(3, N, dtype=torch.bfloat16)
-    launch = Launch(_sum_partials_kernel, (1,), (partials, out, 3 * N),
-                    dict(SPLIT_K=4, BLOCK=BLOCK, num_warps=4, num_stages=1))
+    launch = Launch(
+        _sum_partials_kernel, (1,), (partials, out, 3 * N), dict(SPLIT_K=4, BLOCK=BLOCK, num_warps=4, num_stages=1)
+    )
     assert stack_bytes(launch.compile_for(90)) == 0

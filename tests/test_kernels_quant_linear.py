@@ -57,8 +57,16 @@ def test_int4_linear_interpreter_path(monkeypatch):
 
 def test_int4_linear_state_dict_round_trip():
     layer, _ = int4_layer(asym=True, act_order=False, seed=4)
-    clone = Int4Linear(torch.zeros_like(layer.qweight), torch.zeros_like(layer.scales),
-                       torch.zeros_like(layer.zeros), None, torch.zeros(N), 32, K, N)
+    clone = Int4Linear(
+        torch.zeros_like(layer.qweight),
+        torch.zeros_like(layer.scales),
+        torch.zeros_like(layer.zeros),
+        None,
+        torch.zeros(N),
+        32,
+        K,
+        N,
+    )
     clone.load_state_dict(layer.state_dict())
     x = torch.randn(3, K)
     assert torch.equal(clone(x), layer(x))
@@ -88,8 +96,9 @@ def dequant_blocks(w_fp8, scale, bs):
 
 
 @pytest.mark.parametrize("interpret", [False, True], ids=["reference", "interpreter"])
-@pytest.mark.parametrize("mode,static,block", [("w8a16", False, True), ("w8a8", False, False),
-                                                ("w8a8", True, False), ("w8a8", False, True)])
+@pytest.mark.parametrize(
+    "mode,static,block", [("w8a16", False, True), ("w8a8", False, False), ("w8a8", True, False), ("w8a8", False, True)]
+)
 def test_fp8_linear(monkeypatch, interpret, mode, static, block):
     if interpret:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -183,5 +192,9 @@ def test_fp4_linear_survives_model_dtype_casts_and_refuses_a_wrong_input_scale(m
     from infer_tool.kernels.fp4_layout import pack_fp4
 
     with pytest.raises(ValueError, match="NVFP4 W4A4 needs the input_global_scale"):
-        Fp4Linear(pack_fp4(torch.zeros(4, 32, dtype=torch.uint8)), torch.ones(4, 2).to(torch.float8_e4m3fn),
-                  torch.tensor([1.0]), w4a4=True)
+        Fp4Linear(
+            pack_fp4(torch.zeros(4, 32, dtype=torch.uint8)),
+            torch.ones(4, 2).to(torch.float8_e4m3fn),
+            torch.tensor([1.0]),
+            w4a4=True,
+        )

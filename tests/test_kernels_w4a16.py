@@ -61,8 +61,9 @@ VARIANTS = {  # name: (group_size, asym, act_order)
 @pytest.mark.parametrize("M", [1, 3, 16, 64])
 def test_matches_float64_reference(M, dtype, variant):
     group_size, asym, act_order = VARIANTS[variant]
-    x, qw, s, z, g_idx, ref = make_problem(M, K, N, group_size, asym=asym, act_order=act_order,
-                                           seed=M * 7 + len(variant))
+    x, qw, s, z, g_idx, ref = make_problem(
+        M, K, N, group_size, asym=asym, act_order=act_order, seed=M * 7 + len(variant)
+    )
     out = w4a16_matmul(x.to(dtype), qw, s.to(dtype), z, g_idx, group_size)
     assert out.dtype == dtype and out.shape == (M, N)
     assert torch.isfinite(out).all()

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny import TEXT, make_llama, make_tokenizer, save_tiny_llama
+from typer.testing import CliRunner
+
 from infer_tool.cli.app import app
 from infer_tool.evals.intervals import mean_ci95, t_quantile
 from infer_tool.evals.kld import evaluate_kld, quantiles, same_top, token_kl
 from infer_tool.evals.ppl import evaluate_ppl
-from tiny import TEXT, make_llama, make_tokenizer, save_tiny_llama
-from typer.testing import CliRunner
 
 runner = CliRunner()
 SEQ = 128

@@ -16,9 +16,26 @@ from infer_tool.cli.app import app
 runner = CliRunner()
 GiB = 2**30
 REQUIRED_PRESETS = [
-    "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b",
-    "qwen3-235b-a22b", "qwen3-next-80b-a3b", "mistral-7b-v0.1", "mixtral-8x7b", "gemma-2-9b", "gemma-2-27b",
-    "gemma-3-12b", "gemma-3-27b", "deepseek-v2-lite", "deepseek-v3", "jamba-v0.1", "smollm2-135m", "gpt2",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "qwen3-8b",
+    "qwen3-32b",
+    "qwen3-235b-a22b",
+    "qwen3-next-80b-a3b",
+    "mistral-7b-v0.1",
+    "mixtral-8x7b",
+    "gemma-2-9b",
+    "gemma-2-27b",
+    "gemma-3-12b",
+    "gemma-3-27b",
+    "deepseek-v2-lite",
+    "deepseek-v3",
+    "jamba-v0.1",
+    "smollm2-135m",
+    "gpt2",
 ]
 
 
@@ -35,13 +52,17 @@ def run_json(*args: str) -> dict:
 def test_json_contract_llama_8b():
     doc = run_json("llama-3.1-8b", "--gpu", "H100-80GB", "--context", "8k,32k", "--concurrency", "1..4")
     assert doc["kv_bytes_per_token"] == 131072
-    assert [(r["context"], r["concurrency"]) for r in doc["rows"]] == [
-        (c, n) for c in (8192, 32768) for n in (1, 2, 4)
-    ]
+    assert [(r["context"], r["concurrency"]) for r in doc["rows"]] == [(c, n) for c in (8192, 32768) for n in (1, 2, 4)]
     for r in doc["rows"]:
-        for key, kind in (("context", int), ("concurrency", int), ("kv_bytes_per_sequence", int),
-                          ("kv_bytes_total", int), ("kv_bytes_per_gpu", int), ("weight_bytes_per_gpu", int),
-                          ("fits", bool)):
+        for key, kind in (
+            ("context", int),
+            ("concurrency", int),
+            ("kv_bytes_per_sequence", int),
+            ("kv_bytes_total", int),
+            ("kv_bytes_per_gpu", int),
+            ("weight_bytes_per_gpu", int),
+            ("fits", bool),
+        ):
             assert isinstance(r[key], kind), key
         assert r["kv_bytes_per_sequence"] == r["context"] * 131072
         assert r["kv_bytes_total"] == r["concurrency"] * r["kv_bytes_per_sequence"]
@@ -65,8 +86,23 @@ def test_json_contract_llama_8b():
 
 
 def test_issue_example_70b_int4_fp8_two_h100():
-    doc = run_json("llama-3.1-70b", "--gpu", "H100-80GB", "--num-gpus", "2", "--tp", "2",
-                   "--weights", "int4", "--kv-dtype", "fp8", "--context", "32768", "--concurrency", "1,16")
+    doc = run_json(
+        "llama-3.1-70b",
+        "--gpu",
+        "H100-80GB",
+        "--num-gpus",
+        "2",
+        "--tp",
+        "2",
+        "--weights",
+        "int4",
+        "--kv-dtype",
+        "fp8",
+        "--context",
+        "32768",
+        "--concurrency",
+        "1,16",
+    )
     assert doc["kv_bytes_per_token"] == 327680 // 2  # fp8
     row = doc["rows"][1]
     assert row["plain"]["kv_bytes_per_gpu"] == 16 * 32768 * 163840 // 2  # tp 2 halves the 8 KV heads
@@ -74,8 +110,9 @@ def test_issue_example_70b_int4_fp8_two_h100():
     # request, one null block kept back
     block = 16 * 80 * 4 * 256
     assert row["kv_bytes_per_gpu"] == (16 * 2048 + 1) * block
-    per_gpu_budget = (doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"]
-                      - doc["memory"]["overhead_bytes"])
+    per_gpu_budget = (
+        doc["deployment"]["usable_bytes_per_gpu"] - doc["weights"]["bytes_per_gpu"] - doc["memory"]["overhead_bytes"]
+    )
     assert doc["vllm"]["32768"]["num_blocks"] == per_gpu_budget // block
     assert doc["max_concurrency"]["32768"] == (per_gpu_budget // block - 1) // 2048
     assert doc["rows"][1]["plain"]["max_concurrency"] == per_gpu_budget // (32768 * 163840 // 2)
@@ -127,14 +164,19 @@ def test_bad_input_exit_2_one_line(args, needle):
     assert r.stdout == ""
 
 
-
-
 def test_directory_missing_field_and_real_safetensors_bytes(tmp_path):
     np = pytest.importorskip("numpy")
     from safetensors.numpy import save_file
 
-    cfg = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-           "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 4096}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     r = run(str(tmp_path))
     assert r.exit_code == 2 and "num_attention_heads" in r.stderr
@@ -211,8 +253,18 @@ def test_require_fit_exits_3_and_still_prints_json():
 
 
 def test_solve_70b_32k_64_users():
-    doc = run_json("llama-3.1-70b", "--context", "32k", "--concurrency", "64", "--solve", "--solve-gpu", "H100-80GB",
-                   "--solve-gpu", "H200")
+    doc = run_json(
+        "llama-3.1-70b",
+        "--context",
+        "32k",
+        "--concurrency",
+        "64",
+        "--solve",
+        "--solve-gpu",
+        "H100-80GB",
+        "--solve-gpu",
+        "H200",
+    )
     sols = doc["solve"]["solutions"]
     assert sols and sols == sorted(sols, key=lambda s: s["num_gpus"])
     for s in sols[:3]:  # each named deployment really fits when asked directly
@@ -220,14 +272,43 @@ def test_solve_70b_32k_64_users():
         assert check["all_fit"]
     fewer = sols[0]["num_gpus"] // 2
     assert fewer == 0 or not any(  # nothing with half the GPUs serves it
-        run_json("llama-3.1-70b", "--gpu", g, "--num-gpus", str(fewer), "--tp", str(fewer), "--weights", "int4",
-                 "--kv-dtype", "fp8", "--context", "32k", "--concurrency", "64")["all_fit"] for g in ("H100-80GB", "H200"))
+        run_json(
+            "llama-3.1-70b",
+            "--gpu",
+            g,
+            "--num-gpus",
+            str(fewer),
+            "--tp",
+            str(fewer),
+            "--weights",
+            "int4",
+            "--kv-dtype",
+            "fp8",
+            "--context",
+            "32k",
+            "--concurrency",
+            "64",
+        )["all_fit"]
+        for g in ("H100-80GB", "H200")
+    )
 
 
 def test_solve_latency_target_filters():
     loose = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "16", "--solve", "--solve-gpu", "H100-80GB")
-    tight = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "16", "--solve", "--solve-gpu", "H100-80GB",
-                     "--prompt-len", "1000", "--max-tpot", "12")
+    tight = run_json(
+        "llama-3.1-8b",
+        "--context",
+        "8k",
+        "--concurrency",
+        "16",
+        "--solve",
+        "--solve-gpu",
+        "H100-80GB",
+        "--prompt-len",
+        "1000",
+        "--max-tpot",
+        "12",
+    )
     assert all(s["speed"]["tpot_s"] <= 0.012 for s in tight["solve"]["solutions"])
     assert loose["solve"]["solutions"]
 
@@ -252,19 +333,39 @@ def test_speed_columns_and_spec_profile(tmp_path):
     doc = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--prompt-len", "1000")
     base = doc["rows"][0]["speed"]
     assert base["ttft_s"] > 0 and base["output_tokens_per_s"] == pytest.approx(1 / base["tpot_s"])
-    report = {"ranking": [{"name": "draft-a"}], "drafts": [{"name": "draft-a", "alpha": 0.8, "best_k": 4,
-                                                            "cost_ratio": 0.05}]}
+    report = {
+        "ranking": [{"name": "draft-a"}],
+        "drafts": [{"name": "draft-a", "alpha": 0.8, "best_k": 4, "cost_ratio": 0.05}],
+    }
     (tmp_path / "r.json").write_text(json.dumps(report))
-    spec = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--prompt-len", "1000",
-                    "--spec-profile", str(tmp_path / "r.json"))
-    same = run_json("llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--prompt-len", "1000", "--spec", "0.8,4,0.05")
+    spec = run_json(
+        "llama-3.1-8b",
+        "--context",
+        "8k",
+        "--concurrency",
+        "1",
+        "--prompt-len",
+        "1000",
+        "--spec-profile",
+        str(tmp_path / "r.json"),
+    )
+    same = run_json(
+        "llama-3.1-8b", "--context", "8k", "--concurrency", "1", "--prompt-len", "1000", "--spec", "0.8,4,0.05"
+    )
     assert spec["rows"][0]["speed"] == same["rows"][0]["speed"]
     assert spec["rows"][0]["speed"]["tpot_s"] < base["tpot_s"]
 
 
 def test_unknown_model_type_gets_a_note(tmp_path):
-    cfg = {"model_type": "brand_new", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+    cfg = {
+        "model_type": "brand_new",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     doc = run_json(str(tmp_path), "--context", "4096", "--concurrency", "1")
     assert any("'brand_new' is not a family" in n for n in doc["notes"])
@@ -314,15 +415,22 @@ def test_memory_terms_each_a_row_and_summing():
     mem = doc["memory"]
     (stage,) = mem["stages"]
     assert mem["source"] == "vllm profile" and doc["vllm_version"] == "0.32.0"
-    assert stage["overhead_bytes"] == (stage["activation_peak_bytes"] + stage["non_torch_bytes"]
-                                       + stage["cudagraph_bytes"])
+    assert stage["overhead_bytes"] == (
+        stage["activation_peak_bytes"] + stage["non_torch_bytes"] + stage["cudagraph_bytes"]
+    )
     assert sum(stage["non_torch"].values()) == stage["non_torch_bytes"]
     assert mem["available_kv_bytes"] == mem["requested_bytes"] - mem["weights_bytes"] - mem["overhead_bytes"]
     assert stage["cudagraphs"] == {**stage["cudagraphs"], "piecewise": 51, "full": 51, "largest": 512}
     assert doc["engine"]["max_num_seqs"] == 1024 and doc["engine"]["max_num_batched_tokens"] == 8192
     human = run("llama-3.1-8b", "--context", "8k", "--concurrency", "1")
-    for term in ("x 0.92 requested", "- weights", "- activation peak", "- non-torch", "- CUDA graphs",
-                 "= available KV"):
+    for term in (
+        "x 0.92 requested",
+        "- weights",
+        "- activation peak",
+        "- non-torch",
+        "- CUDA graphs",
+        "= available KV",
+    ):
         assert term in human.stdout, term
 
 
@@ -348,14 +456,28 @@ def test_help_readable_at_80_columns():
     import re
 
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
-    r = subprocess.run([sys.executable, "-c", "from infer_tool.cli.app import main; main()", "kv-budget", "--help"],
-                       capture_output=True, text=True, timeout=60, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "kv-budget", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert max(len(line) for line in out.splitlines()) <= 80
     for panel in ("Model", "Deployment", "Output"):
         assert panel in out
-    for flag in ("--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager", "--cudagraph-capture-sizes",
-                 "--max-cudagraph-capture-size", "--vllm-version", "--mem-util", "--kv-cache-memory", "--reserve"):
+    for flag in (
+        "--max-num-batched-tokens",
+        "--max-num-seqs",
+        "--enforce-eager",
+        "--cudagraph-capture-sizes",
+        "--max-cudagraph-capture-size",
+        "--vllm-version",
+        "--mem-util",
+        "--kv-cache-memory",
+        "--reserve",
+    ):
         assert re.search(re.escape(flag) + r"(?![\w-])", out), flag  # whole, not cut
     assert not re.search(r"--[\w-]*…", out)  # no flag name ends in an ellipsis

@@ -18,8 +18,11 @@ KV12 = 12 * GiB
 
 
 def cap(model: str, context: int, **kw):
-    r = plan(PlanRequest(model, contexts=(context,), concurrencies=(1,), kv_cache_memory_bytes=KV12,
-                         gpu_mem_bytes=4096 * GiB, **kw))
+    r = plan(
+        PlanRequest(
+            model, contexts=(context,), concurrencies=(1,), kv_cache_memory_bytes=KV12, gpu_mem_bytes=4096 * GiB, **kw
+        )
+    )
     return r.fit.vllm(context), r
 
 
@@ -54,8 +57,9 @@ def test_mla_deepseek_v2_lite_latent_no_factor_two():
 def test_sliding_window_mistral_reserves_window_plus_in_flight(flags, in_flight):
     # every layer slides (W 4096): one group; page 65,536 B x 32 layers
     c, _ = cap("mistral-7b-v0.1", 32768, gpu="H100-80GB", **flags)
-    c_gpu = plan(PlanRequest("mistral-7b-v0.1", contexts=(32768,), concurrencies=(1,), kv_cache_memory_bytes=KV12,
-                             **flags)).fit.vllm(32768)
+    c_gpu = plan(
+        PlanRequest("mistral-7b-v0.1", contexts=(32768,), concurrencies=(1,), kv_cache_memory_bytes=KV12, **flags)
+    ).fit.vllm(32768)
     blocks = ceil(min(4096 - 1 + in_flight, 32768) / 16) + 1
     assert c_gpu.blocks_per_request == blocks
     assert c_gpu.num_blocks == 6144
@@ -93,8 +97,17 @@ def test_hybrid_linear_attention_qwen3_next(prefix_caching, state_blocks):
     assert state == 1_097_728
     block = 16 * ceil(state / (16 * 2048))  # 544 tokens: one attention page holds a state
     page = block * 2048
-    r = plan(PlanRequest("qwen3-next-80b-a3b", contexts=(32768,), concurrencies=(1,), kv_cache_memory_bytes=KV12,
-                         prefix_caching=prefix_caching, pp=2, gpu_mem_bytes=4096 * GiB))
+    r = plan(
+        PlanRequest(
+            "qwen3-next-80b-a3b",
+            contexts=(32768,),
+            concurrencies=(1,),
+            kv_cache_memory_bytes=KV12,
+            prefix_caching=prefix_caching,
+            pp=2,
+            gpu_mem_bytes=4096 * GiB,
+        )
+    )
     # pp 2: 24 layers a stage, 6 full + 18 state; each stage has 6 layers of the widest group
     c = r.fit.vllm(32768)
     assert r.fit.layout.block_size == block == 544
@@ -108,8 +121,16 @@ def test_hybrid_linear_attention_qwen3_next(prefix_caching, state_blocks):
 
 def test_pipeline_stages_take_the_smallest_block_count():
     # pp 3 splits 32 layers 11 / 11 / 10: the 11-layer stages hold fewer blocks
-    r = plan(PlanRequest("llama-3.1-8b", contexts=(8192,), concurrencies=(1,), pp=3, kv_cache_memory_bytes=KV12,
-                         gpu_mem_bytes=4096 * GiB))
+    r = plan(
+        PlanRequest(
+            "llama-3.1-8b",
+            contexts=(8192,),
+            concurrencies=(1,),
+            pp=3,
+            kv_cache_memory_bytes=KV12,
+            gpu_mem_bytes=4096 * GiB,
+        )
+    )
     assert r.fit.vllm(8192).num_blocks == KV12 // (11 * 65536) == 17873
 
 

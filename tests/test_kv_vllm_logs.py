@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from infer_tool.sizing.presets import gpu_presets
 from infer_tool.sizing.resolve import resolve_model
 
@@ -36,21 +37,15 @@ def test_every_case_says_where_it_came_from(case):
         assert case["calibrates"]
 
 
-@pytest.mark.parametrize(
-    "case", [c for c in CASES if c["logged"].get("kv_tokens")], ids=lambda c: c["id"]
-)
+@pytest.mark.parametrize("case", [c for c in CASES if c["logged"].get("kv_tokens")], ids=lambda c: c["id"])
 def test_block_accounting_reproduces_the_logged_kv_size(case):
     bench = _bench()
     r = bench.plan(bench._request(case, total_known=False))
     mml = case["engine"]["max_model_len"]
-    cap = r.fit.vllm_at(
-        [round(g * 2**30) for g in case["logged"]["available_kv_gib"]], mml
-    )
+    cap = r.fit.vllm_at([round(g * 2**30) for g in case["logged"]["available_kv_gib"]], mml)
     assert cap.kv_cache_tokens == pytest.approx(case["logged"]["kv_tokens"], rel=0.01)
     if case["logged"].get("max_concurrency"):
-        assert cap.max_concurrency_log == pytest.approx(
-            case["logged"]["max_concurrency"], rel=0.01
-        )
+        assert cap.max_concurrency_log == pytest.approx(case["logged"]["max_concurrency"], rel=0.01)
 
 
 def test_sliding_window_request_matches_vllms_kv_needed_line():
@@ -62,10 +57,7 @@ def test_sliding_window_request_matches_vllms_kv_needed_line():
     r = bench.plan(bench._request(case, total_known=False))
     block = 18 * 16 * 8 * 128 * 2
     blocks = 131072 // 16 + (128 - 1 + 1024 + 15) // 16 + 1
-    assert (
-        r.fit.vllm(131072).blocks_per_request == blocks
-        and r.fit.bytes_per_block() == block
-    )
+    assert r.fit.vllm(131072).blocks_per_request == blocks and r.fit.bytes_per_block() == block
     assert round(blocks * block / 2**30, 2) == case["logged"]["kv_needed_gib"] == 4.54
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 import pytest
+
 from infer_tool.common.errors import BadInput
 from infer_tool.jobs.kv_budget import PlanRequest, plan
 from infer_tool.sizing import vllm_memory as vm

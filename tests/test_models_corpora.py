@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
+from tiny import TEXT, make_tokenizer, save_tiny_llama
 
 from infer_tool.calib import corpora, models
 from infer_tool.common.errors import BadInput
-from tiny import TEXT, make_tokenizer, save_tiny_llama
 
 
 def test_sotu_splits_are_disjoint_by_year_and_in_file_order():
@@ -118,4 +118,6 @@ def test_gguf_conversion_parses_the_file_once_and_restores_gguf():
             assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
             raise RuntimeError("inside")
     assert gguf.GGUFReader is reader and gguf.get_tensor_name_map is name_map
-    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is not gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30)
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 30) is not gguf.get_tensor_name_map(
+        gguf.MODEL_ARCH.LLAMA, 30
+    )

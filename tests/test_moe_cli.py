@@ -49,15 +49,48 @@ def root(tmp_path_factory) -> Path:  # noqa: ANN001
 
 
 def quantize(root: Path, family: str, out: str, *args: str) -> dict:
-    res = runner.invoke(app, ["quantize", str(root / family), "--calib", str(root / "corpus.txt"), "--out", str(root / out),
-                              "--eval", str(root / "corpus.txt"), "--eval-tokens", "256", "--eval-seq-len", "64", *TINY, *args])
+    res = runner.invoke(
+        app,
+        [
+            "quantize",
+            str(root / family),
+            "--calib",
+            str(root / "corpus.txt"),
+            "--out",
+            str(root / out),
+            "--eval",
+            str(root / "corpus.txt"),
+            "--eval-tokens",
+            "256",
+            "--eval-seq-len",
+            "64",
+            *TINY,
+            *args,
+        ],
+    )
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
 
 def eval_ppl(path: Path, corpus: Path) -> float:
-    res = runner.invoke(app, ["eval", "ppl", str(path), "--data", str(corpus), "--max-tokens", "256", "--seq-len", "64",
-                              "--json", "--no-progress", "--device", "cpu"])
+    res = runner.invoke(
+        app,
+        [
+            "eval",
+            "ppl",
+            str(path),
+            "--data",
+            str(corpus),
+            "--max-tokens",
+            "256",
+            "--seq-len",
+            "64",
+            "--json",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+    )
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)["ppl"]
 
@@ -107,7 +140,11 @@ def test_checkpoint_names_report_and_our_loader(root: Path, family: str, method:
     # the report
     moe = rep["moe"]
     assert moe["expert_linears_quantized"] == len(experts) == sum(".experts." in n for n in map(str, experts))
-    assert moe["moe_layers"] == len(moe["tokens"]) == len({e.split(".mlp")[0].split(".block_sparse_moe")[0] for e in experts})
+    assert (
+        moe["moe_layers"]
+        == len(moe["tokens"])
+        == len({e.split(".mlp")[0].split(".block_sparse_moe")[0] for e in experts})
+    )
     for t in moe["tokens"]:
         assert sum(t["counts"]) == 2 * t["tokens"]
     if family == "deepseek_v3":  # expert 3 is never routed to
@@ -160,27 +197,68 @@ def test_transformers_reads_fp8_experts(root: Path) -> None:
 def test_spec_profile_with_quantized_moe_draft(root: Path) -> None:
     quantize(root, "qwen3_moe", "qwen3-draft", "--method", "rtn", "--group-size", "32")
     (root / "prompts.txt").write_text("The state of the union\nWe the people, in order to form\n")
-    res = runner.invoke(app, ["spec-profile", "--target", str(root / "qwen3_moe"), "--draft", str(root / "qwen3-draft"),
-                              "--prompts", str(root / "prompts.txt"), "--num-prompts", "2", "--max-new-tokens", "6",
-                              "--k", "2", "--device", "cpu", "--no-progress", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "spec-profile",
+            "--target",
+            str(root / "qwen3_moe"),
+            "--draft",
+            str(root / "qwen3-draft"),
+            "--prompts",
+            str(root / "prompts.txt"),
+            "--num-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--k",
+            "2",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     draft = json.loads(res.stdout)["drafts"][0]
     assert 0.0 <= draft["alpha"] <= 1.0 and draft["per_k"][0]["greedy_identical"] is True
 
 
 def test_unknown_moe_type_and_bad_mode_exit_2(root: Path, tmp_path: Path) -> None:
+    from tiny import make_tokenizer
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
-    from tiny import make_tokenizer
-
     tok = make_tokenizer()
-    OlmoeForCausalLM(OlmoeConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=32, num_hidden_layers=1,
-                                 num_attention_heads=4, num_experts=4, num_experts_per_tok=2)).save_pretrained(tmp_path / "olmoe")
+    OlmoeForCausalLM(
+        OlmoeConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+    ).save_pretrained(tmp_path / "olmoe")
     tok.save_pretrained(tmp_path / "olmoe")
-    res = runner.invoke(app, ["quantize", str(tmp_path / "olmoe"), "--out", str(tmp_path / "o"), "--calib",
-                              str(root / "corpus.txt"), "--group-size", "32", *TINY])
+    res = runner.invoke(
+        app,
+        [
+            "quantize",
+            str(tmp_path / "olmoe"),
+            "--out",
+            str(tmp_path / "o"),
+            "--calib",
+            str(root / "corpus.txt"),
+            "--group-size",
+            "32",
+            *TINY,
+        ],
+    )
     assert res.exit_code == 2
     assert "'olmoe' is a mixture of experts" in res.output and "calib/architectures.py" in res.output
     assert "Traceback" not in res.output and not (tmp_path / "o").exists()
-    res = runner.invoke(app, ["quantize", str(root / "mixtral"), "--out", str(tmp_path / "m"), "--moe-calibration", "most", *TINY])
+    res = runner.invoke(
+        app, ["quantize", str(root / "mixtral"), "--out", str(tmp_path / "m"), "--moe-calibration", "most", *TINY]
+    )
     assert res.exit_code == 2 and "--moe-calibration 'most'" in res.output

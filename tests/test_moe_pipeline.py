@@ -70,7 +70,11 @@ def test_per_expert_linears_keep_the_model_and_its_checkpoint_names(family: str,
     x = ids()
     ref = logits(model, x)
     arch = arch_of(model)
-    fused = {i: layer.mlp.experts.gate_up_proj.data_ptr() for i, layer in enumerate(model.model.layers) if arch.experts_in(layer)}
+    fused = {
+        i: layer.mlp.experts.gate_up_proj.data_ptr()
+        for i, layer in enumerate(model.model.layers)
+        if arch.experts_in(layer)
+    }
     assert unfuse_experts(model, arch) == len(fused) > 0
     assert unfuse_experts(model, arch) == len(fused)  # idempotent
     assert rel(logits(model, x), ref) < 1e-6
@@ -150,13 +154,15 @@ def test_routers_stay_unquantized_and_awq_folds_into_them() -> None:
         layer = model.model.layers[1]
         moe = moe_layer(layer, arch, MoeCalibration())
         picks = []
-        h = moe.experts.register_forward_pre_hook(lambda m, a: picks.append(a[1].clone()))
+        h = moe.experts.register_forward_pre_hook(lambda m, a, picks=picks: picks.append(a[1].clone()))
         ref = logits(model, x)
         gate_ups = [layer.get_submodule(n) for j in range(len(moe)) for n in moe.expert(j)[:2]]
         gate_ups += [layer.get_submodule(n) for n in moe.shared[:2]]
         extra = [layer.get_submodule(n) for n in moe.unquantized] if fold_router else []
         s = torch.rand(64, generator=torch.Generator().manual_seed(3)) * 3 + 0.25
-        fold_scales(layer.post_attention_layernorm, gate_ups + extra, s, AWQMapping("post_attention_layernorm", (), "mlp"), arch)
+        fold_scales(
+            layer.post_attention_layernorm, gate_ups + extra, s, AWQMapping("post_attention_layernorm", (), "mlp"), arch
+        )
         got = logits(model, x)
         h.remove()
         same_routing = torch.equal(picks[0], picks[1])
@@ -185,8 +191,14 @@ def test_gptq_one_hessian_per_expert(mode: str) -> None:
     model = copy.deepcopy(fp)
     gptq.GPTQQuantizer.solve = spy
     try:
-        r = quantize_model(model, ids(), make_scheme("gptq", group_size=32), batch_size=4, device="cpu",
-                           moe=MoeCalibration(mode, min_tokens=1))
+        r = quantize_model(
+            model,
+            ids(),
+            make_scheme("gptq", group_size=32),
+            batch_size=4,
+            device="cpu",
+            moe=MoeCalibration(mode, min_tokens=1),
+        )
     finally:
         gptq.GPTQQuantizer.solve = original
     p = "model.layers.0"
@@ -256,7 +268,9 @@ def test_starved_expert(method: str) -> None:
         up = "model.layers.1.mlp.experts.2.up_proj"
         if mode == "routed":
             names = {f.layer for f in r.fallbacks}
-            assert names == {f"model.layers.{i}.mlp.experts.2.{p}" for i in (0, 1) for p in ("gate_proj", "up_proj", "down_proj")}
+            assert names == {
+                f"model.layers.{i}.mlp.experts.2.{p}" for i in (0, 1) for p in ("gate_proj", "up_proj", "down_proj")
+            }
             assert all("0 calibration tokens" in f.reason and f.fallback == "rtn" for f in r.fallbacks)
             if method == "gptq":
                 assert torch.equal(r.quantized[up].q, quantize_rtn(fp_up, None, scheme).q)
@@ -270,8 +284,14 @@ def test_fp8_static_routed_starved_expert_uses_every_token() -> None:
     model, r = None, None
     model = make_moe("mixtral")
     with starving(model, 1):
-        r = quantize_model(model, ids(), make_scheme("fp8", activations="static"), batch_size=4, device="cpu",
-                           moe=MoeCalibration("routed", min_tokens=8))
+        r = quantize_model(
+            model,
+            ids(),
+            make_scheme("fp8", activations="static"),
+            batch_size=4,
+            device="cpu",
+            moe=MoeCalibration("routed", min_tokens=8),
+        )
     starved = {f.layer for f in r.fallbacks}
     assert "model.layers.0.mlp.experts.1.down_proj" in starved
     assert all(f.fallback == "statistics over every token" for f in r.fallbacks)
@@ -307,9 +327,20 @@ def test_unknown_moe_type_names_what_an_entry_needs() -> None:
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
     assert "olmoe" not in ARCHITECTURES
-    model = OlmoeForCausalLM(OlmoeConfig(vocab_size=V, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=4, num_experts=4, num_experts_per_tok=2))
-    with pytest.raises(BadInput, match=r"'olmoe' is a mixture of experts \(4 experts\).*deepseek_v3.*MoE\(block, router"):
+    model = OlmoeForCausalLM(
+        OlmoeConfig(
+            vocab_size=V,
+            hidden_size=64,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+        )
+    )
+    with pytest.raises(
+        BadInput, match=r"'olmoe' is a mixture of experts \(4 experts\).*deepseek_v3.*MoE\(block, router"
+    ):
         quantize_model(model, ids(), make_scheme("rtn", group_size=32))
 
 

@@ -47,22 +47,72 @@ INT4_MOE = {  # vLLM's selections: experts' backend, attention's linear kernel
     False: (f"select_wna16_moe_backend: {NO_INT4_MOE}", *WNA16),
     True: ("select_wna16_moe_backend: CPU", *WNA16),
 }
-FP8_CHANNEL_MOE = ("choose_scaled_mm_linear_kernel: ChannelWiseTorchFP8ScaledMMLinearKernel",
-                   "select_fp8_moe_backend: NONE")
+FP8_CHANNEL_MOE = (
+    "choose_scaled_mm_linear_kernel: ChannelWiseTorchFP8ScaledMMLinearKernel",
+    "select_fp8_moe_backend: NONE",
+)
 FP8_BLOCK_MOE = {False: ("select_fp8_moe_backend: NONE",), True: ("select_fp8_moe_backend: CPU",)}
 ROWS = (  # (family, row): every format we write for MoE
-    ("mixtral", Row("mixtral-ct-int4", "compressed-tensors INT4", ("--method", "rtn", "--group-size", "64"),
-                    NO_INT4_MOE, refusal_needs_no_amx=True, kernels=INT4_MOE[False], amx_kernels=INT4_MOE[True])),
-    ("qwen3_moe", Row("qwen3-awq", "AWQ GEMM", ("--method", "rtn", "--asym", "--group-size", "64", "--format", "awq"),
-                      NO_INT4_MOE, refusal_needs_no_amx=True, kernels=INT4_MOE[False], amx_kernels=INT4_MOE[True])),
-    ("qwen3_moe", Row("qwen3-gptq", "GPTQ v1", ("--method", "rtn", "--sym", "--group-size", "64", "--format", "gptq"),
-                      NO_INT4_MOE, refusal_needs_no_amx=True, kernels=INT4_MOE[False], amx_kernels=INT4_MOE[True])),
-    ("qwen3_moe", Row("qwen3-ct-fp8", "compressed-tensors FP8 (per channel)", ("--method", "fp8"), NO_FP8_MOE,
-                      kernels=FP8_CHANNEL_MOE, torch_scaled_mm=True)),
+    (
+        "mixtral",
+        Row(
+            "mixtral-ct-int4",
+            "compressed-tensors INT4",
+            ("--method", "rtn", "--group-size", "64"),
+            NO_INT4_MOE,
+            refusal_needs_no_amx=True,
+            kernels=INT4_MOE[False],
+            amx_kernels=INT4_MOE[True],
+        ),
+    ),
+    (
+        "qwen3_moe",
+        Row(
+            "qwen3-awq",
+            "AWQ GEMM",
+            ("--method", "rtn", "--asym", "--group-size", "64", "--format", "awq"),
+            NO_INT4_MOE,
+            refusal_needs_no_amx=True,
+            kernels=INT4_MOE[False],
+            amx_kernels=INT4_MOE[True],
+        ),
+    ),
+    (
+        "qwen3_moe",
+        Row(
+            "qwen3-gptq",
+            "GPTQ v1",
+            ("--method", "rtn", "--sym", "--group-size", "64", "--format", "gptq"),
+            NO_INT4_MOE,
+            refusal_needs_no_amx=True,
+            kernels=INT4_MOE[False],
+            amx_kernels=INT4_MOE[True],
+        ),
+    ),
+    (
+        "qwen3_moe",
+        Row(
+            "qwen3-ct-fp8",
+            "compressed-tensors FP8 (per channel)",
+            ("--method", "fp8"),
+            NO_FP8_MOE,
+            kernels=FP8_CHANNEL_MOE,
+            torch_scaled_mm=True,
+        ),
+    ),
     # native FP8 experts only: per-tensor FP8 attention is refused by itself (tests/vllm_formats.py)
-    ("mixtral", Row("mixtral-fp8", "native FP8 block 128x128, experts", ("--method", "fp8", "--fp8-granularity", "block",
-                                                                         "--format", "fp8", "--ignore", "*.self_attn.*"),
-                    NO_FP8_MOE, refusal_needs_no_amx=True, kernels=FP8_BLOCK_MOE[False], amx_kernels=FP8_BLOCK_MOE[True])),
+    (
+        "mixtral",
+        Row(
+            "mixtral-fp8",
+            "native FP8 block 128x128, experts",
+            ("--method", "fp8", "--fp8-granularity", "block", "--format", "fp8", "--ignore", "*.self_attn.*"),
+            NO_FP8_MOE,
+            refusal_needs_no_amx=True,
+            kernels=FP8_BLOCK_MOE[False],
+            amx_kernels=FP8_BLOCK_MOE[True],
+        ),
+    ),
 )
 
 
@@ -71,12 +121,22 @@ def save_family(path: Path, family: str) -> Path:
     import transformers as tf
 
     tok = make_tokenizer()
-    common = dict(vocab_size=len(tok), hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  num_experts_per_tok=2, max_position_embeddings=512, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     if family == "mixtral":
         config = tf.MixtralConfig(**common, intermediate_size=256, num_local_experts=8)
     else:
-        config = tf.Qwen3MoeConfig(**common, intermediate_size=256, moe_intermediate_size=256, num_experts=8, head_dim=64)
+        config = tf.Qwen3MoeConfig(
+            **common, intermediate_size=256, moe_intermediate_size=256, num_experts=8, head_dim=64
+        )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -99,8 +159,10 @@ def moe_problems(row: Row, rec: dict, host: dict, ours: float | None) -> list[st
     refusal = vllm_formats.expected_refusal(row, host)
     if refusal is not None:
         if rec.get("loaded") or rec.get("stage") != "load" or rec.get("error") != refusal:
-            out.append(f"{row.id}: expected vLLM's refusal {refusal!r} at load, got {rec.get('error')!r} "
-                       f"(loaded {rec.get('loaded')}, ppl {rec.get('ppl')})")
+            out.append(
+                f"{row.id}: expected vLLM's refusal {refusal!r} at load, got {rec.get('error')!r} "
+                f"(loaded {rec.get('loaded')}, ppl {rec.get('ppl')})"
+            )
     elif rec.get("ppl") is None:
         out.append(f"{row.id}: vLLM did not run it: {rec.get('error')} (at {rec.get('stage')})")
     elif abs(rec["ppl"] / ours - 1) > PPL_TOL:
@@ -118,8 +180,22 @@ def test_quantized_moe_in_vllm(tmp_path: Path) -> None:
     ckpts = {}
     for family, row in ROWS:
         ckpts[row.id] = tmp_path / row.id
-        vllm_formats.cli("quantize", sources[family], *row.args, "--calib", tmp_path / "calib.txt", "--num-samples", "4",
-                         "--seq-len", "64", "--out", ckpts[row.id], "--no-progress", "--device", "cpu")
+        vllm_formats.cli(
+            "quantize",
+            sources[family],
+            *row.args,
+            "--calib",
+            tmp_path / "calib.txt",
+            "--num-samples",
+            "4",
+            "--seq-len",
+            "64",
+            "--out",
+            ckpts[row.id],
+            "--no-progress",
+            "--device",
+            "cpu",
+        )
     ids = list(range(1, 129))
     rows = tuple(row for _, row in ROWS)
     host, by_name = vllm_formats.run_vllm(python, tmp_path, ckpts, rows, ids)
@@ -129,8 +205,8 @@ def test_quantized_moe_in_vllm(tmp_path: Path) -> None:
         if rec.get("ppl") is not None:  # ours on the same tokens, where vLLM ran it
             import torch
 
-            from infer_tool.evals.ppl import evaluate_ppl
             from infer_tool.evals.load_quantized import load_quantized
+            from infer_tool.evals.ppl import evaluate_ppl
 
             ours = evaluate_ppl(load_quantized(ckpts[row.id], dtype=torch.bfloat16)[0], torch.tensor(ids), len(ids)).ppl
         bad += moe_problems(row, rec, host, ours)
@@ -140,17 +216,45 @@ def test_quantized_moe_in_vllm(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "row_id, rec, host, complaint",
     [
-        ("qwen3-ct-fp8", {"loaded": False, "stage": "load", "error": NO_FP8_MOE,
-                          "selections": {"no_amx": sorted(FP8_CHANNEL_MOE), "amx": ["select_fp8_moe_backend: CPU"]}},
-         {"amx": True}, "with AMX is"),
-        ("mixtral-fp8", {"loaded": False, "stage": "load", "error": NO_FP8_MOE,
-                         "selections": {"no_amx": list(FP8_BLOCK_MOE[False]), "amx": list(FP8_BLOCK_MOE[True])}},
-         {"amx": True}, "did not run it"),
-        ("mixtral-ct-int4", {"loaded": True, "stage": "score", "ppl": 300.0,
-                             "selections": {"no_amx": sorted(INT4_MOE[False]), "amx": sorted(INT4_MOE[True])}},
-         {"amx": False}, "expected vLLM's refusal"),
-        ("qwen3-gptq", {"loaded": False, "stage": "load", "timed_out": True, "error": "Timeout: vLLM's load of x"},
-         {"amx": True}, "Timeout"),
+        (
+            "qwen3-ct-fp8",
+            {
+                "loaded": False,
+                "stage": "load",
+                "error": NO_FP8_MOE,
+                "selections": {"no_amx": sorted(FP8_CHANNEL_MOE), "amx": ["select_fp8_moe_backend: CPU"]},
+            },
+            {"amx": True},
+            "with AMX is",
+        ),
+        (
+            "mixtral-fp8",
+            {
+                "loaded": False,
+                "stage": "load",
+                "error": NO_FP8_MOE,
+                "selections": {"no_amx": list(FP8_BLOCK_MOE[False]), "amx": list(FP8_BLOCK_MOE[True])},
+            },
+            {"amx": True},
+            "did not run it",
+        ),
+        (
+            "mixtral-ct-int4",
+            {
+                "loaded": True,
+                "stage": "score",
+                "ppl": 300.0,
+                "selections": {"no_amx": sorted(INT4_MOE[False]), "amx": sorted(INT4_MOE[True])},
+            },
+            {"amx": False},
+            "expected vLLM's refusal",
+        ),
+        (
+            "qwen3-gptq",
+            {"loaded": False, "stage": "load", "timed_out": True, "error": "Timeout: vLLM's load of x"},
+            {"amx": True},
+            "Timeout",
+        ),
     ],
 )
 def test_moe_problems_catch_each_miss(row_id: str, rec: dict, host: dict, complaint: str) -> None:

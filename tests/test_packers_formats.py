@@ -15,8 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers import awq_gemm, compressed_tensors, gptq_v1
-from infer_tool.packers import checkpoint
+from infer_tool.packers import awq_gemm, checkpoint, compressed_tensors, gptq_v1
 from infer_tool.packers.checkpoint import CheckpointFormat, get_format, read_checkpoint, write_checkpoint
 from infer_tool.packers.gptq import quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
@@ -74,7 +73,9 @@ def test_compressed_tensors_decompressor_reads_our_tensors(symmetric):
 
     qw = _random_qw(symmetric=symmetric, seed=1)
     cfg = compressed_tensors.quantization_config(RTNScheme(group_size=32, symmetric=symmetric), [])
-    scheme = QuantizationScheme(targets=["Linear"], **{k: v for k, v in cfg["config_groups"]["group_0"].items() if k != "targets"})
+    scheme = QuantizationScheme(
+        targets=["Linear"], **{k: v for k, v in cfg["config_groups"]["group_0"].items() if k != "targets"}
+    )
     t = compressed_tensors.layer_tensors("l", qw, torch.float32)
     local = {k.split(".", 1)[1]: v for k, v in t.items()}
     out = PackedQuantizationCompressor.decompress(local, scheme)
@@ -124,7 +125,9 @@ def test_gptq_v1_layout():
     for n in range(16):
         for k in range(64):
             gi = g_idx[k]
-            W[n, k] = (_nibble(qw_l[k // 8][n], k % 8) - (_nibble(qz_l[gi][n // 8], n % 8) + 1)) * float(t["l.scales"][gi, n])
+            W[n, k] = (_nibble(qw_l[k // 8][n], k % 8) - (_nibble(qz_l[gi][n // 8], n % 8) + 1)) * float(
+                t["l.scales"][gi, n]
+            )
     torch.testing.assert_close(W, qw.dequantize(), rtol=1e-3, atol=1e-4)
 
 
@@ -135,7 +138,9 @@ def test_gptq_v1_carries_dynamic_act_order_g_idx():
     qw = quantize_gptq(W, 2 * X.T @ X / 256, GPTQScheme(group_size=32, act_order=True, static_groups=False))
     t = gptq_v1.layer_tensors("l", qw, torch.float32)
     assert torch.equal(t["l.g_idx"], qw.g_idx)
-    back = gptq_v1.read_layers(t, gptq_v1.quantization_config(GPTQScheme(group_size=32, act_order=True, static_groups=False), []))["l"]
+    back = gptq_v1.read_layers(
+        t, gptq_v1.quantization_config(GPTQScheme(group_size=32, act_order=True, static_groups=False), [])
+    )["l"]
     assert torch.equal(back.q, qw.q) and torch.equal(back.g_idx, qw.g_idx)
     with pytest.raises(BadInput):
         compressed_tensors.check(GPTQScheme(group_size=32, act_order=True, static_groups=False), {"l": qw})
@@ -149,8 +154,14 @@ def test_gptq_v1_carries_dynamic_act_order_g_idx():
 def _tiny_llama(tied: bool, seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=tied,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
     )
     return LlamaForCausalLM(cfg).eval()
 
@@ -201,7 +212,9 @@ def test_compressed_tensors_checkpoint_loads_in_plain_transformers(tmp_path, tie
         assert torch.equal(loaded.lm_head.weight, model.lm_head.weight)
 
 
-@pytest.mark.parametrize("fmt,symmetric", [("compressed-tensors", False), ("compressed-tensors", True), ("awq", False), ("gptq", True)])
+@pytest.mark.parametrize(
+    "fmt,symmetric", [("compressed-tensors", False), ("compressed-tensors", True), ("awq", False), ("gptq", True)]
+)
 def test_read_checkpoint_round_trip(tmp_path, fmt, symmetric):
     model = _tiny_llama(tied=True, seed=1).to(torch.bfloat16)
     scheme = GPTQScheme(group_size=32, symmetric=symmetric, act_order=True)
@@ -272,10 +285,24 @@ def test_existing_dir_refused_then_overwritten(tmp_path):
         write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out, overwrite=True)
     assert (out / "keep.txt").read_text() == "mine"
     (out / "keep.txt").unlink()
-    write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out, overwrite=True,
-                     extra_files={"quantize_report.json": "{}"})
-    write_checkpoint(model, _quantize_all(model, scheme), "compressed-tensors", scheme, out, overwrite=True,
-                     extra_files={"quantize_report.json": "{\"second\": 1}"})
+    write_checkpoint(
+        model,
+        _quantize_all(model, scheme),
+        "compressed-tensors",
+        scheme,
+        out,
+        overwrite=True,
+        extra_files={"quantize_report.json": "{}"},
+    )
+    write_checkpoint(
+        model,
+        _quantize_all(model, scheme),
+        "compressed-tensors",
+        scheme,
+        out,
+        overwrite=True,
+        extra_files={"quantize_report.json": '{"second": 1}'},
+    )
     assert (out / "quantize_report.json").read_text() == '{"second": 1}'
     assert sorted(os.listdir(tmp_path)) == ["ck"]
 
@@ -307,7 +334,9 @@ def test_registry_plugs_in_a_format_and_casts_dtype(tmp_path, monkeypatch):
     unquantized tensors and is recorded in config.json."""
     monkeypatch.setattr(checkpoint, "_REGISTERED", {})
     plain = CheckpointFormat(
-        name="plain", kind="int", suffixes=("weight",),
+        name="plain",
+        kind="int",
+        suffixes=("weight",),
         config=lambda scheme, ignore: {"quant_method": "plain-test", "ignore": list(ignore)},
         tensors=lambda name, qw, dtype: {f"{name}.weight": qw.dequantize(dtype)},
         read=lambda tensors, cfg: {k[: -len(".weight")]: tensors[k] for k in tensors if "proj" in k},

@@ -253,7 +253,9 @@ def test_awq_clip_never_worse_per_group():
         Xg, Wg, Wqg = X.reshape(-1, 2, 32), W.reshape(16, 2, 32), Wq.reshape(16, 2, 32)
         return ((torch.einsum("tgk,ngk->ntg", Xg, Wqg - Wg)) ** 2).mean(1)
 
-    assert bool((group_err(fake_quantize(Wc, 4, 32, False)) <= group_err(fake_quantize(W, 4, 32, False)) * (1 + 1e-5)).all())
+    assert bool(
+        (group_err(fake_quantize(Wc, 4, 32, False)) <= group_err(fake_quantize(W, 4, 32, False)) * (1 + 1e-5)).all()
+    )
 
 
 class _OnePlusNorm(torch.nn.Module):

@@ -50,14 +50,24 @@ def _config(model_type: str):  # noqa: ANN202
     if model_type == "gemma2":
         return tf.Gemma2Config(**llama_like, head_dim=16, sliding_window=8)
     if model_type == "gemma3_text":
-        return tf.Gemma3TextConfig(**llama_like, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+        return tf.Gemma3TextConfig(
+            **llama_like, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"]
+        )
     if model_type == "phi3":  # MHA: the fused qkv -> o_proj mapping applies
         return tf.Phi3Config(**{**llama_like, "num_key_value_heads": 4}, pad_token_id=0)
     if model_type == "gpt2":
         return tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=64)
     if model_type == "opt":
-        return tf.OPTConfig(hidden_size=64, ffn_dim=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=V,
-                            word_embed_proj_dim=64, max_position_embeddings=64, pad_token_id=1)
+        return tf.OPTConfig(
+            hidden_size=64,
+            ffn_dim=128,
+            num_attention_heads=4,
+            num_hidden_layers=2,
+            vocab_size=V,
+            word_embed_proj_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=1,
+        )
     raise KeyError(model_type)
 
 
@@ -73,7 +83,7 @@ def tiny_model(model_type: str, seed: int = 0) -> nn.Module:
         for layer in decoder_layers(model, arch):
             norm = layer.get_submodule(arch.mappings[0].smooth)
             boost = torch.ones_like(norm.weight)
-            boost[:: 16] = 8.0
+            boost[::16] = 8.0
             norm.weight.mul_(boost) if arch.norm_offset == 0 else norm.weight.copy_((1 + norm.weight) * boost - 1)
     return model
 
@@ -181,7 +191,10 @@ def test_data_free_rtn_runs_only_the_error_samples() -> None:
     x = torch.randint(0, V, (ERROR_SAMPLES + 8, 16), generator=torch.Generator().manual_seed(3))
     model = tiny_model("llama")
     scheme = make_scheme("rtn", group_size=32)
-    fp = {n: weight_nk(model.get_submodule(n), False).detach().clone() for n in linear_shapes(model, architecture_for("llama"))}
+    fp = {
+        n: weight_nk(model.get_submodule(n), False).detach().clone()
+        for n in linear_shapes(model, architecture_for("llama"))
+    }
     r = quantize_model(model, x, scheme, batch_size=4, device="cpu")
     assert r.tokens == ERROR_SAMPLES * 16
     for name, qw in r.quantized.items():
@@ -198,15 +211,26 @@ def test_gptq_true_sequential_hessians() -> None:
     arch = architecture_for("llama")
     p = "model.layers.0"
     # Layer 0 inputs are fp; set q/k/v (and for down: q/k/v/o/gate/up) to the quantized values.
-    for upto, probe in ((("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn.o_proj"),
-                        (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                          "mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj")):
+    for upto, probe in (
+        (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn.o_proj"),
+        (
+            (
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+            ),
+            "mlp.down_proj",
+        ),
+    ):
         m = copy.deepcopy(fp)
         with torch.no_grad():
             for n in upto:
                 m.get_submodule(f"{p}.{n}").weight.copy_(r.quantized[f"{p}.{n}"].dequantize())
         acc = StatsAccumulator(m.get_submodule(f"{p}.{probe}").in_features)
-        h = m.get_submodule(f"{p}.{probe}").register_forward_pre_hook(lambda mod, a: acc.add(a[0]))
+        h = m.get_submodule(f"{p}.{probe}").register_forward_pre_hook(lambda mod, a, acc=acc: acc.add(a[0]))
         with torch.no_grad():
             m(input_ids=x, use_cache=False)
         h.remove()
@@ -214,7 +238,7 @@ def test_gptq_true_sequential_hessians() -> None:
         assert rel(r.stats[f"{p}.{probe}"].H, H_ref) < 1e-5, probe
         # and it differs from the fp Hessian (the test would pass vacuously otherwise)
         acc_fp = StatsAccumulator(H_ref.shape[0])
-        h = fp.get_submodule(f"{p}.{probe}").register_forward_pre_hook(lambda mod, a: acc_fp.add(a[0]))
+        h = fp.get_submodule(f"{p}.{probe}").register_forward_pre_hook(lambda mod, a, acc_fp=acc_fp: acc_fp.add(a[0]))
         with torch.no_grad():
             fp(input_ids=x, use_cache=False)
         h.remove()
@@ -282,7 +306,9 @@ def test_unknown_architecture_and_bad_group_size() -> None:
 def test_ignore_patterns_leave_layers_unquantized() -> None:
     model = tiny_model("llama")
     before = model.get_submodule("model.layers.1.mlp.down_proj").weight.clone()
-    r = quantize_model(model, ids(), make_scheme("awq", group_size=32), ignore=("*.1.mlp.down_proj", "re:layers\\.0\\.self_attn\\.o"))
+    r = quantize_model(
+        model, ids(), make_scheme("awq", group_size=32), ignore=("*.1.mlp.down_proj", "re:layers\\.0\\.self_attn\\.o")
+    )
     assert "model.layers.1.mlp.down_proj" not in r.quantized and "model.layers.0.self_attn.o_proj" not in r.quantized
     assert r.ignored == ["model.layers.0.self_attn.o_proj", "model.layers.1.mlp.down_proj"]
     assert torch.equal(model.get_submodule("model.layers.1.mlp.down_proj").weight, before)
@@ -361,7 +387,9 @@ def test_saved_stats_keep_channel_maxima_and_version_1_still_loads(tmp_path) -> 
     index = json.loads((out / STATS_INDEX).read_text())
     index["version"] = 1
     (out / STATS_INDEX).write_text(json.dumps(index))
-    tensors = {k: v for k, v in load_file(str(out / "stats.safetensors")).items() if not k.endswith("act_abs_max_channel")}
+    tensors = {
+        k: v for k, v in load_file(str(out / "stats.safetensors")).items() if not k.endswith("act_abs_max_channel")
+    }
     save_file(tensors, str(out / "stats.safetensors"))
     old, _ = load_stats(out)
     assert saved_version(out) == 1

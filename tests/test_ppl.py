@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import TEXT, make_llama, save_tiny_llama
 from typer.testing import CliRunner
 
 from infer_tool.cli.app import app
 from infer_tool.common.errors import BadInput
 from infer_tool.evals.ppl import evaluate_ppl, make_windows
-from tiny import TEXT, make_llama, save_tiny_llama
 
 runner = CliRunner()
 
@@ -96,15 +96,33 @@ def test_two_process_reduction_is_exact(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), str(script), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+        str(script),
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[:3000]
     dist = json.loads(out.read_text())
     assert dist["world"] == 2
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "one.json")],
-                            env=env, capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "one.json")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert single.returncode == 0, single.stderr[-2000:]
     one = json.loads((tmp_path / "one.json").read_text())
     assert one["world"] == 1
@@ -121,21 +139,61 @@ def tiny_dir(tmp_path_factory):
 
 
 def test_cli_json_is_one_document_with_the_contract(tiny_dir):
-    r = runner.invoke(app, ["eval", "ppl", str(tiny_dir / "m"), "--data", str(tiny_dir / "corpus.txt"),
-                            "--seq-len", "64", "--json", "--no-progress", "--device", "cpu"])
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            "ppl",
+            str(tiny_dir / "m"),
+            "--data",
+            str(tiny_dir / "corpus.txt"),
+            "--seq-len",
+            "64",
+            "--json",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    for key in ("ppl", "nll", "tokens", "seq_len", "windows", "seconds", "tokens_per_second",
-                "backend", "model", "corpus", "protocol"):
+    for key in (
+        "ppl",
+        "nll",
+        "tokens",
+        "seq_len",
+        "windows",
+        "seconds",
+        "tokens_per_second",
+        "backend",
+        "model",
+        "corpus",
+        "protocol",
+    ):
         assert key in doc
     assert doc["seq_len"] == 64 and doc["tokens"] == doc["windows"] * 63
     assert math.isclose(doc["ppl"], math.exp(doc["nll"]), rel_tol=1e-12)
 
 
 def test_cli_baseline_uses_identical_windows(tiny_dir):
-    r = runner.invoke(app, ["eval", "ppl", str(tiny_dir / "m"), "--baseline", str(tiny_dir / "b"),
-                            "--data", str(tiny_dir / "corpus.txt"), "--seq-len", "64", "--json",
-                            "--no-progress", "--device", "cpu"])
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            "ppl",
+            str(tiny_dir / "m"),
+            "--baseline",
+            str(tiny_dir / "b"),
+            "--data",
+            str(tiny_dir / "corpus.txt"),
+            "--seq-len",
+            "64",
+            "--json",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     base = doc["baseline"]
@@ -173,7 +231,20 @@ def test_cli_vocab_mismatch_exits_2(tiny_dir, tmp_path):
     model = make_llama(50)
     model.save_pretrained(tmp_path / "small", safe_serialization=True)
     AutoTokenizer.from_pretrained(tiny_dir / "m").save_pretrained(tmp_path / "small")
-    r = runner.invoke(app, ["eval", "ppl", str(tmp_path / "small"), "--data", str(tiny_dir / "corpus.txt"),
-                            "--seq-len", "64", "--no-progress", "--device", "cpu"])
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            "ppl",
+            str(tmp_path / "small"),
+            "--data",
+            str(tiny_dir / "corpus.txt"),
+            "--seq-len",
+            "64",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+    )
     assert r.exit_code == 2
     assert "do not match" in r.stderr

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny import TEXT, make_llama, save_tiny_llama
 from typer.testing import CliRunner
 
 from infer_tool.cli.app import app
 from infer_tool.evals import ppl_cache
 from infer_tool.evals.ppl import evaluate_ppl
 from infer_tool.evals.ppl_cache import cached_ppl, entry_path, identity, lookup, store
-
-from tiny import TEXT, make_llama, save_tiny_llama
 
 runner = CliRunner()
 
@@ -174,10 +173,34 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _quantize(tiny_dir: dict[str, Path], out: Path, *extra: str) -> dict:
-    r = runner.invoke(app, ["quantize", str(tiny_dir["model"]), "--method", "rtn", "--group-size", "32",
-                            "--calib", str(tiny_dir["text"]), "--num-samples", "2", "--seq-len", "32",
-                            "--eval", str(tiny_dir["text"]), "--eval-tokens", "256", "--eval-seq-len", "64",
-                            "--out", str(out), "--json", "--no-progress", *extra])
+    r = runner.invoke(
+        app,
+        [
+            "quantize",
+            str(tiny_dir["model"]),
+            "--method",
+            "rtn",
+            "--group-size",
+            "32",
+            "--calib",
+            str(tiny_dir["text"]),
+            "--num-samples",
+            "2",
+            "--seq-len",
+            "32",
+            "--eval",
+            str(tiny_dir["text"]),
+            "--eval-tokens",
+            "256",
+            "--eval-seq-len",
+            "64",
+            "--out",
+            str(out),
+            "--json",
+            "--no-progress",
+            *extra,
+        ],
+    )
     assert r.exit_code == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -197,13 +220,28 @@ def test_quantize_eval_reads_the_baseline_on_its_second_run(tiny_dir: dict[str, 
     assert bf16["eval"]["ppl_before_cached"] is False and bf16["eval"]["ppl_before"] != first["eval"]["ppl_before"]
 
 
-def test_eval_ppl_baseline_reads_the_cache(tiny_dir: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eval_ppl_baseline_reads_the_cache(
+    tiny_dir: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt = tmp_path / "q"
     monkeypatch.setenv(ppl_cache.DISABLE_ENV, "1")
     _quantize(tiny_dir, ckpt)
     monkeypatch.delenv(ppl_cache.DISABLE_ENV)
-    args = ["eval", "ppl", str(ckpt), "--baseline", str(tiny_dir["model"]), "--data", str(tiny_dir["text"]),
-            "--seq-len", "64", "--max-tokens", "256", "--json", "--no-progress"]
+    args = [
+        "eval",
+        "ppl",
+        str(ckpt),
+        "--baseline",
+        str(tiny_dir["model"]),
+        "--data",
+        str(tiny_dir["text"]),
+        "--seq-len",
+        "64",
+        "--max-tokens",
+        "256",
+        "--json",
+        "--no-progress",
+    ]
     reports = []
     for _ in range(2):
         r = runner.invoke(app, args)

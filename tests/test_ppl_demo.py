@@ -44,9 +44,22 @@ def independent_ppl(max_tokens: int, seq_len: int) -> float:
 
 
 def test_cli_ppl_reproduced_by_independent_script():
-    cmd = [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "eval", "ppl",
-           "smollm2-135m", "--data", "sotu:eval", "--max-tokens", str(TOKENS),
-           "--seq-len", str(SEQ_LEN), "--json", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from infer_tool.cli.app import main; main()",
+        "eval",
+        "ppl",
+        "smollm2-135m",
+        "--data",
+        "sotu:eval",
+        "--max-tokens",
+        str(TOKENS),
+        "--seq-len",
+        str(SEQ_LEN),
+        "--json",
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ours = json.loads(proc.stdout)

@@ -26,6 +26,8 @@ def one_thread():  # noqa: ANN201
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
 WORDS = [f"w{i}" for i in range(90)]
 FAST = ["--num-samples", "4", "--seq-len", "32", "--no-progress"]
 
@@ -41,10 +43,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                         num_hidden_layers=2, vocab_size=96, max_position_embeddings=128, tie_word_embeddings=False)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        vocab_size=96,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     rng = random.Random(0)
+
     # A corpus with structure (a Markov chain over the words), so the text is not uniform.
     def text(n: int) -> str:
         w, out = 0, []
@@ -103,7 +114,9 @@ def reference_model(tiny: dict[str, Path], ckpt: Path) -> torch.nn.Module:
 # checkpoints (packed zero points mismatch the module's (N, G) parameter; llm-compressor#1618).
 # The asymmetric AWQ default is checked against the in-process pipeline below.
 @pytest.mark.parametrize("method", ["awq", "gptq"])
-def test_compressed_tensors_checkpoint_loads_in_transformers(tiny: dict[str, Path], tmp_path: Path, method: str) -> None:
+def test_compressed_tensors_checkpoint_loads_in_transformers(
+    tiny: dict[str, Path], tmp_path: Path, method: str
+) -> None:
     out = tmp_path / "ckpt"
     code, stdout, stderr = quantize(tiny, out, "--method", method, "--group-size", "32", "--sym", "--json")
     assert code == 0, stderr
@@ -182,7 +195,20 @@ def test_bad_input_exits_2_before_work(tiny: dict[str, Path], tmp_path: Path) ->
 
 
 def test_quality_gate_exit_3(tiny: dict[str, Path], tmp_path: Path) -> None:
-    ev = ["--eval", tiny["eval"], "--eval-tokens", "512", "--eval-seq-len", "64", "--method", "rtn", "--bits", "2", "--group-size", "-1"]
+    ev = [
+        "--eval",
+        tiny["eval"],
+        "--eval-tokens",
+        "512",
+        "--eval-seq-len",
+        "64",
+        "--method",
+        "rtn",
+        "--bits",
+        "2",
+        "--group-size",
+        "-1",
+    ]
     code, stdout, stderr = quantize(tiny, tmp_path / "a", *ev, "--json", "--max-ppl-increase", "1000%")
     assert code == 0, stderr
     report = json.loads(stdout)
@@ -201,17 +227,34 @@ def test_quality_gate_exit_3(tiny: dict[str, Path], tmp_path: Path) -> None:
 
 def test_recipe_with_flag_override(tiny: dict[str, Path], tmp_path: Path) -> None:
     yaml_recipe = tmp_path / "r.yaml"
-    yaml_recipe.write_text(f"method: gptq\ngroup-size: 32\nact_order: true\ncalib: {tiny['calib']}\nnum_samples: 4\nseq_len: 32\nignore: ['*.down_proj']\n")
-    code, stdout, stderr = run("quantize", tiny["model"], "--recipe", yaml_recipe, "--out", tmp_path / "y",
-                               "--group-size", "64", "--json", "--no-progress")
+    yaml_recipe.write_text(
+        f"method: gptq\ngroup-size: 32\nact_order: true\ncalib: {tiny['calib']}\n"
+        "num_samples: 4\nseq_len: 32\nignore: ['*.down_proj']\n"
+    )
+    code, stdout, stderr = run(
+        "quantize",
+        tiny["model"],
+        "--recipe",
+        yaml_recipe,
+        "--out",
+        tmp_path / "y",
+        "--group-size",
+        "64",
+        "--json",
+        "--no-progress",
+    )
     assert code == 0, stderr
     r = json.loads(stdout)
     assert r["method"] == "gptq" and r["scheme"]["group_size"] == 64 and r["scheme"]["act_order"] is True
     assert r["ignored"] == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]
     assert r["quantized_layers"] == 12
     toml_recipe = tmp_path / "r.toml"
-    toml_recipe.write_text(f'method = "rtn"\ncalib = "{tiny["calib"]}"\nnum_samples = 4\nseq_len = 32\ngroup_size = 32\nsym = false\n')
-    code, stdout, stderr = run("quantize", tiny["model"], "--recipe", toml_recipe, "--out", tmp_path / "t", "--json", "--no-progress")
+    toml_recipe.write_text(
+        f'method = "rtn"\ncalib = "{tiny["calib"]}"\nnum_samples = 4\nseq_len = 32\ngroup_size = 32\nsym = false\n'
+    )
+    code, stdout, stderr = run(
+        "quantize", tiny["model"], "--recipe", toml_recipe, "--out", tmp_path / "t", "--json", "--no-progress"
+    )
     assert code == 0, stderr
     r = json.loads(stdout)
     assert r["method"] == "rtn" and r["scheme"]["symmetric"] is False and r["scheme"]["group_size"] == 32
@@ -226,8 +269,20 @@ def test_calibrate_then_quantize_with_stats(tiny: dict[str, Path], tmp_path: Pat
     code, stdout, stderr = run("calibrate", tiny["model"], "--calib", tiny["calib"], "--out", stats, *FAST, "--json")
     assert code == 0, stderr
     assert json.loads(stdout)["linears"] == 14
-    code, stdout, stderr = run("quantize", tiny["model"], "--stats", stats, "--method", "gptq", "--group-size", "32",
-                               "--out", tmp_path / "q", "--json", "--no-progress")
+    code, stdout, stderr = run(
+        "quantize",
+        tiny["model"],
+        "--stats",
+        stats,
+        "--method",
+        "gptq",
+        "--group-size",
+        "32",
+        "--out",
+        tmp_path / "q",
+        "--json",
+        "--no-progress",
+    )
     assert code == 0, stderr
     r = json.loads(stdout)
     assert r["calibration"]["from_stats"] == str(stats) and r["calibration"]["tokens"] == 128
@@ -258,11 +313,14 @@ def test_demo_defaults() -> None:
     assert (opts.method, opts.group_size) == ("gptq", 128)
 
 
-@pytest.mark.parametrize(("fmt", "flags", "scale_dtype"), [
-    ("compressed-tensors", ["--dtype", "bfloat16", "--sym"], torch.bfloat16),
-    ("compressed-tensors", ["--dtype", "float16", "--asym"], torch.float16),
-    ("awq", ["--asym"], torch.float16),  # AutoAWQ stores fp16 scales whatever the model dtype
-])
+@pytest.mark.parametrize(
+    ("fmt", "flags", "scale_dtype"),
+    [
+        ("compressed-tensors", ["--dtype", "bfloat16", "--sym"], torch.bfloat16),
+        ("compressed-tensors", ["--dtype", "float16", "--asym"], torch.float16),
+        ("awq", ["--asym"], torch.float16),  # AutoAWQ stores fp16 scales whatever the model dtype
+    ],
+)
 def test_checkpoint_dtype_round_trips_to_the_evaluated_model(
     tiny: dict[str, Path], tmp_path: Path, fmt: str, flags: list[str], scale_dtype: torch.dtype
 ) -> None:
@@ -271,7 +329,9 @@ def test_checkpoint_dtype_round_trips_to_the_evaluated_model(
     in-memory ppl that `quantize --eval` reports (to fp32 summation order, 1e-6)."""
     out = tmp_path / "ckpt"
     ev = ["--eval", tiny["eval"], "--eval-seq-len", "64", "--eval-tokens", "512"]
-    code, stdout, stderr = quantize(tiny, out, "--method", "rtn", "--group-size", "32", "--format", fmt, *flags, *ev, "--json")
+    code, stdout, stderr = quantize(
+        tiny, out, "--method", "rtn", "--group-size", "32", "--format", fmt, *flags, *ev, "--json"
+    )
     assert code == 0, stderr
     report = json.loads(stdout)
     from safetensors.torch import load_file
@@ -280,9 +340,13 @@ def test_checkpoint_dtype_round_trips_to_the_evaluated_model(
     scales = [t for k, t in tensors.items() if k.endswith(("weight_scale", ".scales"))]
     assert scales and all(t.dtype == scale_dtype for t in scales)
     stored = torch.bfloat16 if "bfloat16" in flags else torch.float16 if "float16" in flags else torch.float32
-    assert tensors["model.embed_tokens.weight"].dtype == stored and report["dtype"] == str(stored).removeprefix("torch.")
+    assert tensors["model.embed_tokens.weight"].dtype == stored and report["dtype"] == str(stored).removeprefix(
+        "torch."
+    )
     assert json.loads((out / "config.json").read_text())["dtype"] == report["dtype"]
-    code, stdout, stderr = run("eval", "ppl", out, "--data", tiny["eval"], "--seq-len", "64", "--max-tokens", "512", "--json", "--no-progress")
+    code, stdout, stderr = run(
+        "eval", "ppl", out, "--data", tiny["eval"], "--seq-len", "64", "--max-tokens", "512", "--json", "--no-progress"
+    )
     assert code == 0, stderr
     assert json.loads(stdout)["ppl"] == pytest.approx(report["eval"]["ppl_after"], rel=1e-6)
 
@@ -295,8 +359,20 @@ def test_checkpoint_dtype_auto_is_the_source_dtype(tiny: dict[str, Path], tmp_pa
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (src / f).write_bytes((tiny["model"] / f).read_bytes())
     out = tmp_path / "ckpt"
-    code, stdout, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", out, *FAST, "--method", "rtn",
-                               "--group-size", "32", "--json")
+    code, stdout, stderr = run(
+        "quantize",
+        src,
+        "--calib",
+        tiny["calib"],
+        "--out",
+        out,
+        *FAST,
+        "--method",
+        "rtn",
+        "--group-size",
+        "32",
+        "--json",
+    )
     assert code == 0, stderr
     assert json.loads(stdout)["dtype"] == "bfloat16"
     code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "x", *FAST, "--dtype", "int8")
@@ -317,7 +393,9 @@ def test_pickle_weights_need_allow_pickle(tiny: dict[str, Path], tmp_path: Path)
     args = ["--method", "rtn", "--group-size", "32"]
     code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "refused", *FAST, *args)
     assert code == 2 and "--allow-pickle" in stderr and not (tmp_path / "refused").exists()
-    code, _, stderr = run("quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "ok", *FAST, *args, "--allow-pickle")
+    code, _, stderr = run(
+        "quantize", src, "--calib", tiny["calib"], "--out", tmp_path / "ok", *FAST, *args, "--allow-pickle"
+    )
     assert code == 0, stderr
     assert (tmp_path / "ok" / "model.safetensors").is_file()
 
@@ -327,11 +405,15 @@ def test_gptq_default_is_static_act_order(tiny: dict[str, Path], tmp_path: Path)
     trivial, vLLM's fast path): byte-identical to --act-order, unlike --no-act-order."""
     written = {}
     for name, extra in (("default", ()), ("on", ("--act-order",)), ("off", ("--no-act-order",))):
-        code, stdout, stderr = quantize(tiny, tmp_path / name, "--method", "gptq", "--group-size", "32", *extra, "--json")
+        code, stdout, stderr = quantize(
+            tiny, tmp_path / name, "--method", "gptq", "--group-size", "32", *extra, "--json"
+        )
         assert code == 0, stderr
         assert json.loads(stdout)["scheme"]["act_order"] is (name != "off")
         written[name] = (tmp_path / name / "model.safetensors").read_bytes()
     assert written["default"] == written["on"]
     assert written["default"] != written["off"]
-    _, layers, _ = __import__("infer_tool.packers.checkpoint", fromlist=["read_checkpoint"]).read_checkpoint(tmp_path / "default")
+    _, layers, _ = __import__("infer_tool.packers.checkpoint", fromlist=["read_checkpoint"]).read_checkpoint(
+        tmp_path / "default"
+    )
     assert all(qw.has_trivial_g_idx() for qw in layers.values())

@@ -11,10 +11,9 @@ import math
 from pathlib import Path
 
 import pytest
+from test_quantize_cli import one_thread, quantize, run, tiny  # noqa: F401  (fixtures)
 
 from infer_tool.evals import ppl_cache
-
-from test_quantize_cli import one_thread, quantize, run, tiny  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +40,21 @@ def test_report_kld_equals_eval_kld_of_the_checkpoint(tiny: dict[str, Path], tmp
     ours = report["eval"]["kld"]
     assert ours["tokens"] == report["eval"]["tokens"] and ours["ppl"] == report["eval"]["ppl_after"]
     assert ours["reference_ppl"] == report["eval"]["ppl_before"]
-    code, stdout, stderr = run("eval", "kld", out, "--reference", tiny["model"], "--data", tiny["eval"],
-                               "--max-tokens", "512", "--seq-len", "64", "--json", "--no-progress")
+    code, stdout, stderr = run(
+        "eval",
+        "kld",
+        out,
+        "--reference",
+        tiny["model"],
+        "--data",
+        tiny["eval"],
+        "--max-tokens",
+        "512",
+        "--seq-len",
+        "64",
+        "--json",
+        "--no-progress",
+    )
     assert code == 0, stderr
     theirs = json.loads(stdout)
     assert (theirs["tokens"], theirs["windows"]) == (ours["tokens"], ours["windows"])
@@ -66,11 +78,13 @@ def test_max_kld_gate_exits_3_alone_or_with_the_ppl_gate(tiny: dict[str, Path], 
     assert "mean KL divergence from the fp model" in stderr and "--max-kld" in stderr and "ppl rose" not in stderr
     assert json.loads(stdout)["kld_gate"]["passed"] is False and (tmp_path / "b" / "quantize_report.json").is_file()
     # with a ppl gate that holds, the KL gate alone fails the run; with both failing, both are named
-    code, _, stderr = quantize(tiny, tmp_path / "c", *RTN2, *ev(tiny), "--max-kld", str(kld / 2),
-                               "--max-ppl-increase", "1000%")
+    code, _, stderr = quantize(
+        tiny, tmp_path / "c", *RTN2, *ev(tiny), "--max-kld", str(kld / 2), "--max-ppl-increase", "1000%"
+    )
     assert code == 3 and "KL divergence" in stderr and "ppl rose" not in stderr, stderr
-    code, _, stderr = quantize(tiny, tmp_path / "d", *RTN2, *ev(tiny), "--max-kld", str(kld / 2),
-                               "--max-ppl-increase", "0%")
+    code, _, stderr = quantize(
+        tiny, tmp_path / "d", *RTN2, *ev(tiny), "--max-kld", str(kld / 2), "--max-ppl-increase", "0%"
+    )
     assert code == 3 and "KL divergence" in stderr and "ppl rose" in stderr, stderr
 
 
@@ -86,8 +100,11 @@ def test_second_run_reads_the_fp_hidden_states(tiny: dict[str, Path], tmp_path: 
     assert off["eval"]["kld"] is None and off["eval"]["ppl_after"] == first["eval"]["ppl_after"]
 
 
-def test_a_cached_ppl_without_hidden_states_runs_the_fp_pass(tiny: dict[str, Path], tmp_path: Path,  # noqa: F811
-                                                            cache: Path) -> None:
+def test_a_cached_ppl_without_hidden_states_runs_the_fp_pass(
+    tiny: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+    cache: Path,
+) -> None:
     first = json.loads(quantize(tiny, tmp_path / "a", *RTN2, *ev(tiny), "--json", "--no-kld")[1])
     assert not list((cache / "ppl").glob(f"*{ppl_cache.HIDDEN_SUFFIX}"))
     second = json.loads(quantize(tiny, tmp_path / "b", *RTN2, *ev(tiny), "--json")[1])
@@ -110,8 +127,10 @@ def test_bad_gate_input_exits_2(tiny: dict[str, Path], tmp_path: Path) -> None: 
 
 def test_a_recipe_takes_the_gate(tiny: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"method: rtn\nbits: 2\ngroup_size: 32\neval: {tiny['eval']}\neval_tokens: 512\n"
-                      "eval_seq_len: 64\nmax_kld: 0.000001\n")
+    recipe.write_text(
+        f"method: rtn\nbits: 2\ngroup_size: 32\neval: {tiny['eval']}\neval_tokens: 512\n"
+        "eval_seq_len: 64\nmax_kld: 0.000001\n"
+    )
     code, _, stderr = quantize(tiny, tmp_path / "a", "--recipe", str(recipe))
     assert code == 3 and "--max-kld 1e-06" in stderr, stderr
     recipe.write_text(recipe.read_text().replace("max_kld: 0.000001", "max_kld: yes"))

@@ -18,14 +18,33 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from tiny import TEXT, save_tiny_llama
 
 LAYERS = 4
-RUN = ("--calib", "{w}/calib.txt", "--num-samples", "8", "--seq-len", "32", "--method", "gptq", "--group-size", "32",
-       "--eval", "{w}/calib.txt", "--eval-tokens", "512", "--eval-seq-len", "64", "--no-progress", "--device", "cpu", "--json")
+RUN = (
+    "--calib",
+    "{w}/calib.txt",
+    "--num-samples",
+    "8",
+    "--seq-len",
+    "32",
+    "--method",
+    "gptq",
+    "--group-size",
+    "32",
+    "--eval",
+    "{w}/calib.txt",
+    "--eval-tokens",
+    "512",
+    "--eval-seq-len",
+    "64",
+    "--no-progress",
+    "--device",
+    "cpu",
+    "--json",
+)
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import os, signal, sys
     from infer_tool.jobs import run_dir
     from infer_tool.packers import safetensors_stream
@@ -35,7 +54,8 @@ DRIVER = textwrap.dedent('''
     def die():
         os.kill(os.getpid(), signal.SIGKILL)
 
-    real_finished, real_write, real_json = run_dir.RunDir.layer_finished, run_dir.RunDir.write_tensors, run_dir._replace_json
+    real_finished, real_write = run_dir.RunDir.layer_finished, run_dir.RunDir.write_tensors
+    real_json = run_dir._replace_json
     real_streamed = safetensors_stream.write_streamed
 
     def finished(self, index, inputs, result):
@@ -69,11 +89,13 @@ DRIVER = textwrap.dedent('''
     shards.write_streamed = streamed
     from infer_tool.cli.app import main
     main(argv)
-''')
+""")
 
 
 def _run(argv: list[str], driver: Path | None = None, where: str = "", k: int = 0) -> subprocess.CompletedProcess:
-    prefix = [sys.executable, str(driver), where, str(k)] if driver else [str(Path(sys.executable).parent / "infer-tool")]
+    prefix = (
+        [sys.executable, str(driver), where, str(k)] if driver else [str(Path(sys.executable).parent / "infer-tool")]
+    )
     return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=600)
 
 
@@ -82,8 +104,11 @@ def _args(w: Path, out: str, *extra: str) -> list[str]:
 
 
 def _digests(out: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())
-            if p.name != "quantize_report.json"}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.iterdir())
+        if p.name != "quantize_report.json"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +173,8 @@ def test_failed_run_says_how_to_resume(work):
     """An exception in the middle (here: a layer's quantizer) keeps the progress, and the one
     error line says where it is and to pass --resume."""
     driver = work / "fail.py"
-    driver.write_text(textwrap.dedent('''
+    driver.write_text(
+        textwrap.dedent("""
         import sys
         from infer_tool.calib.quantizers import gptq
         real = gptq.GPTQQuantizer.quantize_layer
@@ -161,9 +187,14 @@ def test_failed_run_says_how_to_resume(work):
         gptq.GPTQQuantizer.quantize_layer = failing
         from infer_tool.cli.app import main
         main(sys.argv[1:])
-    '''))
-    proc = subprocess.run([sys.executable, str(driver), *_args(work, "out-fail")], capture_output=True, text=True, timeout=600)
+    """)
+    )
+    proc = subprocess.run(
+        [sys.executable, str(driver), *_args(work, "out-fail")], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "simulated failure" in lines[0] and "--resume" in lines[0] and "2 of 4 layers" in lines[0]
+    assert (
+        len(lines) == 1 and "simulated failure" in lines[0] and "--resume" in lines[0] and "2 of 4 layers" in lines[0]
+    )
     assert (work / ".out-fail.partial" / "layer-00001.safetensors").is_file()

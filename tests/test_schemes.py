@@ -46,7 +46,9 @@ def test_make_scheme_keeps_defaults_for_none_and_refuses_what_does_not_apply() -
     assert make_scheme("gptq", group_size=None, damp=None) == GPTQScheme()
     with pytest.raises(BadInput, match=r"options \['granularity'\] do not apply to method 'gptq'"):
         make_scheme("gptq", granularity="tensor")
-    with pytest.raises(BadInput, match="method 'int3' is not supported; use one of rtn, gptq, awq, awq\\+gptq, autoround, fp8"):
+    with pytest.raises(
+        BadInput, match="method 'int3' is not supported; use one of rtn, gptq, awq, awq\\+gptq, autoround, fp8"
+    ):
         make_scheme("int3")
     with pytest.raises(BadInput, match="a 'gptq' scheme is not a 'fp8' scheme"):
         Fp8Scheme.from_dict(GPTQScheme().to_dict())

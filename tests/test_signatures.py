@@ -27,7 +27,10 @@ def _offenders() -> list[str]:
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (rel, node.name) not in FIXED_BY_OTHERS:
+                if (
+                    isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and (rel, node.name) not in FIXED_BY_OTHERS
+                ):
                     n = len(_positional(node))
                     if n > MAX_POSITIONAL:
                         out.append(f"{rel}:{node.lineno} {node.name} takes {n} positional arguments")

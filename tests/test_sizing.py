@@ -103,8 +103,13 @@ def test_parameter_count_matches_published_total(preset, published):
 
 @pytest.mark.parametrize(
     "preset, published, rel",
-    [("deepseek-v3", 671e9, 0.005), ("deepseek-v2-lite", 15.7e9, 0.005), ("jamba-v0.1", 51.6e9, 0.005),
-     ("qwen3-235b-a22b", 235e9, 0.005), ("qwen3-next-80b-a3b", 80e9, 0.02)],
+    [
+        ("deepseek-v3", 671e9, 0.005),
+        ("deepseek-v2-lite", 15.7e9, 0.005),
+        ("jamba-v0.1", 51.6e9, 0.005),
+        ("qwen3-235b-a22b", 235e9, 0.005),
+        ("qwen3-next-80b-a3b", 80e9, 0.02),
+    ],
 )
 def test_parameter_count_of_moe_mla_hybrid_within_tolerance(preset, published, rel):
     assert resolve_model(preset).shape.params.total == pytest.approx(published, rel=rel)
@@ -120,21 +125,53 @@ def test_mha_gpt2_keys(tmp_path):
 
 
 def test_mqa_and_explicit_head_dim():
-    mqa = shape_from_config({"num_hidden_layers": 4, "num_attention_heads": 16, "hidden_size": 1024,
-                             "num_key_value_heads": 1, "vocab_size": 10, "intermediate_size": 64}, "mqa")
+    mqa = shape_from_config(
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 16,
+            "hidden_size": 1024,
+            "num_key_value_heads": 1,
+            "vocab_size": 10,
+            "intermediate_size": 64,
+        },
+        "mqa",
+    )
     assert sum(plan(mqa).bytes_per_token_by_kind().values()) == 4 * 2 * 1 * 64 * 2
     # head_dim 256 although hidden / heads = 64 / 4 = 16
-    explicit = shape_from_config({"num_hidden_layers": 3, "num_attention_heads": 4, "hidden_size": 64,
-                                  "num_key_value_heads": 2, "head_dim": 256, "vocab_size": 10,
-                                  "intermediate_size": 64}, "hd")
+    explicit = shape_from_config(
+        {
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "hidden_size": 64,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "vocab_size": 10,
+            "intermediate_size": 64,
+        },
+        "hd",
+    )
     assert sum(plan(explicit).bytes_per_token_by_kind().values()) == 3 * 2 * 2 * 256 * 2
 
 
 def test_mla_latent_no_factor_two_and_replicated_under_tp(tmp_path):
-    cfg = {"model_type": "deepseek_v3", "num_hidden_layers": 5, "num_attention_heads": 8, "hidden_size": 256,
-           "num_key_value_heads": 8, "kv_lora_rank": 96, "qk_rope_head_dim": 32, "qk_nope_head_dim": 64,
-           "v_head_dim": 64, "q_lora_rank": 48, "vocab_size": 100, "intermediate_size": 512,
-           "n_routed_experts": 4, "n_shared_experts": 1, "moe_intermediate_size": 64, "first_k_dense_replace": 1}
+    cfg = {
+        "model_type": "deepseek_v3",
+        "num_hidden_layers": 5,
+        "num_attention_heads": 8,
+        "hidden_size": 256,
+        "num_key_value_heads": 8,
+        "kv_lora_rank": 96,
+        "qk_rope_head_dim": 32,
+        "qk_nope_head_dim": 64,
+        "v_head_dim": 64,
+        "q_lora_rank": 48,
+        "vocab_size": 100,
+        "intermediate_size": 512,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 64,
+        "first_k_dense_replace": 1,
+    }
     shape = shape_from_config(load_config(write_config(tmp_path, cfg) / "config.json"), "mla")
     one = 5 * (96 + 32) * 2  # per token, one copy
     assert sum(plan(shape).bytes_per_token_by_kind().values()) == one
@@ -157,8 +194,17 @@ def test_uniform_sliding_window_mistral():
 
 
 def test_gemma2_alternates_local_global():
-    cfg = {"model_type": "gemma2", "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "hidden_size": 128, "head_dim": 64, "sliding_window": 512, "vocab_size": 100, "intermediate_size": 256}
+    cfg = {
+        "model_type": "gemma2",
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 128,
+        "head_dim": 64,
+        "sliding_window": 512,
+        "vocab_size": 100,
+        "intermediate_size": 256,
+    }
     shape = shape_from_config(cfg, "g2")
     assert [l.kind for l in shape.layers] == ["sliding_attention", "full_attention"] * 3
     per_layer_token = 2 * 2 * 64 * 2
@@ -167,15 +213,25 @@ def test_gemma2_alternates_local_global():
 
 
 def test_gemma3_nested_text_config_pattern_and_layer_types_agree():
-    text = {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 4,
-            "num_key_value_heads": 1, "hidden_size": 128, "head_dim": 32, "sliding_window": 256,
-            "sliding_window_pattern": 6, "intermediate_size": 256, "vocab_size": 100}
+    text = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 12,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "hidden_size": 128,
+        "head_dim": 32,
+        "sliding_window": 256,
+        "sliding_window_pattern": 6,
+        "intermediate_size": 256,
+        "vocab_size": 100,
+    }
     wrapped = shape_from_config({"model_type": "gemma3", "text_config": text}, "g3")
     kinds = [l.kind for l in wrapped.layers]
     assert kinds.count("full_attention") == 2 and kinds[5] == kinds[11] == "full_attention"
     types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(12)]
-    explicit = shape_from_config({**{k: v for k, v in text.items() if k != "sliding_window_pattern"},
-                                  "layer_types": types}, "g3b")
+    explicit = shape_from_config(
+        {**{k: v for k, v in text.items() if k != "sliding_window_pattern"}, "layer_types": types}, "g3b"
+    )
     assert [l.kind for l in explicit.layers] == kinds
     per_layer_token = 2 * 1 * 32 * 2
     assert plan(wrapped, block=1).row(4096, 1).kv_bytes_per_sequence == (2 * 4096 + 10 * 256) * per_layer_token
@@ -285,8 +341,16 @@ def test_model_that_cannot_fit_is_an_answer_with_the_shortfall():
 
 # --- weights ----------------------------------------------------------------------
 def test_int4_weight_bytes_by_hand():
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
+    }
     params = shape_from_config(cfg, "tiny").params
     # per layer: q (256->256), k, v (256->128), o (256->256), gate, up (256->512), down (512->256)
     linears = [(256, 256), (256, 128), (256, 128), (256, 256), (256, 512), (256, 512), (512, 256)]
@@ -307,8 +371,16 @@ def test_int4_weight_bytes_by_hand():
 def test_fp4_weight_bytes_by_hand():
     """NVFP4: E2M1 pairs, one E4M3 byte per 16 inputs, a float32 weight global scale (and for W4A4
     an input global scale) per linear; MXFP4: one E8M0 byte per 32, nothing per tensor."""
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "tie_word_embeddings": False,
+    }
     params = shape_from_config(cfg, "tiny").params
     linears = [(256, 256), (256, 128), (256, 128), (256, 256), (256, 512), (256, 512), (512, 256)]  # (K, N)
     kept = (1000 * 256 * 2 + 2 * 2 * 256 + 256) * 2  # 16-bit embed + lm_head + norms, bytes
@@ -397,8 +469,16 @@ def test_missing_field_is_named(tmp_path):
     cfg = {k: v for k, v in LLAMA3_8B.items() if k != "num_attention_heads"}
     with pytest.raises(BadInput, match="num_attention_heads"):
         resolve_model(str(write_config(tmp_path, cfg)))
-    cfg = {"model_type": "jamba", "num_hidden_layers": 8, "num_attention_heads": 4, "hidden_size": 64,
-           "attn_layer_period": 4, "attn_layer_offset": 2, "vocab_size": 10, "intermediate_size": 64}
+    cfg = {
+        "model_type": "jamba",
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "attn_layer_period": 4,
+        "attn_layer_offset": 2,
+        "vocab_size": 10,
+        "intermediate_size": 64,
+    }
     with pytest.raises(BadInput, match="mamba_d_state"):
         shape_from_config(cfg, "jamba-broken")
 

@@ -15,8 +15,16 @@ from infer_tool.sizing.presets import gpu_preset
 from infer_tool.sizing.resolve import resolve_model
 from infer_tool.sizing.roofline import Efficiency, Hardware, Speculation, Workload, step_times
 
-TOY = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-       "hidden_size": 256, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": False}
+TOY = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
 HW = Hardware("toy", hbm_bytes_per_s=1e12, flops={"bf16": 1e14}, link_bytes_per_s=1e11)
 EFF = Efficiency(hbm=0.5, mfu=0.5, link=0.5, allreduce_latency_s=1e-6)
 
@@ -57,8 +65,9 @@ def test_speculation_folds_tokens_per_pass_into_tpot():
     plain = step_times(shape, hw, Workload(1000, 1000, batch=1))
     spec = step_times(shape, hw, Workload(1000, 1000, batch=1, spec=s))
     verify = spec.terms["pass_s"] - 4 * 0.05 * plain.decode_step_s
-    assert spec.tpot_s == pytest.approx((verify + 4 * 0.05 * plain.decode_step_s) / s.tokens_per_pass
-                                        + spec.terms["prefill_interference_s"])
+    assert spec.tpot_s == pytest.approx(
+        (verify + 4 * 0.05 * plain.decode_step_s) / s.tokens_per_pass + spec.terms["prefill_interference_s"]
+    )
     assert spec.tpot_s < plain.tpot_s  # memory-bound: verifying 5 tokens costs about one step
     with pytest.raises(BadInput):
         Speculation(alpha=1.5, k=4, cost_ratio=0.1)
@@ -80,14 +89,21 @@ def test_gpu_without_datasheet_speed_is_refused():
 PUBLISHED = json.loads((Path(__file__).parents[1] / "benchmarks" / "published_speed.json").read_text())["rows"]
 
 
-@pytest.mark.parametrize("row", PUBLISHED, ids=[f"{r['model']}-{r['gpu']}-c{r['concurrency']}-{r['prompt']}" for r in PUBLISHED])
+@pytest.mark.parametrize(
+    "row", PUBLISHED, ids=[f"{r['model']}-{r['gpu']}-c{r['concurrency']}-{r['prompt']}" for r in PUBLISHED]
+)
 def test_decode_throughput_within_25_percent_of_published(row):
     """Source of each row: row["source"] (NVIDIA NIM benchmarking docs for Llama-3.3-70B
     -- the Llama-3.1-70B architecture -- on 2 x H100 FP8 TP2; J. Musgrave's vLLM 0.23
     sweep of Llama-3.1-8B BF16 on an A100 40GB)."""
     shape = resolve_model(row["model"]).shape
-    t = step_times(shape, Hardware.from_preset(gpu_preset(row["gpu"])),
-                   Workload(row["prompt"], row["output"], row["concurrency"]), weights=row["weights"], tp=row["tp"])
+    t = step_times(
+        shape,
+        Hardware.from_preset(gpu_preset(row["gpu"])),
+        Workload(row["prompt"], row["output"], row["concurrency"]),
+        weights=row["weights"],
+        tp=row["tp"],
+    )
     published = row.get("decode_tok_s") or row["concurrency"] * 1000 / row["itl_ms"]
     assert abs(t.output_tokens_per_s / published - 1) <= 0.25, (t.output_tokens_per_s, published)
     if "ttft_ms" in row:

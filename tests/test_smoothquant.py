@@ -184,8 +184,9 @@ def test_pipeline_step_leaves_logits_unchanged(model_type: str) -> None:
     after = collect_stats(model, tokens, batch_size=4, device="cpu").stats
     for prefix, stats in returned.items():
         for head, st in stats.items():
-            torch.testing.assert_close(st.act_abs_max_channel, after[f"{prefix}.{head}"].act_abs_max_channel,
-                                       rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(
+                st.act_abs_max_channel, after[f"{prefix}.{head}"].act_abs_max_channel, rtol=1e-4, atol=1e-6
+            )
 
 
 def test_smoothquant_in_gptq_and_rtn_live_and_from_saved_statistics() -> None:
@@ -201,10 +202,13 @@ def test_smoothquant_in_gptq_and_rtn_live_and_from_saved_statistics() -> None:
     model = tiny_model("llama")
     tokens = ids()
     w8a8 = dict(bits=8, group_size=-1, int8_activations="dynamic")
-    live = quantize_model(copy.deepcopy(model), tokens, make_scheme("gptq", smoothquant=0.5, **w8a8), batch_size=4,
-                          device="cpu")
+    live = quantize_model(
+        copy.deepcopy(model), tokens, make_scheme("gptq", smoothquant=0.5, **w8a8), batch_size=4, device="cpu"
+    )
     saved = collect_stats(model, tokens, batch_size=4, device="cpu").stats
-    reused = quantize_from_stats(copy.deepcopy(model), saved, make_scheme("gptq", smoothquant=0.5, **w8a8), device="cpu")
+    reused = quantize_from_stats(
+        copy.deepcopy(model), saved, make_scheme("gptq", smoothquant=0.5, **w8a8), device="cpu"
+    )
     first = [(e["layer"], e["smooth"], e["s_min"], e["s_max"]) for e in live.method_report["smoothquant"][:2]]
     assert first == [(e["layer"], e["smooth"], e["s_min"], e["s_max"]) for e in reused.method_report["smoothquant"][:2]]
     plain = quantize_model(copy.deepcopy(model), tokens, make_scheme("gptq", **w8a8), batch_size=4, device="cpu")
@@ -212,8 +216,13 @@ def test_smoothquant_in_gptq_and_rtn_live_and_from_saved_statistics() -> None:
     assert not torch.equal(plain.quantized[q].q, live.quantized[q].q)
 
     quantized = copy.deepcopy(model)
-    rtn = quantize_model(quantized, tokens, make_scheme("rtn", smoothquant=0.8, **{**w8a8, "int8_activations": "static"}),
-                         batch_size=4, device="cpu")
+    rtn = quantize_model(
+        quantized,
+        tokens,
+        make_scheme("rtn", smoothquant=0.8, **{**w8a8, "int8_activations": "static"}),
+        batch_size=4,
+        device="cpu",
+    )
     seen = []
     h = quantized.get_submodule(q).register_forward_pre_hook(lambda m, a: seen.append(a[0].abs().max()))
     with torch.no_grad():

@@ -33,9 +33,16 @@ def save_tiny(directory: Path, seed: int, prefix: str = "w") -> Path:
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(directory)
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=V, max_position_embeddings=128,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        max_position_embeddings=128,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     LlamaForCausalLM(cfg).save_pretrained(directory)
     return directory
@@ -49,17 +56,29 @@ def files(tmp_path_factory) -> dict[str, Path]:
     empty = root / "empty.txt"
     empty.write_text("\n  \n")
     categories = root / "categories.jsonl"
-    categories.write_text("\n".join(json.dumps(r) for r in [
-        {"text": "w1 w2 w3 w4 w1 w2 w3", "category": "code"},
-        {"text": "w9 w8 w7 w9 w8", "category": "chat"},
-        {"text": "w5 w5 w6 w5 w5 w6 w5", "category": "code"},
-        {"text": "w3 w3 w4 w3"},
-    ]) + "\n")
+    categories.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"text": "w1 w2 w3 w4 w1 w2 w3", "category": "code"},
+                {"text": "w9 w8 w7 w9 w8", "category": "chat"},
+                {"text": "w5 w5 w6 w5 w5 w6 w5", "category": "code"},
+                {"text": "w3 w3 w4 w3"},
+            ]
+        )
+        + "\n"
+    )
     turns = root / "question.jsonl"  # Spec-Bench's layout
-    turns.write_text("\n".join(json.dumps(r) for r in [
-        {"question_id": 1, "category": "writing", "turns": ["w1 w2 w3 w1 w2", "w4 w5"]},
-        {"question_id": 2, "category": "math", "turns": ["w7 w8 w7 w8"]},
-    ]) + "\n")
+    turns.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"question_id": 1, "category": "writing", "turns": ["w1 w2 w3 w1 w2", "w4 w5"]},
+                {"question_id": 2, "category": "math", "turns": ["w7 w8 w7 w8"]},
+            ]
+        )
+        + "\n"
+    )
     broken = root / "broken.jsonl"
     broken.write_text('{"text": "w1 w2"}\n{"text": \n')
     return {
@@ -80,9 +99,23 @@ def run(*args: str):
 
 def test_json_contract(files) -> None:
     res = run(
-        "--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram",
-        "--draft", str(files["draft"]), "--prompts", str(files["prompts"]), "--num-prompts", "3",
-        "--max-new-tokens", "8", "--k", "1-2", "--json",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:1",
+        "--draft",
+        "ngram",
+        "--draft",
+        str(files["draft"]),
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--k",
+        "1-2",
+        "--json",
     )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -113,8 +146,21 @@ def test_json_contract(files) -> None:
 
 def test_cost_ratio_override_and_table(files) -> None:
     res = run(
-        "--target", str(files["target"]), "--draft", "truncated:2", "--prompts", str(files["prompts"]),
-        "--num-prompts", "2", "--max-new-tokens", "6", "--k", "1,3", "--cost-ratio", "0.5", "--json",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:2",
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--k",
+        "1,3",
+        "--cost-ratio",
+        "0.5",
+        "--json",
     )
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)["drafts"][0]
@@ -126,20 +172,51 @@ def test_cost_ratio_override_and_table(files) -> None:
         expected = sum(a**i for i in range(k + 1)) / (0.5 * k + r["verify_cost"])
         assert r["alpha_speedup"] == pytest.approx(expected)
     res = run(
-        "--target", str(files["target"]), "--draft", "prompt-lookup:2", "--prompts", str(files["prompts"]),
-        "--num-prompts", "2", "--max-new-tokens", "6", "--k", "2", "--threads", "1",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "prompt-lookup:2",
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--k",
+        "2",
+        "--threads",
+        "1",
     )
     assert res.exit_code == 0, res.output
-    for needle in ("prompt-lookup:2", "accepted drafted tokens per target pass", "vLLM's metrics",
-                   "mean acceptance length", "ranking (by measured speedup", "v(k)"):
+    for needle in (
+        "prompt-lookup:2",
+        "accepted drafted tokens per target pass",
+        "vLLM's metrics",
+        "mean acceptance length",
+        "ranking (by measured speedup",
+        "v(k)",
+    ):
         assert needle in " ".join(res.stdout.split())
 
 
 def test_no_loop_screening_ranks_by_prediction(files) -> None:
     res = run(
-        "--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram",
-        "--prompts", str(files["prompts"]), "--num-prompts", "3", "--max-new-tokens", "8", "--k", "1-3",
-        "--no-loop", "--json",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:1",
+        "--draft",
+        "ngram",
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--k",
+        "1-3",
+        "--no-loop",
+        "--json",
     )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -151,16 +228,39 @@ def test_no_loop_screening_ranks_by_prediction(files) -> None:
     ranked = [r["predicted_speedup"] for r in report["ranking"]]
     assert ranked == sorted(ranked, reverse=True)
     res = run(
-        "--target", str(files["target"]), "--draft", "truncated:1", "--prompts", str(files["prompts"]),
-        "--num-prompts", "2", "--max-new-tokens", "6", "--k", "1", "--no-loop",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:1",
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--k",
+        "1",
+        "--no-loop",
     )
     assert res.exit_code == 0 and "--no-loop: nothing measured" in " ".join(res.stdout.split())
 
 
 def test_per_category_and_identical_draft(files) -> None:
     res = run(
-        "--target", str(files["target"]), "--draft", "truncated:2", "--draft", str(files["target"]),
-        "--prompts", str(files["categories"]), "--num-prompts", "10", "--max-new-tokens", "6", "--k", "1,2",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:2",
+        "--draft",
+        str(files["target"]),
+        "--prompts",
+        str(files["categories"]),
+        "--num-prompts",
+        "10",
+        "--max-new-tokens",
+        "6",
+        "--k",
+        "1,2",
         "--json",
     )
     assert res.exit_code == 0, res.output
@@ -180,8 +280,20 @@ def test_per_category_and_identical_draft(files) -> None:
 
 def test_spec_bench_turns_field(files) -> None:
     res = run(
-        "--target", str(files["target"]), "--draft", "ngram", "--prompts", str(files["turns"]),
-        "--text-field", "turns", "--max-new-tokens", "4", "--k", "1", "--no-loop", "--json",
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "ngram",
+        "--prompts",
+        str(files["turns"]),
+        "--text-field",
+        "turns",
+        "--max-new-tokens",
+        "4",
+        "--k",
+        "1",
+        "--no-loop",
+        "--json",
     )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -193,17 +305,40 @@ def test_job_runs_as_a_library(files) -> None:
     """`jobs.spec_profile` without the CLI: options in, the report the CLI prints out."""
     from infer_tool.jobs.spec_profile import SpecProfileOptions, spec_profile
 
-    opts = SpecProfileOptions(target=str(files["target"]), drafts=["truncated:1", "ngram"],
-                              prompts=str(files["prompts"]), num_prompts=2, max_new_tokens=6, k="1,2", loop=False,
-                              device="cpu")
+    opts = SpecProfileOptions(
+        target=str(files["target"]),
+        drafts=["truncated:1", "ngram"],
+        prompts=str(files["prompts"]),
+        num_prompts=2,
+        max_new_tokens=6,
+        k="1,2",
+        loop=False,
+        device="cpu",
+    )
     tasks: list[str] = []
     report = spec_profile(opts, progress=lambda task, done, total, **info: tasks.append(task))
     assert [d.name for d in report.profile.drafts] == ["truncated:1", "ngram:3"]
     assert report.profile.basis == "predicted" and report.profile.tokens == 2 * 5
     assert report.settings["k"] == [1, 2] and report.settings["loop"] is False and report.settings["num_prompts"] == 2
     assert {"target decode", "acceptance", "cost timing"} <= set(tasks)
-    res = run("--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram", "--prompts",
-              str(files["prompts"]), "--num-prompts", "2", "--max-new-tokens", "6", "--k", "1,2", "--no-loop", "--json")
+    res = run(
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:1",
+        "--draft",
+        "ngram",
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--k",
+        "1,2",
+        "--no-loop",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert [d["alpha"] for d in doc["drafts"]] == [d.acceptance.alpha for d in report.profile.drafts]  # T = 0
@@ -293,8 +428,16 @@ def test_bad_input_refused_before_loading(files, no_model_loads, args, needle) -
     ],
 )
 def test_bad_draft_for_this_target_exits_2(files, draft, needle) -> None:
-    res = run("--target", str(files["target"]), "--draft", str(files.get(draft, draft)),
-              "--prompts", str(files["prompts"]), "--max-new-tokens", "4")
+    res = run(
+        "--target",
+        str(files["target"]),
+        "--draft",
+        str(files.get(draft, draft)),
+        "--prompts",
+        str(files["prompts"]),
+        "--max-new-tokens",
+        "4",
+    )
     assert res.exit_code == 2, res.output
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.output
@@ -303,9 +446,23 @@ def test_bad_draft_for_this_target_exits_2(files, draft, needle) -> None:
 def test_projection_and_kv_budget_reads_the_report(files, tmp_path) -> None:
     """--gpu adds a projection per concurrency (the roofline's costs with the measured
     acceptance); kv-budget --spec-profile reads the real report, with and without one."""
-    common = ["--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram",
-              "--draft", str(files["draft"]), "--prompts", str(files["prompts"]), "--num-prompts", "2",
-              "--max-new-tokens", "6", "--no-loop"]
+    common = [
+        "--target",
+        str(files["target"]),
+        "--draft",
+        "truncated:1",
+        "--draft",
+        "ngram",
+        "--draft",
+        str(files["draft"]),
+        "--prompts",
+        str(files["prompts"]),
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--no-loop",
+    ]
     res = run(*common, "--k", "1,2", "--gpu", "h100-80gb", "--concurrency", "1,64", "--mfu", "0.4", "--json")
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
@@ -356,8 +513,18 @@ def test_projection_and_kv_budget_reads_the_report(files, tmp_path) -> None:
     res = run(*common, "--k", "1", "--gpu", "H100-80GB", "--concurrency", "1,100m")  # 100m: more than fits
     assert res.exit_code == 0, res.output
     text = " ".join(res.stdout.split())
-    for needle in ("PROJECTION to H100-80GB", "PROJECTED speedup", "conc 104857600", "inputs: NVIDIA H100 80GB HBM3",
-                   "HBM efficiency 0.8 and MFU 0.5", "truncated:1 bf16 (1 layer,", "the target's weights",
-                   "ngram:3 free", "assumes: one GPU", "* !", "!: does not fit",
-                   "ngram:3 at concurrency 104857600: target + draft need"):
+    for needle in (
+        "PROJECTION to H100-80GB",
+        "PROJECTED speedup",
+        "conc 104857600",
+        "inputs: NVIDIA H100 80GB HBM3",
+        "HBM efficiency 0.8 and MFU 0.5",
+        "truncated:1 bf16 (1 layer,",
+        "the target's weights",
+        "ngram:3 free",
+        "assumes: one GPU",
+        "* !",
+        "!: does not fit",
+        "ngram:3 at concurrency 104857600: target + draft need",
+    ):
         assert needle in text, needle

@@ -8,9 +8,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infer_tool.spec.acceptance import beta, expected_tokens, summarize, vllm_rate
+from infer_tool.spec.cached_lm import CachedLM
 from infer_tool.spec.decode import speculative_decode, target_decode
 from infer_tool.spec.drafts import ModelDraft, NgramDraft, truncated_copy
-from infer_tool.spec.cached_lm import CachedLM
 from infer_tool.spec.profile import profile
 from infer_tool.spec.sampling import warp
 
@@ -30,9 +30,16 @@ def one_thread():
 def tiny(layers: int, seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        hidden_size=48, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=V, max_position_embeddings=256,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     return LlamaForCausalLM(cfg).eval()
 
@@ -73,7 +80,7 @@ def test_greedy_output_identical_for_every_draft(target, prompts) -> None:
     for prompt in prompts[:2]:
         ref = target_decode(lm, prompt, NEW, 0.0, 1.0, None).tokens
         # independent reference: transformers' own greedy generation
-        hf = target.generate(prompt[None], do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)[0, len(prompt):]
+        hf = target.generate(prompt[None], do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)[0, len(prompt) :]
         assert torch.equal(ref, hf)
         for draft in drafts_of(target):
             for k in (1, 3):
@@ -137,11 +144,15 @@ def test_matches_transformers_assisted_generation(target, prompts) -> None:
                 start = torch.cat([prompt, run.tokens[:1]])
                 passes.clear()
                 out = target.generate(
-                    start[None], attention_mask=torch.ones(1, len(start), dtype=torch.long),
-                    assistant_model=draft, do_sample=False, max_new_tokens=NEW - 1, min_new_tokens=NEW - 1,
+                    start[None],
+                    attention_mask=torch.ones(1, len(start), dtype=torch.long),
+                    assistant_model=draft,
+                    do_sample=False,
+                    max_new_tokens=NEW - 1,
+                    min_new_tokens=NEW - 1,
                 )
                 hf_passes = len(passes)
-                assert torch.equal(out[0, len(start):], run.tokens[1:])
+                assert torch.equal(out[0, len(start) :], run.tokens[1:])
                 assert run.target_passes == hf_passes  # one target pass per round in both
                 hf += out.shape[1] - len(start) - hf_passes
                 ours += sum(run.accepted)
@@ -197,9 +208,21 @@ def test_teacher_forced_beta_equals_step_by_step(target, prompts) -> None:
 def test_sampled_loop_and_profile(target, prompts) -> None:
     """Temperature > 0: the loop emits the asked tokens; the profile's numbers are consistent."""
     drafts = drafts_of(target)[1:3]
-    result = profile("tiny", target, V, drafts, prompts, ks=[1, 3], max_new_tokens=12, temperature=1.0, top_p=0.9,
-                     cost_ratio=None, seed=0,
-                     n_boot=200, timing_rounds=2)
+    result = profile(
+        "tiny",
+        target,
+        V,
+        drafts,
+        prompts,
+        ks=[1, 3],
+        max_new_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        cost_ratio=None,
+        seed=0,
+        n_boot=200,
+        timing_rounds=2,
+    )
     assert [d.name for d in result.drafts] == ["truncated:2", "prompt-lookup:2"]
     assert result.basis == "measured" and result.tokens == len(prompts) * 11
     for d in result.drafts:

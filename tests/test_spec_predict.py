@@ -126,9 +126,16 @@ def test_outcome_probs_and_vllm_definitions() -> None:
 def tiny(seed: int, noise: float = 0.0) -> LlamaForCausalLM:
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=V, max_position_embeddings=256,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        max_position_embeddings=256,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     model = LlamaForCausalLM(cfg).eval()
     g = torch.Generator().manual_seed(seed)
@@ -171,9 +178,22 @@ def test_profile_follows_fake_timing(base_ms, per_token_ms, best_k) -> None:
     prompts = [torch.randint(0, V, (n,), generator=g) for n in (9, 14)]
     target = priced(tiny(0), base_ms, per_token_ms)
     draft = ModelDraft("noisy", priced(tiny(1, noise=0.2), 0.8, 0.0), V)  # alpha ~ 0.6
-    result = profile("fake", target, V, [draft], prompts, ks=[1, 3], max_new_tokens=16, temperature=0.0, top_p=1.0,
-                     cost_ratio=None, seed=0,
-                     n_boot=100, timing_rounds=3, clock=time.thread_time)
+    result = profile(
+        "fake",
+        target,
+        V,
+        [draft],
+        prompts,
+        ks=[1, 3],
+        max_new_tokens=16,
+        temperature=0.0,
+        top_p=1.0,
+        cost_ratio=None,
+        seed=0,
+        n_boot=100,
+        timing_rounds=3,
+        clock=time.thread_time,
+    )
     d = result.drafts[0]
     assert 0.3 < d.acceptance.alpha < 0.9
     v3 = (base_ms + 4 * per_token_ms) / (base_ms + per_token_ms)  # the fake's own v(3)

@@ -6,14 +6,14 @@ compute-bound (and not without it); configs read into served models."""
 import pytest
 
 from infer_tool.common.errors import BadInput
-from infer_tool.spec.acceptance import expected_tokens
-from infer_tool.spec.costs import RooflineCosts
-from infer_tool.spec.predict import sequence_prediction
-from infer_tool.spec.projection import ProjectionRequest, project
 from infer_tool.sizing.hf_config import shape_from_config
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, model_presets
 from infer_tool.sizing.roofline import Efficiency
 from infer_tool.sizing.shape import FULL, LayerSpec, LinearShape, ModelShape, ParamCount
+from infer_tool.spec.acceptance import expected_tokens
+from infer_tool.spec.costs import RooflineCosts
+from infer_tool.spec.predict import sequence_prediction
+from infer_tool.spec.projection import ProjectionRequest, project
 from infer_tool.spec.roofline import (
     ServedModel,
     Serving,
@@ -34,8 +34,9 @@ def one_layer(name: str, k_in: int) -> ServedModel:
     """One full-attention layer with 1 KV head of dim 4 and 2 query heads; the linear
     weights are one (k_in x 1000) matrix: 1000·k_in parameters, nothing else."""
     layer = LayerSpec(FULL, kv_heads=1, head_dim=4, v_head_dim=4)
-    shape = ModelShape(name, (layer,), num_attention_heads=2, hidden_size=8,
-                       params=ParamCount((LinearShape(k_in, 1000),), other=0))
+    shape = ModelShape(
+        name, (layer,), num_attention_heads=2, hidden_size=8, params=ParamCount((LinearShape(k_in, 1000),), other=0)
+    )
     return ServedModel(shape)
 
 
@@ -73,11 +74,14 @@ def test_roofline_costs_by_hand() -> None:
     assert costs.draft(2, True) == pytest.approx((6e-7 + 5.2e-7) / 2.32e-6)
 
 
-def request(serving: Serving, conc: tuple[int, ...], target: ServedModel, drafts: tuple, names: list[str],
-            max_k: int) -> ProjectionRequest:
+def request(
+    serving: Serving, conc: tuple[int, ...], target: ServedModel, drafts: tuple, names: list[str], max_k: int
+) -> ProjectionRequest:
     """What the CLI hands `profile`: sizing's pass times per concurrency and its inputs."""
-    return ProjectionRequest(tuple(batch_times(serving, target, drafts, B, max_k) for B in conc),
-                             describe(serving, target, drafts, names, conc))
+    return ProjectionRequest(
+        tuple(batch_times(serving, target, drafts, B, max_k) for B in conc),
+        describe(serving, target, drafts, names, conc),
+    )
 
 
 def windows(alpha: float, k: int, n: int = 40) -> list[list[float]]:
@@ -105,9 +109,12 @@ def test_projection_by_hand() -> None:
             assert r.verify_cost == pytest.approx(v[B][r.k], rel=1e-9)
             assert r.alpha_speedup == pytest.approx(expected_tokens(alpha, r.k) / (draft + v[B][r.k]), rel=1e-9)
             # the sequence model over the same windows, with the same costs
-            costs = RooflineCosts(*(2.0032e-6, {m: 2.0032e-6 for m in range(4)}) if B == 1 else
-                                  (2.32e-6, {0: 2.32e-6, **{m: (m + 1) * 2.0064e-6 for m in ks}}),
-                                  *((0.0, 0.0) if free else ((2.032e-7,) * 2 if B == 1 else (5.2e-7,) * 2)))
+            costs = RooflineCosts(
+                *(2.0032e-6, {m: 2.0032e-6 for m in range(4)})
+                if B == 1
+                else (2.32e-6, {0: 2.32e-6, **{m: (m + 1) * 2.0064e-6 for m in ks}}),
+                *((0.0, 0.0) if free else ((2.032e-7,) * 2 if B == 1 else (5.2e-7,) * 2)),
+            )
             e = sequence_prediction(windows(alpha, r.k), r.k, costs)
             assert r.predicted_speedup == pytest.approx(e.tokens / e.cost, rel=1e-9)
         assert row.best_k == max(row.per_k, key=lambda r: (r.predicted_speedup, -r.k)).k
@@ -131,7 +138,9 @@ def test_best_k_falls_with_concurrency_when_verify_turns_compute_bound(flops, mo
         gpu = GpuPreset(gpu.key, gpu.name, gpu.memory_bytes, gpu.source, gpu.hbm_bytes_per_s, flops, None, None)
     target = preset("llama-3.1-8b")
     alpha, ks, conc = 0.8, list(range(1, 9)), (1, 8, 32, 128, 512)
-    req = request(Serving(gpu, Efficiency(), 512, 128), conc, target, (None, truncated(target, 4, "t4")), ["ngram", "t4"], 8)
+    req = request(
+        Serving(gpu, Efficiency(), 512, 128), conc, target, (None, truncated(target, 4, "t4")), ["ngram", "t4"], 8
+    )
     acc = [{k: [windows(alpha, k, 64)] for k in ks} for _ in range(2)]
     p = project(req, ["ngram", "t4"], [alpha, alpha], acc, ks)
     assert p.target[0].verify_costs[8] == pytest.approx(1.0, abs=0.01)  # batch 1: memory-bound
@@ -157,8 +166,11 @@ def test_too_many_sequences_are_flagged() -> None:
 
 def test_configs_to_served_models() -> None:
     cfg = dict(model_presets()["llama-3.1-8b"].config)
-    ct = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-          "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 64}}}}
+    ct = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int", "group_size": 64}}},
+    }
     assert weights_of(cfg) == ("bf16", 128)
     assert weights_of({"quantization_config": ct}) == ("int4", 64)
     fp8 = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float"}}}}

@@ -35,7 +35,9 @@ def test_round_trip_every_dtype_and_shape(tmp_path) -> None:
     for _ in range(2):  # read back twice, in order and at random
         for c, r in zip(chunks, store):
             assert r.dtype == c.dtype and r.shape == c.shape
-            assert torch.equal(r.view(torch.uint8) if r.numel() else r, c.contiguous().view(torch.uint8) if c.numel() else c)
+            assert torch.equal(
+                r.view(torch.uint8) if r.numel() else r, c.contiguous().view(torch.uint8) if c.numel() else c
+            )
     assert torch.equal(store[3], chunks[3])
     store.close()
 

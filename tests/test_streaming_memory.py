@@ -20,19 +20,18 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny import TEXT, make_tokenizer
 
 LIMIT_MIB = 800
 LAYERS, HIDDEN, INTER = 18, 1024, 4096  # 16.8 M parameters (67 MB) a layer: 1.21 GB in all
 
-LIMITED = textwrap.dedent('''
+LIMITED = textwrap.dedent("""
     import resource, sys
     limit = int(sys.argv[1]) * 2**20
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
     from infer_tool.cli.app import main
     main(sys.argv[2:])
-''')
+""")
 
 
 def _write_random_llama(path: Path) -> int:
@@ -43,8 +42,16 @@ def _write_random_llama(path: Path) -> int:
     from infer_tool.packers.safetensors_stream import TensorSpec, write_streamed
 
     tok = make_tokenizer()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                         num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     specs = [TensorSpec(n, torch.float32, tuple(t.shape)) for n, t in model.state_dict().items()]
@@ -52,7 +59,9 @@ def _write_random_llama(path: Path) -> int:
     g = torch.Generator().manual_seed(0)
 
     def load(name: str) -> torch.Tensor:
-        return torch.ones(shapes[name]) if name.endswith("norm.weight") else torch.randn(shapes[name], generator=g) * 0.02
+        return (
+            torch.ones(shapes[name]) if name.endswith("norm.weight") else torch.randn(shapes[name], generator=g) * 0.02
+        )
 
     path.mkdir()
     write_streamed(path / "model.safetensors", specs, load, {"format": "pt"})
@@ -71,11 +80,35 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _quantize(w: Path, out: str, *extra: str) -> subprocess.CompletedProcess:
-    argv = ["quantize", str(w / "model"), "--out", str(w / out), "--calib", str(w / "calib.txt"), "--method", "rtn",
-            "--group-size", "128", "--ignore", "*.mlp.*", "--ignore", "re:self_attn\\.[kvo]_proj", "--no-progress",
-            "--device", "cpu", "--max-memory", "100GiB", "--num-samples", "8", "--seq-len", "64", *extra]
-    return subprocess.run([sys.executable, str(w / "limited.py"), str(LIMIT_MIB), *argv], capture_output=True, text=True,
-                          timeout=900)
+    argv = [
+        "quantize",
+        str(w / "model"),
+        "--out",
+        str(w / out),
+        "--calib",
+        str(w / "calib.txt"),
+        "--method",
+        "rtn",
+        "--group-size",
+        "128",
+        "--ignore",
+        "*.mlp.*",
+        "--ignore",
+        "re:self_attn\\.[kvo]_proj",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--max-memory",
+        "100GiB",
+        "--num-samples",
+        "8",
+        "--seq-len",
+        "64",
+        *extra,
+    ]
+    return subprocess.run(
+        [sys.executable, str(w / "limited.py"), str(LIMIT_MIB), *argv], capture_output=True, text=True, timeout=900
+    )
 
 
 def test_whole_model_does_not_fit_the_limit(big):

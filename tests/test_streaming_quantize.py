@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny import TEXT, save_tiny_llama
 from typer.testing import CliRunner
 
 from infer_tool.cli.app import app
-from tiny import TEXT, save_tiny_llama
 
 runner = CliRunner()
 BASE = ("--num-samples", "8", "--seq-len", "32", "--no-progress", "--device", "cpu", "--json")
@@ -34,8 +34,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _quantize(w: Path, model: str, out: str, *extra: str) -> dict:
-    result = runner.invoke(app, ["quantize", str(w / model), "--out", str(w / out), "--calib", str(w / "calib.txt"),
-                                 *BASE, *extra])
+    result = runner.invoke(
+        app, ["quantize", str(w / model), "--out", str(w / out), "--calib", str(w / "calib.txt"), *BASE, *extra]
+    )
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -62,9 +63,14 @@ def test_sharded_source_and_output_match_the_whole_model_run(work):
     assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in whole.values())
 
 
-@pytest.mark.parametrize("method", [("--method", "awq", "--group-size", "32"),
-                                    ("--method", "fp8", "--fp8-activations", "static", "--kv-cache", "fp8")],
-                         ids=["awq", "fp8-static-kv"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        ("--method", "awq", "--group-size", "32"),
+        ("--method", "fp8", "--fp8-activations", "static", "--kv-cache", "fp8"),
+    ],
+    ids=["awq", "fp8-static-kv"],
+)
 def test_eval_through_the_layers_equals_the_whole_model(work, method):
     """ppl before equals `evaluate_ppl` on the fp model; streamed and whole runs agree on
     ppl after (FP8: as deployed, W8A8 and FP8 KV cache) and on every byte."""
@@ -82,7 +88,9 @@ def test_eval_through_the_layers_equals_the_whole_model(work, method):
     assert streamed["eval"]["ppl_before"] == pytest.approx(reference.ppl, rel=1e-9)
     assert streamed["eval"]["ppl_after"] == whole["eval"]["ppl_after"]
     assert streamed["eval"]["windows"] == reference.windows == 9
-    assert (work / f"ev-s-{tag}/model.safetensors").read_bytes() == (work / f"ev-w-{tag}/model.safetensors").read_bytes()
+    assert (work / f"ev-s-{tag}/model.safetensors").read_bytes() == (
+        work / f"ev-w-{tag}/model.safetensors"
+    ).read_bytes()
 
 
 def test_files_that_do_not_match_the_model_are_loaded_whole(work):
@@ -94,14 +102,32 @@ def test_files_that_do_not_match_the_model_are_loaded_whole(work):
         if f.suffix != ".safetensors":
             (src / f.name).write_bytes(f.read_bytes())
     tensors = load_file(str(work / "model/model.safetensors"))
-    save_file({k.removeprefix("model."): v for k, v in tensors.items()}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k.removeprefix("model."): v for k, v in tensors.items()},
+        str(src / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     report = _quantize(work, "renamed", "renamed-out", "--method", "rtn", "--group-size", "32")
     assert any("loaded, not streamed" in n and "no tensor" in n for n in report["notes"])
 
 
 def test_preflight_refuses_with_both_numbers(work):
-    result = runner.invoke(app, ["quantize", str(work / "model"), "--out", str(work / "never"), "--calib",
-                                 str(work / "calib.txt"), *BASE, "--group-size", "32", "--max-memory", "100MiB"])
+    result = runner.invoke(
+        app,
+        [
+            "quantize",
+            str(work / "model"),
+            "--out",
+            str(work / "never"),
+            "--calib",
+            str(work / "calib.txt"),
+            *BASE,
+            "--group-size",
+            "32",
+            "--max-memory",
+            "100MiB",
+        ],
+    )
     assert result.exit_code == 2
     assert "GiB of host memory (estimate), more than the 0.10 GiB --max-memory" in result.output
     assert not (work / "never").exists() and not (work / ".never.partial").exists()
@@ -148,6 +174,17 @@ def test_short_of_memory_gptq_keeps_its_replayed_activations_in_a_file(work, mon
     assert (work / "spill/model.safetensors").read_bytes() == (work / "spill-ref/model.safetensors").read_bytes()
     # Not even that fits: refused with both numbers, nothing written.
     monkeypatch.setattr(preflight, "host_available", lambda: hosts[True] - 1)
-    result = runner.invoke(app, ["quantize", str(work / "model"), "--out", str(work / "spill-no"), "--calib",
-                                 str(work / "calib.txt"), *BASE, *args])
+    result = runner.invoke(
+        app,
+        [
+            "quantize",
+            str(work / "model"),
+            "--out",
+            str(work / "spill-no"),
+            "--calib",
+            str(work / "calib.txt"),
+            *BASE,
+            *args,
+        ],
+    )
     assert result.exit_code == 2 and "GiB of host memory" in result.output and not (work / "spill-no").exists()

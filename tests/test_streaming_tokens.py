@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import TEXT, make_tokenizer
 
 from infer_tool.calib import corpora
-from tiny import TEXT, make_tokenizer
 
 
 def _one_call(text, tok):
@@ -28,7 +28,9 @@ def _metaspace_tokenizer():
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator([TEXT], trainer=trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"], show_progress=False))
+    tok.train_from_iterator(
+        [TEXT], trainer=trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"], show_progress=False)
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
 
 

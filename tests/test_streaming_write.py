@@ -32,8 +32,12 @@ def test_streamed_file_is_save_file_byte_for_byte(tmp_path):
     for trial in range(40):
         tensors = _random_tensors(rng)
         save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
-        write_streamed(tmp_path / "ours.safetensors", [spec_of(n, t) for n, t in tensors.items()], tensors.__getitem__,
-                       {"format": "pt"})
+        write_streamed(
+            tmp_path / "ours.safetensors",
+            [spec_of(n, t) for n, t in tensors.items()],
+            tensors.__getitem__,
+            {"format": "pt"},
+        )
         assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes(), trial
 
 
@@ -80,8 +84,17 @@ def test_one_shard_is_model_safetensors_without_index(tmp_path):
     assert not (tmp_path / "model.safetensors.index.json").exists()
 
 
-@pytest.mark.parametrize("text, expected", [("5GB", 5 * 10**9), ("512MiB", 512 * 2**20), ("1.5gb", 1_500_000_000),
-                                            ("1000", 1000), (2048, 2048), ("2 GiB", 2 * 2**30)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("5GB", 5 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("1.5gb", 1_500_000_000),
+        ("1000", 1000),
+        (2048, 2048),
+        ("2 GiB", 2 * 2**30),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 

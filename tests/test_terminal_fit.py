@@ -103,7 +103,6 @@ def test_task_names() -> None:
     assert len(long) == TASK_WIDTH and "\u2026" in long
 
 
-
 # --- --help -------------------------------------------------------------------------------
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -160,13 +159,18 @@ def _help_column(lines: list[str]) -> int | None:
 
 def _row_flags(lines: list[str]) -> list[str]:
     """The first flag of each option row of a panel."""
-    return [m.group(1) for line in lines if _indent(line) <= ROW_INDENT
-            if (m := re.match(r"\s*(?:\*\s+)?(--?[\w-]+)", line))]
+    return [
+        m.group(1)
+        for line in lines
+        if _indent(line) <= ROW_INDENT
+        if (m := re.match(r"\s*(?:\*\s+)?(--?[\w-]+)", line))
+    ]
 
 
 def _flags(command) -> list[str]:
-    return [o for p in command.params if isinstance(p, TyperOption) and not p.hidden
-            for o in (*p.opts, *p.secondary_opts)]
+    return [
+        o for p in command.params if isinstance(p, TyperOption) and not p.hidden for o in (*p.opts, *p.secondary_opts)
+    ]
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -213,8 +217,9 @@ def _check_listing(text: str, group: TyperGroup) -> None:
             assert len(line) + 1 + len(following.split()[0]) > width, f"{name}: line broken early: {line!r}"
 
 
-@pytest.mark.parametrize("path", [p for p, c in COMMANDS.items() if isinstance(c, TyperGroup)],
-                         ids=lambda p: " ".join(p) or "root")
+@pytest.mark.parametrize(
+    "path", [p for p, c in COMMANDS.items() if isinstance(c, TyperGroup)], ids=lambda p: " ".join(p) or "root"
+)
 def test_groups_list_their_commands_in_filled_lines(path: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     _check_listing(_render(path, 80, monkeypatch), COMMANDS[path])
 
@@ -246,7 +251,8 @@ def test_unlisted_options_need_no_entry(monkeypatch: pytest.MonkeyPatch) -> None
 
     @demo.command("calibrate")
     def calibrate(
-        calib: str = "x", new_option: int = 1,
+        calib: str = "x",
+        new_option: int = 1,
         smoothquant: bool = typer.Option(True, "--smoothquant/--no-smoothquant"),
     ) -> None:
         pass
@@ -291,8 +297,14 @@ def test_console_script_help_is_what_the_tests_render(monkeypatch: pytest.Monkey
     """`infer-tool quantize --help` through the entry point users run, at COLUMNS=80."""
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
     env.pop("TERMINAL_WIDTH", None)
-    r = subprocess.run([sys.executable, "-c", "from infer_tool.cli.app import main; main()", "quantize", "--help"],
-                       capture_output=True, text=True, timeout=60, env=env, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "quantize", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr
     assert ANSI.sub("", r.stdout) == _render(("quantize",), 80, monkeypatch)
     assert issubclass(type(COMMANDS[("quantize",)]), PanelledCommand)

@@ -66,13 +66,21 @@ def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
                 kv.add(fmt.name)
     assert seen == {(f.name, f.kind) for f in all_formats()}
     assert strategies == {("compressed-tensors", s) for s in ("tensor", "channel", "block")} | {
-        ("fp8", "tensor"), ("fp8", "block")}
+        ("fp8", "tensor"),
+        ("fp8", "block"),
+    }
     assert kv == {"compressed-tensors", "fp8"}
     assert fp4 == {(f"{f}-pack-quantized", w4a4) for f in ("nvfp4", "mxfp4") for w4a4 in (False, True)}
 
 
-def _result(row_id: str, vllm: dict, ours: float | None = None, scales: dict | None = None, activations: str = "",
-            weight_only: float | None = None) -> vllm_formats.Result:
+def _result(
+    row_id: str,
+    vllm: dict,
+    ours: float | None = None,
+    scales: dict | None = None,
+    activations: str = "",
+    weight_only: float | None = None,
+) -> vllm_formats.Result:
     (row,) = [r for r in ROWS if r.id == row_id]
     return vllm_formats.Result(row, vllm_formats.ROOT, vllm, ours, scales or {}, activations, weight_only)
 
@@ -92,52 +100,185 @@ ONEDNN, SGL = ["_apply_weights_onednn"], ["_apply_weights_sgl"]
         (_result("awq-gemm", {"ppl": 25.3, "stage": "score", "w4a8": [False]}, ours=24.8), NO_AMX_HOST, "over 1%"),
         (_result("awq-gemm", {"error": "ValueError: x", "stage": "load"}), NO_AMX_HOST, "did not run it"),
         (_result("fp8-tensor", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
-        (_result("fp8-tensor", {"error": "RuntimeError: other", "stage": "load"}), NO_AMX_HOST, "expected vLLM's refusal"),
+        (
+            _result("fp8-tensor", {"error": "RuntimeError: other", "stage": "load"}),
+            NO_AMX_HOST,
+            "expected vLLM's refusal",
+        ),
         (_result("ct-nvfp4", {"ppl": 21.0, "stage": "score"}, ours=21.0), AMX_HOST, "now runs this format"),
-        (_result("ct-mxfp4a16", {"error": vllm_formats.NO_NVFP4_KERNEL, "stage": "load"}), NO_AMX_HOST,
-         "expected vLLM's refusal"),
-        (_result("ct-fp8-channel-static", {"error": vllm_formats.NARROW_0DIM, "stage": "load"}), NO_AMX_HOST, "at score"),
+        (
+            _result("ct-mxfp4a16", {"error": vllm_formats.NO_NVFP4_KERNEL, "stage": "load"}),
+            NO_AMX_HOST,
+            "expected vLLM's refusal",
+        ),
+        (
+            _result("ct-fp8-channel-static", {"error": vllm_formats.NARROW_0DIM, "stage": "load"}),
+            NO_AMX_HOST,
+            "at score",
+        ),
         (_result("ct-fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load"}), AMX_HOST, "did not run it"),
-        (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
-                                       "kv_scales": {"a": [0.02, 0.002]}}, ours=20.8, scales={"a": [0.02, 0.004]}),
-         NO_AMX_HOST, "other k/v scales"),
-        (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "auto", "kv_scales": {}},
-                 ours=20.8, scales={"a": [0.02, 0.004]}), NO_AMX_HOST, "not fp8"),
+        (
+            _result(
+                "ct-fp8-channel-kv",
+                {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8", "kv_scales": {"a": [0.02, 0.002]}},
+                ours=20.8,
+                scales={"a": [0.02, 0.004]},
+            ),
+            NO_AMX_HOST,
+            "other k/v scales",
+        ),
+        (
+            _result(
+                "ct-fp8-channel-kv",
+                {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "auto", "kv_scales": {}},
+                ours=20.8,
+                scales={"a": [0.02, 0.004]},
+            ),
+            NO_AMX_HOST,
+            "not fp8",
+        ),
         # per-stage time limit: the row is named
-        (_result("ct-fp8-channel", {"stage": "score", "loaded": True, "timed_out": True,
-                                    "error": "Timeout: vLLM's score of ct-fp8-channel ran over 240 s; killed"}),
-         AMX_HOST, "ct-fp8-channel: Timeout"),
+        (
+            _result(
+                "ct-fp8-channel",
+                {
+                    "stage": "score",
+                    "loaded": True,
+                    "timed_out": True,
+                    "error": "Timeout: vLLM's score of ct-fp8-channel ran over 240 s; killed",
+                },
+            ),
+            AMX_HOST,
+            "ct-fp8-channel: Timeout",
+        ),
         # vLLM's own selection, as either class, differs from the row's
-        (_result("fp8-block-gate-up", {"error": vllm_formats.NO_AMX, "stage": "load", "selections": {
-            "no_amx": list(vllm_formats.FP8_BLOCK_NONE), "amx": list(vllm_formats.FP8_BLOCK_NONE)}}),
-         NO_AMX_HOST, "selection with AMX"),
+        (
+            _result(
+                "fp8-block-gate-up",
+                {
+                    "error": vllm_formats.NO_AMX,
+                    "stage": "load",
+                    "selections": {
+                        "no_amx": list(vllm_formats.FP8_BLOCK_NONE),
+                        "amx": list(vllm_formats.FP8_BLOCK_NONE),
+                    },
+                },
+            ),
+            NO_AMX_HOST,
+            "selection with AMX",
+        ),
         # W4A8 with AMX: within 1% of ours with int8 activations, above the weight-only figure by the gap
-        (_result("ct-int4-asym-w4a8", {"ppl": 24.9, "stage": "score", "w4a8": [True], **INT4}, ours=24.9,
-                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST, "outside +1%..+8%"),
-        (_result("ct-int4-asym-w4a8", {"ppl": 23.9, "stage": "score", "w4a8": [True], **INT4}, ours=23.9,
-                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST, "outside +1%..+8%"),
-        (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=25.2,
-                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST, "over 1%"),
-        (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=25.6,
-                 activations="unquantized", weight_only=24.8), AMX_HOST, "expected 'int8 per token, W4A8 (sgl)'"),
+        (
+            _result(
+                "ct-int4-asym-w4a8",
+                {"ppl": 24.9, "stage": "score", "w4a8": [True], **INT4},
+                ours=24.9,
+                activations=W4A8_OURS,
+                weight_only=24.8,
+            ),
+            AMX_HOST,
+            "outside +1%..+8%",
+        ),
+        (
+            _result(
+                "ct-int4-asym-w4a8",
+                {"ppl": 23.9, "stage": "score", "w4a8": [True], **INT4},
+                ours=23.9,
+                activations=W4A8_OURS,
+                weight_only=24.8,
+            ),
+            AMX_HOST,
+            "outside +1%..+8%",
+        ),
+        (
+            _result(
+                "ct-int4-asym-w4a8",
+                {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4},
+                ours=25.2,
+                activations=W4A8_OURS,
+                weight_only=24.8,
+            ),
+            AMX_HOST,
+            "over 1%",
+        ),
+        (
+            _result(
+                "ct-int4-asym-w4a8",
+                {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4},
+                ours=25.6,
+                activations="unquantized",
+                weight_only=24.8,
+            ),
+            AMX_HOST,
+            "expected 'int8 per token, W4A8 (sgl)'",
+        ),
         # W8A8: vLLM's INT8 path per class, ours rounding as that path does
-        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
-                 activations=ONEDNN_OURS), AMX_HOST, "expected ['_apply_weights_sgl']"),
-        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": SGL, **INT8}, ours=21.0,
-                 activations=SGL_OURS), NO_AMX_HOST, "expected ['_apply_weights_onednn']"),
-        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": SGL, **INT8}, ours=21.0,
-                 activations=ONEDNN_OURS), AMX_HOST, "expected 'int8 per token (sgl)'"),
-        (_result("ct-w8a8-dynamic", {"ppl": 21.0, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
-                 activations="int8 static input_scale (onednn)"), NO_AMX_HOST, "expected 'int8 per token (onednn)'"),
-        (_result("ct-w8a8-dynamic", {"ppl": 21.5, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
-                 activations="int8 per token (onednn)"), NO_AMX_HOST, "over 1%"),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.0, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations=ONEDNN_OURS,
+            ),
+            AMX_HOST,
+            "expected ['_apply_weights_sgl']",
+        ),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.0, "stage": "score", "int8_paths": SGL, **INT8},
+                ours=21.0,
+                activations=SGL_OURS,
+            ),
+            NO_AMX_HOST,
+            "expected ['_apply_weights_onednn']",
+        ),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.0, "stage": "score", "int8_paths": SGL, **INT8},
+                ours=21.0,
+                activations=ONEDNN_OURS,
+            ),
+            AMX_HOST,
+            "expected 'int8 per token (sgl)'",
+        ),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.0, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations="int8 static input_scale (onednn)",
+            ),
+            NO_AMX_HOST,
+            "expected 'int8 per token (onednn)'",
+        ),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.5, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations="int8 per token (onednn)",
+            ),
+            NO_AMX_HOST,
+            "over 1%",
+        ),
         (_result("ct-w8a16", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
-        (_result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), AMX_HOST,
-         "use_w4a8=[False]"),
-        (_result("ct-int4-asym-w4a8", {"ppl": 24.8, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), NO_AMX_HOST,
-         "use_w4a8=[True]"),
-        (_result("ct-int4-asym", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=24.8), AMX_HOST,
-         "use_w4a8=[True]"),
+        (
+            _result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [False], **INT4}, ours=24.8),
+            AMX_HOST,
+            "use_w4a8=[False]",
+        ),
+        (
+            _result("ct-int4-asym-w4a8", {"ppl": 24.8, "stage": "score", "w4a8": [True], **INT4}, ours=24.8),
+            NO_AMX_HOST,
+            "use_w4a8=[True]",
+        ),
+        (
+            _result("ct-int4-asym", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=24.8),
+            AMX_HOST,
+            "use_w4a8=[True]",
+        ),
     ],
 )
 def test_problems_catch_each_miss(res: vllm_formats.Result, host: dict, complaint: str) -> None:
@@ -150,22 +291,66 @@ def test_problems_accept_expected_outcomes() -> None:
     ok = [
         (_result("awq-gemm", {"ppl": 24.9, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), NO_AMX_HOST),
         (_result("awq-gemm", {"ppl": 24.9, "stage": "score", "w4a8": [False], **INT4}, ours=24.8), AMX_HOST),
-        (_result("awq-gemm-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4}, ours=25.5,
-                 activations=W4A8_OURS, weight_only=24.8), AMX_HOST),
-        (_result("awq-gemm-w4a8", {"ppl": 24.85, "stage": "score", "w4a8": [False], **INT4}, ours=24.8,
-                 activations="unquantized"), NO_AMX_HOST),
+        (
+            _result(
+                "awq-gemm-w4a8",
+                {"ppl": 25.6, "stage": "score", "w4a8": [True], **INT4},
+                ours=25.5,
+                activations=W4A8_OURS,
+                weight_only=24.8,
+            ),
+            AMX_HOST,
+        ),
+        (
+            _result(
+                "awq-gemm-w4a8",
+                {"ppl": 24.85, "stage": "score", "w4a8": [False], **INT4},
+                ours=24.8,
+                activations="unquantized",
+            ),
+            NO_AMX_HOST,
+        ),
         (_result("fp8-tensor", {"error": vllm_formats.STATIC_FP8_QUANT, "stage": "load"}), NO_AMX_HOST),
         (_result("ct-nvfp4a16", {"error": vllm_formats.NVFP4_MARLIN, "stage": "load"}), AMX_HOST),
-        (_result("ct-w8a8-dynamic", {"ppl": 21.05, "stage": "score", "int8_paths": ONEDNN, **INT8}, ours=21.0,
-                 activations=ONEDNN_OURS), NO_AMX_HOST),
-        (_result("ct-w8a8-dynamic", {"ppl": 21.05, "stage": "score", "int8_paths": SGL, **INT8}, ours=21.0,
-                 activations=SGL_OURS), AMX_HOST),
-        (_result("ct-w8a16", {"error": vllm_formats.W8A16_CPU, "stage": "load", "selections": {
-            "no_amx": list(vllm_formats.W8A16_NONE), "amx": list(vllm_formats.W8A16_NONE)}}), AMX_HOST),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.05, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations=ONEDNN_OURS,
+            ),
+            NO_AMX_HOST,
+        ),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.05, "stage": "score", "int8_paths": SGL, **INT8},
+                ours=21.0,
+                activations=SGL_OURS,
+            ),
+            AMX_HOST,
+        ),
+        (
+            _result(
+                "ct-w8a16",
+                {
+                    "error": vllm_formats.W8A16_CPU,
+                    "stage": "load",
+                    "selections": {"no_amx": list(vllm_formats.W8A16_NONE), "amx": list(vllm_formats.W8A16_NONE)},
+                },
+            ),
+            AMX_HOST,
+        ),
         (_result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75), AMX_HOST),
-        (_result("ct-fp8-channel-kv", {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8",
-                                       "kv_scales": {"a": [0.02, 0.004]}}, ours=20.8, scales={"a": [0.02, 0.004]}),
-         NO_AMX_HOST),
+        (
+            _result(
+                "ct-fp8-channel-kv",
+                {"ppl": 20.8, "stage": "score", "kv_cache_dtype": "fp8", "kv_scales": {"a": [0.02, 0.004]}},
+                ours=20.8,
+                scales={"a": [0.02, 0.004]},
+            ),
+            NO_AMX_HOST,
+        ),
     ]
     for res, host in ok:
         assert vllm_formats.problems(res, host) == [], res.row.id

@@ -17,21 +17,56 @@ FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 def moe_config(family: str, vocab_size: int = 300):  # noqa: ANN201
     import transformers as tf
 
-    common = dict(vocab_size=vocab_size, hidden_size=64, num_attention_heads=4, max_position_embeddings=256,
-                  num_experts_per_tok=2, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        num_experts_per_tok=2,
+        tie_word_embeddings=False,
+    )
     if family == "mixtral":
-        return tf.MixtralConfig(**common, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2, num_local_experts=4)
+        return tf.MixtralConfig(
+            **common, intermediate_size=32, num_hidden_layers=2, num_key_value_heads=2, num_local_experts=4
+        )
     if family == "qwen2_moe":
-        return tf.Qwen2MoeConfig(**common, intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
-                                 num_hidden_layers=2, num_key_value_heads=2, num_experts=4)
+        return tf.Qwen2MoeConfig(
+            **common,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_hidden_layers=2,
+            num_key_value_heads=2,
+            num_experts=4,
+        )
     if family == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**common, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                                 num_key_value_heads=2, num_experts=4, head_dim=16)
+        return tf.Qwen3MoeConfig(
+            **common,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_key_value_heads=2,
+            num_experts=4,
+            head_dim=16,
+        )
     if family == "deepseek_v3":
-        return tf.DeepseekV3Config(**common, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
-                                   first_k_dense_replace=1, num_key_value_heads=4, n_routed_experts=8, n_group=2, topk_group=2,
-                                   n_shared_experts=1, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
-                                   qk_nope_head_dim=16, v_head_dim=16)
+        return tf.DeepseekV3Config(
+            **common,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            n_group=2,
+            topk_group=2,
+            n_shared_experts=1,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+        )
     raise KeyError(family)
 
 
@@ -83,6 +118,7 @@ def starving(model, expert: int):  # noqa: ANN001, ANN201
         finally:
             for gate in saved:
                 del gate.forward
+
     return ctx()
 
 

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 VLLM_PYTHON = Path(os.environ.get("INFER_TOOL_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
@@ -199,10 +198,19 @@ INT4_ROWS = (
 )
 ROWS = (
     *INT4_ROWS,
-    *(Row(f"{r.id}-w4a8", f"{r.label}, VLLM_CPU_INT4_W4A8=1", r.args, kernels=r.kernels, w4a8=True, checkpoint_of=r.id)
-      for r in INT4_ROWS),
-    Row("ct-fp8-channel", "compressed-tensors FP8 per channel, dynamic", (*FP8, "--fp8-granularity", "channel"),
-        kernels=FP8_TORCH, torch_scaled_mm=True),
+    *(
+        Row(
+            f"{r.id}-w4a8", f"{r.label}, VLLM_CPU_INT4_W4A8=1", r.args, kernels=r.kernels, w4a8=True, checkpoint_of=r.id
+        )
+        for r in INT4_ROWS
+    ),
+    Row(
+        "ct-fp8-channel",
+        "compressed-tensors FP8 per channel, dynamic",
+        (*FP8, "--fp8-granularity", "channel"),
+        kernels=FP8_TORCH,
+        torch_scaled_mm=True,
+    ),
     Row(
         "ct-fp8-channel-kv",
         "compressed-tensors FP8 per channel, dynamic, KV scales",
@@ -270,16 +278,36 @@ ROWS = (
         kernels=FP8_BLOCK_NONE,
         amx_kernels=FP8_BLOCK_AMX,
     ),
-    Row("ct-nvfp4a16", "compressed-tensors NVFP4A16 (nvfp4-pack-quantized, weights only)", (*FP4, "--fp4", "nvfp4"),
-        refusal=NVFP4_MARLIN),
-    Row("ct-nvfp4", "compressed-tensors NVFP4 (W4A4)", (*FP4, "--fp4", "nvfp4", "--fp4-activations", "fp4"),
-        refusal=NO_NVFP4_KERNEL),
-    Row("ct-mxfp4a16", "compressed-tensors MXFP4A16 (mxfp4-pack-quantized, weights only)", (*FP4, "--fp4", "mxfp4"),
-        refusal=NO_MXFP4_KERNEL),
-    Row("ct-mxfp4", "compressed-tensors MXFP4 (W4A4)", (*FP4, "--fp4", "mxfp4", "--fp4-activations", "fp4"),
-        refusal=NO_MXFP4_KERNEL),
-    Row("ct-w8a8-dynamic", "compressed-tensors W8A8 INT8 (int-quantized), dynamic per-token activations", W8A8,
-        kernels=INT8_KERNEL),
+    Row(
+        "ct-nvfp4a16",
+        "compressed-tensors NVFP4A16 (nvfp4-pack-quantized, weights only)",
+        (*FP4, "--fp4", "nvfp4"),
+        refusal=NVFP4_MARLIN,
+    ),
+    Row(
+        "ct-nvfp4",
+        "compressed-tensors NVFP4 (W4A4)",
+        (*FP4, "--fp4", "nvfp4", "--fp4-activations", "fp4"),
+        refusal=NO_NVFP4_KERNEL,
+    ),
+    Row(
+        "ct-mxfp4a16",
+        "compressed-tensors MXFP4A16 (mxfp4-pack-quantized, weights only)",
+        (*FP4, "--fp4", "mxfp4"),
+        refusal=NO_MXFP4_KERNEL,
+    ),
+    Row(
+        "ct-mxfp4",
+        "compressed-tensors MXFP4 (W4A4)",
+        (*FP4, "--fp4", "mxfp4", "--fp4-activations", "fp4"),
+        refusal=NO_MXFP4_KERNEL,
+    ),
+    Row(
+        "ct-w8a8-dynamic",
+        "compressed-tensors W8A8 INT8 (int-quantized), dynamic per-token activations",
+        W8A8,
+        kernels=INT8_KERNEL,
+    ),
     # No static per-tensor W8A8 row yet: on the AMD EPYC (no AMX) vLLM's ppl came 1.38% above ours
     # (`(*W8A8, "--int8-activations", "static")`, CALIB_STATIC; ours moved 0.29% to float32 and not at all
     # to the CUDA formula), a gap not yet explained; with AMX vLLM reads no input_scale (ours_activations).
@@ -328,11 +356,14 @@ def vllm_python() -> Path:
             f"vLLM environment missing: {VLLM_PYTHON} does not exist; `make vllm-env` builds it "
             "(`make test` does so first), or set INFER_TOOL_VLLM_PYTHON"
         )
-    probe = subprocess.run([str(VLLM_PYTHON), "-c", "import vllm, transformers"], capture_output=True, text=True,
-                           timeout=START_TIMEOUT_S)
+    probe = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import vllm, transformers"], capture_output=True, text=True, timeout=START_TIMEOUT_S
+    )
     if probe.returncode:
         tail = (probe.stderr.strip().splitlines() or ["?"])[-1]
-        raise VllmEnvMissing(f"vLLM environment {VLLM_PYTHON} cannot import vllm: {tail}; rebuild it with `make vllm-env`")
+        raise VllmEnvMissing(
+            f"vLLM environment {VLLM_PYTHON} cannot import vllm: {tail}; rebuild it with `make vllm-env`"
+        )
     return VLLM_PYTHON
 
 
@@ -402,8 +433,9 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().split("\n")[:-1]]
 
 
-def run_worker(python: Path, work: Path, jobs: list[dict[str, Any]], ids: list[int], env: dict[str, str],
-               tag: str) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+def run_worker(
+    python: Path, work: Path, jobs: list[dict[str, Any]], ids: list[int], env: dict[str, str], tag: str
+) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
     """Run `jobs` in worker processes with `env`, each stage under its time limit: a worker whose
     stage overruns is killed and its job recorded as timed out (one that dies inside a job: as
     crashed), and a new worker takes the rest. (host line or None, {job name: result})."""
@@ -414,12 +446,20 @@ def run_worker(python: Path, work: Path, jobs: list[dict[str, Any]], ids: list[i
     while len(results) < len(jobs):
         todo = [j for j in jobs if j["name"] not in results]
         attempt += 1
-        spec, out, log_path = (work / f"jobs-{tag}-{attempt}.json", work / f"results-{tag}-{attempt}.jsonl",
-                               work / f"vllm_worker-{tag}-{attempt}.log")
+        spec, out, log_path = (
+            work / f"jobs-{tag}-{attempt}.json",
+            work / f"results-{tag}-{attempt}.jsonl",
+            work / f"vllm_worker-{tag}-{attempt}.log",
+        )
         spec.write_text(json.dumps({"token_ids": ids, "jobs": todo}))
         with open(log_path, "w") as log:
-            proc = subprocess.Popen([str(python), str(WORKER), str(spec), str(out)], stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **env}, start_new_session=True)
+            proc = subprocess.Popen(
+                [str(python), str(WORKER), str(spec), str(out)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                start_new_session=True,
+            )
             stage, name, since, seen = "start", None, time.monotonic(), 0
             while True:
                 rc = proc.poll()
@@ -436,30 +476,46 @@ def run_worker(python: Path, work: Path, jobs: list[dict[str, Any]], ids: list[i
                 seen = len(lines)
                 if rc is not None:
                     if rc and stage in ("load", "score") and name not in results:  # died inside vLLM: that row's
-                        results[name] = {"name": name, "loaded": stage == "score", "stage": stage, "crashed": True,
-                                         "error": f"Crash: the vLLM worker died (exit {rc}) in the {stage} of {name}"}
+                        results[name] = {
+                            "name": name,
+                            "loaded": stage == "score",
+                            "stage": stage,
+                            "crashed": True,
+                            "error": f"Crash: the vLLM worker died (exit {rc}) in the {stage} of {name}",
+                        }
                     break
                 limit = limits.get(stage, LOAD_TIMEOUT_S)
                 if time.monotonic() - since > limit:
                     os.killpg(proc.pid, 9)
                     proc.wait()
                     if stage in ("load", "score") and name not in results:
-                        results[name] = {"name": name, "loaded": stage == "score", "stage": stage, "timed_out": True,
-                                         "error": f"Timeout: vLLM's {stage} of {name} ran over {limit} s; killed"}
+                        results[name] = {
+                            "name": name,
+                            "loaded": stage == "score",
+                            "stage": stage,
+                            "timed_out": True,
+                            "error": f"Timeout: vLLM's {stage} of {name} ran over {limit} s; killed",
+                        }
                     else:  # stuck starting or between jobs: nothing to blame on a row
-                        raise AssertionError(f"vLLM worker stuck in {stage} for {limit} s:\n{log_path.read_text()[-3000:]}")
+                        raise AssertionError(
+                            f"vLLM worker stuck in {stage} for {limit} s:\n{log_path.read_text()[-3000:]}"
+                        )
                     break
                 time.sleep(0.5)
-        if proc.returncode and not any(r.get("timed_out") or r.get("crashed") for r in results.values()
-                                       if r["name"] in {j["name"] for j in todo}):
+        if proc.returncode and not any(
+            r.get("timed_out") or r.get("crashed") for r in results.values() if r["name"] in {j["name"] for j in todo}
+        ):
             done = [j["name"] for j in todo if j["name"] in results]
-            raise AssertionError(f"vLLM worker exited {proc.returncode} after {len(done)} of {len(todo)} rows "
-                                 f"({tag}):\n{log_path.read_text()[-3000:]}")
+            raise AssertionError(
+                f"vLLM worker exited {proc.returncode} after {len(done)} of {len(todo)} rows "
+                f"({tag}):\n{log_path.read_text()[-3000:]}"
+            )
     return host, results
 
 
-def run_vllm(python: Path, work: Path, ckpts: dict[str, Path], rows: tuple[Row, ...], ids: list[int],
-             amx: bool | None = None) -> tuple[dict, dict]:
+def run_vllm(
+    python: Path, work: Path, ckpts: dict[str, Path], rows: tuple[Row, ...], ids: list[int], amx: bool | None = None
+) -> tuple[dict, dict]:
     """Load and score every row: the W4A8 rows in a worker with VLLM_CPU_INT4_W4A8=1, the
     others with 0; on a host with AMX, torch's oneDNN is turned off for `torch_scaled_mm` rows.
     (host line, {row id: result})."""
@@ -470,10 +526,18 @@ def run_vllm(python: Path, work: Path, ckpts: dict[str, Path], rows: tuple[Row, 
         group = [r for r in rows if r.w4a8 == w4a8]
         if not group:
             continue
-        jobs = [{"name": r.id, "path": str(ckpts[r.id]), "kv_cache_dtype": r.vllm_kv_cache_dtype,
-                 "torch_onednn": not (amx and r.torch_scaled_mm)} for r in group]
-        host, res = run_worker(python, work, jobs, ids, {"VLLM_CPU_INT4_W4A8": "1" if w4a8 else "0"},
-                               "w4a8" if w4a8 else "w4a16")
+        jobs = [
+            {
+                "name": r.id,
+                "path": str(ckpts[r.id]),
+                "kv_cache_dtype": r.vllm_kv_cache_dtype,
+                "torch_onednn": not (amx and r.torch_scaled_mm),
+            }
+            for r in group
+        ]
+        host, res = run_worker(
+            python, work, jobs, ids, {"VLLM_CPU_INT4_W4A8": "1" if w4a8 else "0"}, "w4a8" if w4a8 else "w4a16"
+        )
         hosts["w4a8" if w4a8 else "w4a16"] = host
         by_name.update(res)
     first = next((h for h in hosts.values() if h), {})
@@ -484,8 +548,25 @@ def run_vllm(python: Path, work: Path, ckpts: dict[str, Path], rows: tuple[Row, 
 def ours_ppl(path: Path, kv: bool, flags: tuple[str, ...] = ()) -> tuple[float, str]:
     """(ppl, what the evaluation did to activations) of `eval ppl --dtype bfloat16 FLAGS`."""
     extra = ["--kv-cache-dtype", "fp8"] if kv else []
-    out = json.loads(cli("eval", "ppl", path, "--data", EVAL, "--max-tokens", WINDOW, "--seq-len", WINDOW,
-                         "--dtype", "bfloat16", *extra, *flags, "--json", "--no-progress"))
+    out = json.loads(
+        cli(
+            "eval",
+            "ppl",
+            path,
+            "--data",
+            EVAL,
+            "--max-tokens",
+            WINDOW,
+            "--seq-len",
+            WINDOW,
+            "--dtype",
+            "bfloat16",
+            *extra,
+            *flags,
+            "--json",
+            "--no-progress",
+        )
+    )
     return float(out["ppl"]), str(out.get("activations", ""))
 
 
@@ -552,49 +633,69 @@ def problems(res: Result, host: dict[str, Any]) -> list[str]:
         got = rec.get("selections", {}).get(cls)
         want = sorted(row.expected_kernels(is_amx))
         if got is not None and got != want:
-            out.append(f"{row.id}: vLLM's kernel selection {'with' if is_amx else 'without'} AMX is {got}, expected {want}")
+            out.append(
+                f"{row.id}: vLLM's kernel selection {'with' if is_amx else 'without'} AMX is {got}, expected {want}"
+            )
     refusal = expected_refusal(row, host)
     if refusal is not None:
         if rec.get("error") == refusal and rec.get("stage") == row.refusal_stage:
             return out
         if rec.get("ppl") is not None:
-            return out + [f"{row.id}: vLLM now runs this format (ppl {rec['ppl']:.4f}); it was refused with "
-                          f"{refusal!r}: make it a loading row and update the README's vLLM table"]
-        return out + [f"{row.id}: expected vLLM's refusal {refusal!r} at {row.refusal_stage}, "
-                      f"got {rec.get('error')!r} at {rec.get('stage')}"]
+            return out + [
+                f"{row.id}: vLLM now runs this format (ppl {rec['ppl']:.4f}); it was refused with "
+                f"{refusal!r}: make it a loading row and update the README's vLLM table"
+            ]
+        return out + [
+            f"{row.id}: expected vLLM's refusal {refusal!r} at {row.refusal_stage}, "
+            f"got {rec.get('error')!r} at {rec.get('stage')}"
+        ]
     if rec.get("ppl") is None:
         return out + [f"{row.id}: vLLM did not run it: {rec.get('error')} (at {rec.get('stage')})"]
     if row.kernels == WNA16:
         want_w4a8 = [row.w4a8 and amx]
         if rec.get("w4a8") != want_w4a8:
-            out.append(f"{row.id}: vLLM's INT4 layers run use_w4a8={rec.get('w4a8')}, expected {want_w4a8} "
-                       f"(VLLM_CPU_INT4_W4A8={int(row.w4a8)}, AMX {amx})")
+            out.append(
+                f"{row.id}: vLLM's INT4 layers run use_w4a8={rec.get('w4a8')}, expected {want_w4a8} "
+                f"(VLLM_CPU_INT4_W4A8={int(row.w4a8)}, AMX {amx})"
+            )
     if row.kernels == INT8_KERNEL and rec.get("int8_paths") != INT8_PATHS[amx]:
-        out.append(f"{row.id}: vLLM's INT8 layers run {rec.get('int8_paths')}, expected {INT8_PATHS[amx]} "
-                   f"(AMX {amx})")
+        out.append(f"{row.id}: vLLM's INT8 layers run {rec.get('int8_paths')}, expected {INT8_PATHS[amx]} (AMX {amx})")
     want_acts = row.ours_activations(amx)
     if want_acts is not None and res.ours_activations != want_acts:
-        out.append(f"{row.id}: ours evaluated activations as {res.ours_activations!r}, expected {want_acts!r} "
-                   f"(AMX {amx})")
+        out.append(
+            f"{row.id}: ours evaluated activations as {res.ours_activations!r}, expected {want_acts!r} (AMX {amx})"
+        )
     if row.w4a8 and amx:
         low, high = W4A8_GAP
         gap = None if res.ours_weight_only is None else rec["ppl"] / res.ours_weight_only - 1.0
         if gap is None or not low <= gap <= high:
-            out.append(f"{row.id}: W4A8 vLLM ppl {rec['ppl']:.4f} vs ours with bf16 activations {res.ours_weight_only} "
-                       f"({'?' if gap is None else f'{gap:+.2%}'}), outside +{low:.0%}..+{high:.0%}")
+            out.append(
+                f"{row.id}: W4A8 vLLM ppl {rec['ppl']:.4f} vs ours with bf16 activations {res.ours_weight_only} "
+                f"({'?' if gap is None else f'{gap:+.2%}'}), outside +{low:.0%}..+{high:.0%}"
+            )
     if abs(res.rel_diff) > PPL_TOL:
-        out.append(f"{row.id}: vLLM ppl {rec['ppl']:.4f} vs ours {res.ours:.4f} ({res.rel_diff:+.2%}), over {PPL_TOL:.0%}")
+        out.append(
+            f"{row.id}: vLLM ppl {rec['ppl']:.4f} vs ours {res.ours:.4f} ({res.rel_diff:+.2%}), over {PPL_TOL:.0%}"
+        )
     if row.kv:
         got = rec.get("kv_scales", {})
         if rec.get("kv_cache_dtype") != "fp8":
             out.append(f"{row.id}: vLLM kept a {rec.get('kv_cache_dtype')} KV cache, not fp8")
         if set(got) != set(res.expected_scales) or not res.expected_scales:
-            out.append(f"{row.id}: vLLM's scaled attention layers {sorted(got)[:3]}... differ from the checkpoint's "
-                       f"{sorted(res.expected_scales)[:3]}...")
+            out.append(
+                f"{row.id}: vLLM's scaled attention layers {sorted(got)[:3]}... differ from the checkpoint's "
+                f"{sorted(res.expected_scales)[:3]}..."
+            )
         else:
-            bad = [n for n, s in res.expected_scales.items() if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(s, got[n]))]
+            bad = [
+                n
+                for n, s in res.expected_scales.items()
+                if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(s, got[n]))
+            ]
             if bad:
-                out.append(f"{row.id}: vLLM applies other k/v scales than written in {bad[:3]}: {[got[n] for n in bad[:3]]}")
+                out.append(
+                    f"{row.id}: vLLM applies other k/v scales than written in {bad[:3]}: {[got[n] for n in bad[:3]]}"
+                )
     return out
 
 
@@ -608,8 +709,10 @@ def table(r: Run) -> str:
         if rec.get("ppl") is not None:
             kv = ", FP8 KV cache" if rec.get("kv_cache_dtype") == "fp8" else ""
             w4a8 = ", W4A8" if rec.get("w4a8") == [True] else ""
-            lines.append(f"| {res.row.label} | `{flags}` | loads{kv}{w4a8} | {res.ours:.4f} | {rec['ppl']:.4f} | "
-                         f"{res.rel_diff:+.2%} |")
+            lines.append(
+                f"| {res.row.label} | `{flags}` | loads{kv}{w4a8} | {res.ours:.4f} | {rec['ppl']:.4f} | "
+                f"{res.rel_diff:+.2%} |"
+            )
         else:
             where = "`LLM(...)`" if rec.get("stage") == "load" else "the first forward"
             lines.append(f"| {res.row.label} | `{flags}` | refused in {where}: `{rec.get('error')}` | | | |")
@@ -627,16 +730,20 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         r = run(work, rows)
     print(table(r))
-    print(f"\nhost: vLLM {r.host.get('vllm')}, torch {r.host.get('torch')}, AMX {r.host.get('amx')}, "
-          f"AMX-FP8 {r.host.get('amx_fp8')}, AVX-512 {r.host.get('avx512')}, VLLM_CPU_INT4_W4A8 "
-          f"{r.host.get('VLLM_CPU_INT4_W4A8')}, FP8 KV store {r.host.get('kv_fp8_store')}, torch FP8 _scaled_mm "
-          f"{r.host.get('scaled_mm_fp8')}")
+    print(
+        f"\nhost: vLLM {r.host.get('vllm')}, torch {r.host.get('torch')}, AMX {r.host.get('amx')}, "
+        f"AMX-FP8 {r.host.get('amx_fp8')}, AVX-512 {r.host.get('avx512')}, VLLM_CPU_INT4_W4A8 "
+        f"{r.host.get('VLLM_CPU_INT4_W4A8')}, FP8 KV store {r.host.get('kv_fp8_store')}, torch FP8 _scaled_mm "
+        f"{r.host.get('scaled_mm_fp8')}"
+    )
     print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in r.seconds.items()))
     for res in r.results:
         rec = res.vllm
-        print(f"{res.row.id}: selections {rec.get('selections')}, w4a8 {rec.get('w4a8')}, int8 paths "
-              f"{rec.get('int8_paths')}, ours' activations {res.ours_activations!r}, torch oneDNN "
-              f"{rec.get('torch_onednn')}, load {rec.get('load_s', 0):.0f} s, score {rec.get('score_s', 0):.0f} s")
+        print(
+            f"{res.row.id}: selections {rec.get('selections')}, w4a8 {rec.get('w4a8')}, int8 paths "
+            f"{rec.get('int8_paths')}, ours' activations {res.ours_activations!r}, torch oneDNN "
+            f"{rec.get('torch_onednn')}, load {rec.get('load_s', 0):.0f} s, score {rec.get('score_s', 0):.0f} s"
+        )
     bad = [msg for res in r.results for msg in problems(res, r.host)]
     for msg in bad:
         print("FAIL " + msg, file=sys.stderr)

@@ -239,6 +239,8 @@ def record(path: str) -> None:
 
 def compare(path: str) -> dict:
     import torch
+    from safetensors import safe_open
+
     from infer_tool.kernels.int8_act import (
         fake_quantize,
         quantize_per_token,
@@ -246,7 +248,6 @@ def compare(path: str) -> dict:
     )
     from infer_tool.kernels.layout import pack_int4_k
     from infer_tool.kernels.w4a8 import w4a8_reference
-    from safetensors import safe_open
 
     with safe_open(path, "pt") as f:
         meta = json.loads(f.metadata()["cases"])
@@ -258,7 +259,10 @@ def compare(path: str) -> dict:
         if "error" in info:
             rows.append({**row, "error": info["error"]})
             continue
-        get = lambda k, name=name: t[f"{name}.{k}"]
+
+        def get(k, name=name):
+            return t[f"{name}.{k}"]
+
         op = info["op"]
         if op in ("dyn", "dynasym", "static", "staticazp"):
             x = get("x")

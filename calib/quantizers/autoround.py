@@ -81,8 +81,11 @@ def units_of(rows_per_chunk: list[tuple[int, int, int]], batch: int) -> tuple[li
     global chunk in order (module docstring: units of gcd(batch, chunk) sequences)."""
     chunk = max(rows for _, _, rows in rows_per_chunk)
     u = math.gcd(batch, chunk)
-    units = [Unit(c, local, a, min(a + u, rows), owner)
-             for c, (owner, local, rows) in enumerate(rows_per_chunk) for a in range(0, rows, u)]
+    units = [
+        Unit(c, local, a, min(a + u, rows), owner)
+        for c, (owner, local, rows) in enumerate(rows_per_chunk)
+        for a in range(0, rows, u)
+    ]
     return units, max(1, min(len(units), batch // u))
 
 
@@ -165,8 +168,10 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
         return Needs(live_blocks=True, fp_chain=True)
 
     def stats_refusal(self, scheme: AutoRoundScheme) -> str | None:
-        return ("--stats works with --method gptq or rtn: autoround tunes each block on its live inputs toward the fp "
-                "model's block outputs, which saved statistics do not hold")
+        return (
+            "--stats works with --method gptq or rtn: autoround tunes each block on its live inputs toward the fp "
+            "model's block outputs, which saved statistics do not hold"
+        )
 
     def notes(self, result: PipelineResult, scheme: AutoRoundScheme) -> list[str]:
         """One line: how much the descent lowered the block losses, and how often RTN stayed best."""
@@ -176,9 +181,13 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
         ratios = sorted(e["best_loss"] / e["rtn_loss"] for e in entries if e["rtn_loss"] > 0)
         kept = sum(e["best_iter"] == 0 for e in entries)
         median = ratios[len(ratios) // 2] if ratios else float("nan")
-        return [(f"autoround: {scheme.iters} steps of lr {scheme.step_size:g} per block, batches of "
-                 f"{entries[0]['batch']} sequences; the best batch loss was {median:.3f}x plain RTN's (median over "
-                 f"{len(entries)} blocks); RTN (step 0) stayed the best on {kept} of {len(entries)} blocks")]
+        return [
+            (
+                f"autoround: {scheme.iters} steps of lr {scheme.step_size:g} per block, batches of "
+                f"{entries[0]['batch']} sequences; the best batch loss was {median:.3f}x plain RTN's (median over "
+                f"{len(entries)} blocks); RTN (step 0) stayed the best on {kept} of {len(entries)} blocks"
+            )
+        ]
 
     def quantize_layer(self, ctx: LayerContext, scheme: AutoRoundScheme) -> LayerOutputs:
         if ctx.Y_fp is None:
@@ -232,8 +241,9 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
                 out = first(block(inputs[i], *call.args, **call.kwargs))
                 sse = (out.float() - targets[i].float()).pow(2).sum()
                 grads = torch.autograd.grad(sse, W_hat, allow_unused=True)
-            return [torch.zeros_like(w, dtype=torch.float32) if g is None else g.float()
-                    for g, w in zip(grads, W_hat)] + [sse.detach().reshape(1)]
+            return [
+                torch.zeros_like(w, dtype=torch.float32) if g is None else g.float() for g, w in zip(grads, W_hat)
+            ] + [sse.detach().reshape(1)]
 
         with tuned(block, names, dtype) as stand_ins:
             for t in range(scheme.iters):
@@ -243,8 +253,11 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
                 for n, leaf in zip(names, leaves):
                     stand_ins[n].W_hat = leaf
                 picked = batches.draw()
-                *dW, sse = sum_in_order([units[i].owner for i in picked],
-                                        lambda j, picked=picked, leaves=leaves: term(picked[j], leaves), likes)
+                *dW, sse = sum_in_order(
+                    [units[i].owner for i in picked],
+                    lambda j, picked=picked, leaves=leaves: term(picked[j], leaves),
+                    likes,
+                )
                 rows = sum(units[i].b - units[i].a for i in picked)
                 loss = float(sse) / (rows * per_sequence)
                 if t == 0:
@@ -263,8 +276,15 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
                                 leaf.sub_(lr * torch.sign(leaf.grad))
                                 leaf.grad = None
                         params[n].project()
-        entry = {"layer": ctx.prefix, "rtn_loss": rtn_loss, "best_loss": best_loss, "best_iter": best_iter,
-                 "iters": scheme.iters, "batch": rows, "units": len(units)}
+        entry = {
+            "layer": ctx.prefix,
+            "rtn_loss": rtn_loss,
+            "best_loss": best_loss,
+            "best_iter": best_iter,
+            "iters": scheme.iters,
+            "batch": rows,
+            "units": len(units),
+        }
         return best, entry
 
 

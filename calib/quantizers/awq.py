@@ -39,10 +39,10 @@ from infer_tool.calib.layers import (
     set_weight_nk,
     weight_nk,
 )
+from infer_tool.calib.quantizers import register_quantizer
 from infer_tool.calib.quantizers.awq_fold import fold_scales, smooth_channels
 from infer_tool.calib.quantizers.awq_moe import ExpertsAWQ
 from infer_tool.calib.quantizers.awq_screen import SCREEN_DTYPE, low_precision_block, native_low_precision
-from infer_tool.calib.quantizers import register_quantizer
 from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, record
 from infer_tool.calib.result import PipelineResult
 from infer_tool.calib.stats import StatsAccumulator
@@ -77,7 +77,9 @@ class Folded:
     """A decoder layer after AWQ's search and fold (`AWQQuantizer.search_and_fold`)."""
 
     Y: list[torch.Tensor]  # the fp layer's outputs per chunk (b, T, D), measured before the fold
-    x: dict[str, torch.Tensor | None]  # per linear group: its kept search inputs (t, K) divided by s; None off process 0
+    x: dict[
+        str, torch.Tensor | None
+    ]  # per linear group: its kept search inputs (t, K) divided by s; None off process 0
     experts: ExpertsAWQ | None  # the MoE block's AWQ state (its scales folded), or None
 
 
@@ -100,18 +102,24 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         if scheme.search == "full":
             curves = sum(unimodal(e["losses"]) for e in searched)
             same = sum(e["fast_ratio"] == e["ratio"] for e in searched)
-            return [f"AWQ full grid search: the loss over alpha was unimodal on {curves} of {n} mappings; the fast "
-                    f"search (--awq-search fast) would choose the same ratio on {same} of {n}"]
+            return [
+                f"AWQ full grid search: the loss over alpha was unimodal on {curves} of {n} mappings; the fast "
+                f"search (--awq-search fast) would choose the same ratio on {same} of {n}"
+            ]
         spent = sum(e["evaluated"] for e in searched)
         fell = sum(e.get("fell_back", False) for e in searched)
         if scheme.search == "screen":
             screened = [e for e in searched if e["search"] == "screen"]
             others = " (the others were scored in full, exactly)" if len(screened) < n else ""
-            return [f"AWQ screened search: {len(screened)} of {n} mappings screened in bfloat16{others}; {spent} of "
-                    f"{n * grid} grid points scored in float32; the whole grid on {fell} whose screen erred too much "
-                    "near the minimum"]
-        return [f"AWQ fast search: {spent} of {n * grid} grid evaluations; the full grid on the {fell} of {n} mappings "
-                "whose loss over alpha was not unimodal where it looked"]
+            return [
+                f"AWQ screened search: {len(screened)} of {n} mappings screened in bfloat16{others}; {spent} of "
+                f"{n * grid} grid points scored in float32; the whole grid on {fell} whose screen erred too much "
+                "near the minimum"
+            ]
+        return [
+            f"AWQ fast search: {spent} of {n * grid} grid evaluations; the full grid on the {fell} of {n} mappings "
+            "whose loss over alpha was not unimodal where it looked"
+        ]
 
     def quantize_layer(self, ctx: LayerContext, scheme: AWQScheme) -> LayerOutputs:
         folded = self.search_and_fold(ctx, scheme)
@@ -133,9 +141,11 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         inspect = {m.inspect: get_submodule(layer, m.inspect) for m in mappings}
         icalls: dict[str, list[LayerCall]] = {k: [] for k in inspect}
         iouts: dict[str, list[torch.Tensor]] = {k: [] for k in inspect}
-        with capturing_inputs(heads, accs=accs, keep=keep, keep_chunks=ctx.search_chunks), capturing_calls(
-            inspect, icalls, iouts, ctx.search_chunks
-        ), experts.measuring() if experts else nullcontext():
+        with (
+            capturing_inputs(heads, accs=accs, keep=keep, keep_chunks=ctx.search_chunks),
+            capturing_calls(inspect, icalls, iouts, ctx.search_chunks),
+            experts.measuring() if experts else nullcontext(),
+        ):
             Y = run_layer(layer, ctx.X, ctx.calls)
         stats = {k: a.result() for k, a in accs.items()}
         for group in arch.groups:
@@ -147,8 +157,15 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         found: list[tuple[AWQMapping, torch.Tensor]] = []
         entries = result.method_report.setdefault("awq", [])
         for m in arch.mappings:
-            s = self.search_mapping(ctx, m, scheme, lambda: stats[group_of(arch, m.balance[0])].act_abs_mean, icalls,
-                                    iouts, entries=entries)
+            s = self.search_mapping(
+                ctx,
+                m,
+                scheme,
+                lambda m=m: stats[group_of(arch, m.balance[0])].act_abs_mean,
+                icalls,
+                iouts,
+                entries=entries,
+            )
             if s is not None:
                 found.append((m, s))
         if experts:
@@ -172,8 +189,15 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
             folded.experts.quantize(self.clip_and_record)
 
     def search_mapping(
-        self, ctx: LayerContext, m: AWQMapping, scheme: AWQScheme, x_abs_mean: Callable[[], torch.Tensor],
-        icalls: dict[str, list[LayerCall]], iouts: dict[str, list[torch.Tensor]], *, entries: list[dict[str, Any]],
+        self,
+        ctx: LayerContext,
+        m: AWQMapping,
+        scheme: AWQScheme,
+        x_abs_mean: Callable[[], torch.Tensor],
+        icalls: dict[str, list[LayerCall]],
+        iouts: dict[str, list[torch.Tensor]],
+        *,
+        entries: list[dict[str, Any]],
     ) -> torch.Tensor | None:
         """The scale search of one mapping on the fp block (its entry appended to `entries`):
         s (K,), or None when the mapping is skipped. `icalls` / `iouts`: the inspected
@@ -219,8 +243,14 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
                 gram_lo = gram[0].to(SCREEN_DTYPE)
             return awq_search_scale(
                 x_abs_mean().to(originals[0].device),
-                originals, forward, None if gram else torch.cat(iouts[m.inspect]), scheme, gram=gram, screen=screen,
-                gram_lo=gram_lo, qdq=self.qdq(ctx, m, scheme),
+                originals,
+                forward,
+                None if gram else torch.cat(iouts[m.inspect]),
+                scheme,
+                gram=gram,
+                screen=screen,
+                gram_lo=gram_lo,
+                qdq=self.qdq(ctx, m, scheme),
             )
 
         try:
@@ -245,9 +275,13 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
         empty: RTN only."""
         module = ctx.module(n)
         W = weight_nk(module, ctx.arch.conv1d).detach().float()
-        clip = on_first(lambda: awq_search_clip(W, x, scheme).cpu()
-                        if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0] else None)
+        clip = on_first(
+            lambda: (
+                awq_search_clip(W, x, scheme).cpu()
+                if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0]
+                else None
+            )
+        )
         if clip is not None:
             W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_rtn(W, None, scheme), ctx.arch, None)
-

@@ -18,7 +18,9 @@ def smooth_channels(smooth: nn.Module, arch: Architecture) -> int:
 
 
 @torch.no_grad()
-def fold_scales(smooth: nn.Module, balance: list[nn.Module], s: torch.Tensor, mapping: AWQMapping, arch: Architecture) -> None:
+def fold_scales(
+    smooth: nn.Module, balance: list[nn.Module], s: torch.Tensor, mapping: AWQMapping, arch: Architecture
+) -> None:
     """Divide `smooth`'s output channels (its `part` slice for a fused linear) by s (K,) and
     multiply the balance linears' input columns by s; the block's function is unchanged.
     A norm computing x·(1 + w) (`arch.norm_offset` 1) gets (1 + w)/s − 1."""

@@ -60,8 +60,11 @@ class ExpertsAWQ:
         heads = {"in": self.moe.experts, **downs}
         width = ctx.module(self.moe.expert(self.jobs[0])[0]).in_features  # H
         accs = {k: StatsAccumulator(width if k == "in" else m.in_features, hessian=False) for k, m in heads.items()}
-        with capturing_inputs(heads, accs=accs), capturing_routing(self.moe, keep_chunks=ctx.search_chunks) as routing, \
-                all_tokens(self.moe, self.moe.calibration.mode == "all"):
+        with (
+            capturing_inputs(heads, accs=accs),
+            capturing_routing(self.moe, keep_chunks=ctx.search_chunks) as routing,
+            all_tokens(self.moe, self.moe.calibration.mode == "all"),
+        ):
             yield
         self.routing = routing
         self.stats = {k: st for k, a in accs.items() if (st := a.result(empty_ok=True)) is not None}
@@ -74,8 +77,13 @@ class ExpertsAWQ:
     def starved(self, j: int | None) -> str | None:
         return None if j is None else self.ctx.starved(self.routing, j)
 
-    def search(self, search_mapping: Callable[..., torch.Tensor | None], icalls: dict[str, list[LayerCall]],
-               iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]]) -> None:
+    def search(
+        self,
+        search_mapping: Callable[..., torch.Tensor | None],
+        icalls: dict[str, list[LayerCall]],
+        iouts: dict[str, list[torch.Tensor]],
+        entries: list[dict[str, Any]],
+    ) -> None:
         """The norm -> every gate/up search, then each expert's up -> down (fp weights); on
         process 0, which holds the search chunks: the scales and entries reach every process."""
         before = len(entries)
@@ -87,12 +95,18 @@ class ExpertsAWQ:
         self.found, found_entries = on_first(run)
         entries[before:] = found_entries
 
-    def _search(self, search_mapping: Callable[..., torch.Tensor | None], icalls: dict[str, list[LayerCall]],
-                iouts: dict[str, list[torch.Tensor]], entries: list[dict[str, Any]]) -> None:
+    def _search(
+        self,
+        search_mapping: Callable[..., torch.Tensor | None],
+        icalls: dict[str, list[LayerCall]],
+        iouts: dict[str, list[torch.Tensor]],
+        entries: list[dict[str, Any]],
+    ) -> None:
         ctx = self.ctx
         if self.moe.smooth:
-            s = search_mapping(ctx, self.mapping, self.scheme, lambda: self.stats["in"].act_abs_mean, icalls, iouts,
-                               entries=entries)
+            s = search_mapping(
+                ctx, self.mapping, self.scheme, lambda: self.stats["in"].act_abs_mean, icalls, iouts, entries=entries
+            )
             if s is not None:
                 self.found.append((self.mapping, s, None))
         for j in self.jobs:
@@ -107,8 +121,9 @@ class ExpertsAWQ:
             mapping = AWQMapping(up, (down,), down)
             calls = {down: [LayerCall((c,), {}) for c in x]}
             outs = {down: [head(c) for c in x]}
-            s = search_mapping(ctx, mapping, self.scheme, lambda: self.stats[str(j)].act_abs_mean, calls, outs,
-                               entries=entries)
+            s = search_mapping(
+                ctx, mapping, self.scheme, lambda j=j: self.stats[str(j)].act_abs_mean, calls, outs, entries=entries
+            )
             if s is not None:
                 self.found.append((mapping, s, j))
 

@@ -82,8 +82,15 @@ def screen_attention_name() -> str:
 
 
 def screen_attention(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-    dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' sdpa attention as plain batched matmuls and a softmax, for the bfloat16
     screen on a CPU: there torch's fused kernel gains nothing from bfloat16, while a bfloat16
@@ -96,14 +103,19 @@ def screen_attention(
 
     special = any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
     if dropout or special or query.device.type != "cpu":
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     B, H, q_len, _ = query.shape
     groups = H // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     k_len = key.shape[2]
-    causal = q_len > 1 and attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = (
+        q_len > 1
+        and attention_mask is None
+        and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    )
     buffers = module.__dict__.setdefault("_screen_buffers", {})
 
     def buffer(name: str, shape: tuple[int, ...], fill: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
@@ -116,14 +128,23 @@ def screen_attention(
     if causal:  # sdpa's is_causal: query i sees keys 0..i (upper-left aligned)
         bias = buffer("causal", (q_len, k_len), lambda t: t.fill_(float("-inf")).triu_(1))
     elif attention_mask is not None:  # bool: True = attend (sdpa's masks); else additive
-        mask = attention_mask if attention_mask.dtype != torch.bool else torch.zeros(
-            attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~attention_mask, float("-inf"))
+        mask = (
+            attention_mask
+            if attention_mask.dtype != torch.bool
+            else torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                ~attention_mask, float("-inf")
+            )
+        )
         bias = mask.to(query.dtype).expand(B, H, q_len, k_len).reshape(B * H, q_len, k_len)
     else:
         bias = buffer("zero", (q_len, k_len), lambda t: t.zero_())
-    scores = torch.baddbmm(bias, query.reshape(B * H, q_len, -1), key.reshape(B * H, k_len, -1).transpose(1, 2),
-                           alpha=query.shape[-1] ** -0.5 if scaling is None else scaling,
-                           out=buffer("scores", (B * H, q_len, k_len)))
+    scores = torch.baddbmm(
+        bias,
+        query.reshape(B * H, q_len, -1),
+        key.reshape(B * H, k_len, -1).transpose(1, 2),
+        alpha=query.shape[-1] ** -0.5 if scaling is None else scaling,
+        out=buffer("scores", (B * H, q_len, k_len)),
+    )
     probs = torch.ops.aten._softmax.out(scores, -1, False, out=buffer("probs", (B * H, q_len, k_len)))
     if attention_mask is not None:  # a query that sees no key (padding): sdpa outputs 0, softmax NaN
         probs.nan_to_num_(0.0)

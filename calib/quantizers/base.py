@@ -50,8 +50,14 @@ class Needs:
     @property
     def data_free(self) -> bool:
         """True when only the reported error reads calibration activations."""
-        return not (self.hessian or self.activation_stats or self.live_blocks or self.layer_pass or self.fp_chain
-                    or self.channel_max)
+        return not (
+            self.hessian
+            or self.activation_stats
+            or self.live_blocks
+            or self.layer_pass
+            or self.fp_chain
+            or self.channel_max
+        )
 
 
 class LayerOutputs(NamedTuple):
@@ -98,14 +104,19 @@ class LayerContext:
 
     def count_tokens(self, routing: Routing) -> None:
         """Report the tokens routed to each expert (`routing` saw every chunk of X)."""
-        self.result.expert_tokens.append(ExpertTokens.of(self.prefix, routing.counts, routing.total, self.moe.calibration.min_tokens))
+        self.result.expert_tokens.append(
+            ExpertTokens.of(self.prefix, routing.counts, routing.total, self.moe.calibration.min_tokens)
+        )
 
     def starved(self, routing: Routing, j: int) -> str | None:
         """Why expert j falls back to RTN (routed mode, too few tokens), or None."""
         cal = self.moe.calibration
         n = routing.tokens(j, cal.mode)
         if cal.mode == "routed" and n < max(cal.min_tokens, 1):
-            return f"routed {n} calibration tokens, fewer than --moe-min-tokens {cal.min_tokens} (--moe-calibration routed)"
+            return (
+                f"routed {n} calibration tokens, fewer than --moe-min-tokens {cal.min_tokens} "
+                "(--moe-calibration routed)"
+            )
         return None
 
     def is_target(self, name: str) -> bool:
@@ -127,11 +138,15 @@ def check_solved(name: str, W: torch.Tensor, W_hat: torch.Tensor, weight: Any) -
         if isinstance(s, torch.Tensor):
             bad = int((~torch.isfinite(s) | (s == 0)).sum())
             if bad:
-                raise BadInput(f"{name}: {bad} of its {s.numel()} {attr} values are NaN, Inf or zero; "
-                               "its weights or calibration inputs are not finite (--ignore it to leave it unquantized)")
+                raise BadInput(
+                    f"{name}: {bad} of its {s.numel()} {attr} values are NaN, Inf or zero; "
+                    "its weights or calibration inputs are not finite (--ignore it to leave it unquantized)"
+                )
 
 
-def record(result: PipelineResult, full: str, module: nn.Module, weight: Any, arch: Architecture, stats: LayerStats | None) -> None:
+def record(
+    result: PipelineResult, full: str, module: nn.Module, weight: Any, arch: Architecture, stats: LayerStats | None
+) -> None:
     """Store a solved linear (`QuantizedWeight` or `Fp8Weight`) in `result`, on the CPU, and
     replace the module's weight by its dequantized value; with a Hessian, record the
     linear's relative output error; a solver's fallback is counted. A NaN, Inf or zero
@@ -194,8 +209,15 @@ class LayerQuantizer(Generic[S]):
         return None
 
     def prepare_stats(
-        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
-        result: PipelineResult, scheme: S,
+        self,
+        layer: nn.Module,
+        prefix: str,
+        arch: Architecture,
+        stats: dict[str, LayerStats],
+        *,
+        targets: set[str],
+        result: PipelineResult,
+        scheme: S,
     ) -> dict[str, LayerStats]:
         """From saved statistics (`quantize --stats`), before layer `prefix`'s linears are solved:
         `stats` {linear name in the layer: its statistics} -> the statistics to solve with. A
@@ -212,7 +234,12 @@ class LayerQuantizer(Generic[S]):
         raise NotImplementedError
 
     def quantize_linear(
-        self, result: PipelineResult, full: str, module: nn.Module, arch: Architecture, stats: LayerStats | None,
+        self,
+        result: PipelineResult,
+        full: str,
+        module: nn.Module,
+        arch: Architecture,
+        stats: LayerStats | None,
         scheme: S,
     ) -> None:
         """Solve one linear and record it."""

@@ -72,12 +72,16 @@ class GlobalScales:
         self.known: dict[str, torch.Tensor | None] = {}
 
     @classmethod
-    def of_layer(cls, layer: nn.Module, prefix: str, arch: Architecture, moe: object | None, targets: set[str],
-                 scheme: Fp4Scheme) -> GlobalScales:
+    def of_layer(
+        cls, layer: nn.Module, prefix: str, arch: Architecture, moe: object | None, targets: set[str], scheme: Fp4Scheme
+    ) -> GlobalScales:
         groups = fused_groups(arch, moe, lambda n: f"{prefix}.{n}" in targets)
         strip = len(prefix) + 1
-        return cls(scheme, [tuple(f"{prefix}.{n}" for n in g) for g in groups],
-                   lambda full: weight_nk(get_submodule(layer, full[strip:]), arch.conv1d).detach())
+        return cls(
+            scheme,
+            [tuple(f"{prefix}.{n}" for n in g) for g in groups],
+            lambda full: weight_nk(get_submodule(layer, full[strip:]), arch.conv1d).detach(),
+        )
 
     def of(self, name: str) -> torch.Tensor | None:
         if not self.scheme.global_scales:
@@ -107,8 +111,10 @@ def set_input_scales(ctx: LayerContext, amax: dict[str, float], scheme: Fp4Schem
     if input_global_scale(0.0, scheme) is None:
         return
     kinds = expert_kinds(ctx)
-    shared = {k: max([amax.get(n, NO_TOKENS_AMAX) for n, kk in kinds.items() if kk == k], default=NO_TOKENS_AMAX)
-              for k in ("w13", "w2")}
+    shared = {
+        k: max([amax.get(n, NO_TOKENS_AMAX) for n, kk in kinds.items() if kk == k], default=NO_TOKENS_AMAX)
+        for k in ("w13", "w2")
+    }
     for n in ctx.linears:
         full = ctx.full(n)
         if full in ctx.result.quantized:
@@ -149,8 +155,15 @@ class Fp4Layer:
         return quantize_fp4_rtn(W, None, scheme, global_scale=self.global_scale(name))
 
     def prepare_stats(
-        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
-        result: PipelineResult, scheme: Fp4Scheme,
+        self,
+        layer: nn.Module,
+        prefix: str,
+        arch: Architecture,
+        stats: dict[str, LayerStats],
+        *,
+        targets: set[str],
+        result: PipelineResult,
+        scheme: Fp4Scheme,
     ) -> dict[str, LayerStats]:
         self.scales = GlobalScales.of_layer(layer, prefix, arch, None, targets, scheme)
         return stats
@@ -170,9 +183,11 @@ class Fp4Layer:
 
     def notes(self, result: PipelineResult, scheme: Fp4Scheme) -> list[str]:
         """The method's notes, and where the checkpoint runs."""
-        served = (f"{scheme.preset} ({scheme.fp4}-pack-quantized): vLLM 0.32 serves it on NVIDIA GPUs (Marlin FP4 from "
-                  "sm75 for weights only, W4A4 natively on Blackwell) and its CPU build refuses it; transformers + "
-                  "compressed-tensors 0.20 runs it in bfloat16 only (load it with dtype=torch.bfloat16)")
+        served = (
+            f"{scheme.preset} ({scheme.fp4}-pack-quantized): vLLM 0.32 serves it on NVIDIA GPUs (Marlin FP4 from "
+            "sm75 for weights only, W4A4 natively on Blackwell) and its CPU build refuses it; transformers + "
+            "compressed-tensors 0.20 runs it in bfloat16 only (load it with dtype=torch.bfloat16)"
+        )
         return [*super().notes(result, scheme), served]  # type: ignore[misc]
 
 
@@ -297,8 +312,13 @@ class Fp4AWQQuantizer(Fp4Layer, AWQQuantizer):
         def qdq_rows(w: torch.Tensor) -> torch.Tensor:
             return fp4.fake_quantize_weight(w, scheme.fp4, gs)
 
-        clip = on_first(lambda: awq_search_clip(W, x, scheme, qdq_rows=qdq_rows).cpu()
-                        if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0] else None)
+        clip = on_first(
+            lambda: (
+                awq_search_clip(W, x, scheme, qdq_rows=qdq_rows).cpu()
+                if scheme.clip and n not in ctx.arch.no_clip and x is not None and x.shape[0]
+                else None
+            )
+        )
         if clip is not None:
             W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_fp4_rtn(W, None, scheme, global_scale=gs), ctx.arch, None)

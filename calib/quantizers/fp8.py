@@ -42,8 +42,11 @@ from infer_tool.schemes.fp8 import Fp8Scheme
 @register_quantizer(Fp8Scheme)
 class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
     def needs(self, scheme: Fp8Scheme) -> Needs:
-        return Needs(hessian=scheme.needs_hessian, activation_stats=scheme.needs_activation_stats,
-                     layer_pass=scheme.kv_cache == "fp8")
+        return Needs(
+            hessian=scheme.needs_hessian,
+            activation_stats=scheme.needs_activation_stats,
+            layer_pass=scheme.kv_cache == "fp8",
+        )
 
     def stats_refusal(self, scheme: Fp8Scheme) -> str | None:
         if scheme.kv_cache:
@@ -58,12 +61,16 @@ class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
         if scheme.granularity == "block":
             notes += block_alignment_notes({n: w.shape for n, w in result.quantized.items()}, scheme.block_size)
         if result.expert_tokens and scheme.granularity == "tensor" and scheme.activations == "dynamic":
-            notes.append("vLLM 0.32's compressed-tensors FP8 MoE kernels take per-tensor expert weights only with static "
-                         "activations (--fp8-activations static); per-channel (the default) or block weights go with dynamic ones")
+            notes.append(
+                "vLLM 0.32's compressed-tensors FP8 MoE kernels take per-tensor expert weights only with static "
+                "activations (--fp8-activations static); per-channel (the default) or block weights go with "
+                "dynamic ones"
+            )
         if result.kv_amax:
             notes.append(
                 "k_scale/v_scale are read by vLLM (kv_cache_dtype fp8); transformers 5.x with compressed-tensors "
-                "0.20 does not attach them (it looks for a past_key_value(s) argument) and reports them as unexpected keys"
+                "0.20 does not attach them (it looks for a past_key_value(s) argument) and reports them as "
+                "unexpected keys"
             )
         return notes
 
@@ -97,7 +104,10 @@ class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
         routing = None
         if (groups or ctx.moe) and (scheme.needs_activation_stats or scheme.needs_hessian):
             heads = {g[0]: ctx.module(g[0]) for g in groups}
-            accs = {k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=scheme.needs_hessian) for k, m in heads.items()}
+            accs = {
+                k: StatsAccumulator(weight_nk(m, arch.conv1d).shape[1], hessian=scheme.needs_hessian)
+                for k, m in heads.items()
+            }
             keep = capturing_routing(ctx.moe, keep_chunks=len(ctx.X)) if ctx.moe else nullcontext()
             with capturing_inputs(heads, accs=accs), keep as routing:
                 run_layer(layer, ctx.X, ctx.calls)
@@ -135,7 +145,9 @@ class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
             for n in todo:
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, stats[n], scheme)
                 if reason:
-                    ctx.result.fallbacks.append(Fallback(ctx.full(n), "statistics over every token", f"expert {j} {reason}"))
+                    ctx.result.fallbacks.append(
+                        Fallback(ctx.full(n), "statistics over every token", f"expert {j} {reason}")
+                    )
 
 
 def expert_stats(ctx: LayerContext, j: int | None, rows: list[torch.Tensor], hessian: bool) -> dict[str, LayerStats]:
@@ -158,4 +170,3 @@ def _over_processes(kv: dict[str, Any]) -> dict[str, Any]:
     for i, n in enumerate(names):
         kv[n].k_amax, kv[n].v_amax, kv[n].tokens = amax[2 * i], amax[2 * i + 1], tokens[i]
     return kv
-

@@ -88,7 +88,10 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
             head = ctx.module(group[0])
             acc = {group[0]: StatsAccumulator(weight_nk(head, arch.conv1d).shape[1], hessian=True)}
             keep = {group[0]: chunk_store(ctx.spill, X[0].device)} if g in points else None
-            with replaying(points, cached), capturing_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True):
+            with (
+                replaying(points, cached),
+                capturing_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True),
+            ):
                 run_until(layer, X, calls, head)
             stats = acc[group[0]].result()
             for n in group:
@@ -160,8 +163,13 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
             for n, m, w in zip(names[part], modules[part], weights[part]):
                 rows = slice(row, row + int(w.shape[0]))
                 row = rows.stop
-                one = replace(solved, q=solved.q[rows], scale=solved.scale[rows], info=dict(solved.info),
-                              zero=None if solved.zero is None else solved.zero[rows])
+                one = replace(
+                    solved,
+                    q=solved.q[rows],
+                    scale=solved.scale[rows],
+                    info=dict(solved.info),
+                    zero=None if solved.zero is None else solved.zero[rows],
+                )
                 record(ctx.result, ctx.full(n), m, one, ctx.arch, stats)
 
 
@@ -170,4 +178,3 @@ def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
     for x in chunks(rows):
         acc.add(x)
     return acc.result()
-

@@ -53,8 +53,9 @@ class RTNQuantizer(SmoothsSavedStats, LayerQuantizer[RTNScheme]):
         with keep as routing:
             stats = measure_groups(ctx)
         if scheme.smoothquant is not None:
-            stats = smooth_layer(layer, ctx.prefix, arch, scheme.smoothquant, stats, targets=ctx.targets,
-                                 result=ctx.result)
+            stats = smooth_layer(
+                layer, ctx.prefix, arch, scheme.smoothquant, stats, targets=ctx.targets, result=ctx.result
+            )
         for group in arch.groups:
             for n in group:
                 ctx.result.stats[ctx.full(n)] = stats[group[0]]
@@ -65,10 +66,16 @@ class RTNQuantizer(SmoothsSavedStats, LayerQuantizer[RTNScheme]):
                 ctx.count_tokens(routing)
             for j in ctx.moe.order():
                 todo = [n for n in ctx.moe.expert(j) if ctx.is_target(n)]
-                rows = None if routing is None or not todo else (
-                    routing.x if j is None or ctx.starved(routing, j) else routing.rows(j, ctx.moe.calibration.mode))
+                rows = (
+                    None
+                    if routing is None or not todo
+                    else (
+                        routing.x if j is None or ctx.starved(routing, j) else routing.rows(j, ctx.moe.calibration.mode)
+                    )
+                )
                 st = expert_stats(ctx, j, rows, False) if rows is not None else {}
                 for n in todo:
                     self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), arch, st.get(n), scheme)
-        return LayerOutputs(Y, run_counting(ctx) if ctx.moe is not None and routing is None else
-                            run_layer(layer, ctx.X, ctx.calls))
+        return LayerOutputs(
+            Y, run_counting(ctx) if ctx.moe is not None and routing is None else run_layer(layer, ctx.X, ctx.calls)
+        )

@@ -110,8 +110,15 @@ class SmoothsSavedStats:
     (mixed in before `LayerQuantizer`): with SmoothQuant, `smooth_saved`; else unchanged."""
 
     def prepare_stats(
-        self, layer: nn.Module, prefix: str, arch: Architecture, stats: dict[str, LayerStats], *, targets: set[str],
-        result: PipelineResult, scheme: QuantScheme,
+        self,
+        layer: nn.Module,
+        prefix: str,
+        arch: Architecture,
+        stats: dict[str, LayerStats],
+        *,
+        targets: set[str],
+        result: PipelineResult,
+        scheme: QuantScheme,
     ) -> dict[str, LayerStats]:
         if scheme.smoothquant is None:
             return stats

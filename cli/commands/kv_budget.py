@@ -7,8 +7,9 @@ and `sizing.defaults`."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import fields
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,11 +24,19 @@ from infer_tool.sizing.defaults import (
 )
 
 if TYPE_CHECKING:
-    from infer_tool.jobs.kv_budget import Report
+    pass
 
 Opt = typer.Option
 MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, OUTPUT = (
-    "Model", "Deployment", "vLLM engine", "vLLM switches", "Workload", "Speed", "Solve", "Output")
+    "Model",
+    "Deployment",
+    "vLLM engine",
+    "vLLM switches",
+    "Workload",
+    "Speed",
+    "Solve",
+    "Output",
+)
 
 
 def _in_panel(option: Any, panel: str) -> Any:
@@ -42,48 +51,153 @@ def register(app: typer.Typer) -> None:
 
 
 def kv_budget(
-    model: Annotated[Optional[str], typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")] = None,
-    weights: Annotated[Optional[str], Opt(help="bf16, fp16, fp8, int8, int4, nvfp4, nvfp4a16, mxfp4 or mxfp4a16 (default: the files' real bytes, else bf16).", rich_help_panel=MODEL)] = None,
-    weights_memory: Annotated[Optional[str], Opt(help="Weights per GPU as vLLM logs them (\"Model loading took\"): 14.99GiB.", rich_help_panel=MODEL)] = None,
-    group_size: Annotated[Optional[int], Opt(help="int4 group size, -1 per channel (default 128).", rich_help_panel=MODEL)] = None,
-    gpu: Annotated[Optional[str], Opt(help=f"GPU preset (--list-gpus; default {DEFAULT_GPU}).", rich_help_panel=DEPLOY)] = None,
-    gpu_mem: Annotated[Optional[str], Opt(help="GPU total as CUDA reports it, instead of a preset: 79.2GiB.", rich_help_panel=DEPLOY)] = None,
-    num_gpus: Annotated[Optional[int], Opt(help="GPUs in all (default tp x pp); the rest are replicas.", rich_help_panel=DEPLOY)] = None,
-    tp: Annotated[Optional[int], Opt(help="Tensor-parallel size (default num-gpus / pp).", rich_help_panel=DEPLOY)] = None,
-    pp: Annotated[Optional[int], Opt(help="Pipeline-parallel size (default 1).", rich_help_panel=DEPLOY)] = None,
-    vllm_version: Annotated[Optional[str], Opt(help=f"vLLM release whose policies apply, 0.10 to 0.32 (default {VLLM_VERSION}).", rich_help_panel=ENGINE)] = None,
-    mem_util: Annotated[Optional[float], Opt(help="--gpu-memory-utilization (default: the release's, 0.92 since 0.21).", rich_help_panel=ENGINE)] = None,
-    max_num_batched_tokens: Annotated[Optional[int], Opt(help="Tokens per step (default: vllm serve's for the GPU).", rich_help_panel=ENGINE)] = None,
-    max_num_seqs: Annotated[Optional[int], Opt(help="Sequences per step (default: vllm serve's for the GPU).", rich_help_panel=ENGINE)] = None,
-    cudagraph_capture_sizes: Annotated[Optional[str], Opt(help="CUDA-graph sizes, e.g. 1,2,4,8 (default vLLM's list).", rich_help_panel=ENGINE)] = None,
-    max_cudagraph_capture_size: Annotated[Optional[int], Opt(help="Largest CUDA-graph size (default 2 x max-num-seqs, <= 512).", rich_help_panel=ENGINE)] = None,
-    kv_cache_memory: Annotated[Optional[str], Opt(help="KV cache per GPU, as --kv-cache-memory-bytes: 12GiB.", rich_help_panel=ENGINE)] = None,
-    reserve: Annotated[Optional[str], Opt(help="Flat memory beside weights and KV per GPU, instead of vLLM's profile.", rich_help_panel=ENGINE)] = None,
-    kv_dtype: Annotated[Optional[str], Opt(help="KV cache dtype bf16|fp16|fp8 (int8|int4: plain accounting).", rich_help_panel=ENGINE)] = None,
-    mamba_ssm_cache_dtype: Annotated[Optional[str], Opt(help="Recurrent-state dtype auto|float32|bfloat16|float16.", rich_help_panel=ENGINE)] = None,
-    model_runner: Annotated[Optional[str], Opt(help="v1|v2, as VLLM_USE_V2_MODEL_RUNNER=0|1 (default: the release's choice for the model).", rich_help_panel=ENGINE)] = None,
-    block_size: Annotated[Optional[int], Opt(help=f"Tokens per cache block (default {DEFAULT_BLOCK_SIZE}).", rich_help_panel=ENGINE)] = None,
-    accounting: Annotated[Optional[str], Opt(help=f"vllm: vLLM's blocks; plain: bytes per token (default {DEFAULT_ACCOUNTING}).", rich_help_panel=ENGINE)] = None,
-    enforce_eager: Annotated[bool, Opt("--enforce-eager", help="No CUDA graphs (no graph memory).", rich_help_panel=SWITCHES)] = False,
-    async_scheduling: Annotated[Optional[bool], Opt("--async-scheduling/--no-async-scheduling", help="Default: on since 0.14.", rich_help_panel=SWITCHES)] = None,
-    prefix_caching: Annotated[Optional[bool], Opt("--prefix-caching/--no-prefix-caching", help="Default on.", rich_help_panel=SWITCHES)] = None,
-    context: Annotated[Optional[list[str]], Opt(help="--max-model-len values: 32k, 4k,8k, 4k..128k (doubling), 1k..8k:1k; default 4k doubling to the model's limit.", rich_help_panel=WORKLOAD)] = None,
-    concurrency: Annotated[Optional[list[str]], Opt(help=f"Concurrent sequences, same syntax (default {','.join(map(str, DEFAULT_CONCURRENCY))}).", rich_help_panel=WORKLOAD)] = None,
-    shared_prefix: Annotated[Optional[int], Opt(help="Prompt-prefix tokens all sequences share; below every context.", rich_help_panel=WORKLOAD)] = None,
-    prompt_len: Annotated[Optional[int], Opt(help="Prompt tokens for TTFT/TPOT (default: context - output).", rich_help_panel=WORKLOAD)] = None,
-    output_len: Annotated[Optional[int], Opt(help=f"Output tokens per request (default {DEFAULT_OUTPUT_LEN}).", rich_help_panel=WORKLOAD)] = None,
-    spec: Annotated[Optional[str], Opt(help="Speculative decoding ALPHA,K,C: 0.8,4,0.05.", rich_help_panel=SPEED)] = None,
-    spec_profile: Annotated[Optional[str], Opt(help="Speculation from a spec-profile --json report.", rich_help_panel=SPEED)] = None,
+    model: Annotated[
+        str | None, typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")
+    ] = None,
+    weights: Annotated[
+        str | None,
+        Opt(
+            help=(
+                "bf16, fp16, fp8, int8, int4, nvfp4, nvfp4a16, mxfp4 or mxfp4a16 "
+                "(default: the files' real bytes, else bf16)."
+            ),
+            rich_help_panel=MODEL,
+        ),
+    ] = None,
+    weights_memory: Annotated[
+        str | None,
+        Opt(help='Weights per GPU as vLLM logs them ("Model loading took"): 14.99GiB.', rich_help_panel=MODEL),
+    ] = None,
+    group_size: Annotated[
+        int | None, Opt(help="int4 group size, -1 per channel (default 128).", rich_help_panel=MODEL)
+    ] = None,
+    gpu: Annotated[
+        str | None, Opt(help=f"GPU preset (--list-gpus; default {DEFAULT_GPU}).", rich_help_panel=DEPLOY)
+    ] = None,
+    gpu_mem: Annotated[
+        str | None, Opt(help="GPU total as CUDA reports it, instead of a preset: 79.2GiB.", rich_help_panel=DEPLOY)
+    ] = None,
+    num_gpus: Annotated[
+        int | None, Opt(help="GPUs in all (default tp x pp); the rest are replicas.", rich_help_panel=DEPLOY)
+    ] = None,
+    tp: Annotated[int | None, Opt(help="Tensor-parallel size (default num-gpus / pp).", rich_help_panel=DEPLOY)] = None,
+    pp: Annotated[int | None, Opt(help="Pipeline-parallel size (default 1).", rich_help_panel=DEPLOY)] = None,
+    vllm_version: Annotated[
+        str | None,
+        Opt(help=f"vLLM release whose policies apply, 0.10 to 0.32 (default {VLLM_VERSION}).", rich_help_panel=ENGINE),
+    ] = None,
+    mem_util: Annotated[
+        float | None,
+        Opt(help="--gpu-memory-utilization (default: the release's, 0.92 since 0.21).", rich_help_panel=ENGINE),
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, Opt(help="Tokens per step (default: vllm serve's for the GPU).", rich_help_panel=ENGINE)
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None, Opt(help="Sequences per step (default: vllm serve's for the GPU).", rich_help_panel=ENGINE)
+    ] = None,
+    cudagraph_capture_sizes: Annotated[
+        str | None, Opt(help="CUDA-graph sizes, e.g. 1,2,4,8 (default vLLM's list).", rich_help_panel=ENGINE)
+    ] = None,
+    max_cudagraph_capture_size: Annotated[
+        int | None, Opt(help="Largest CUDA-graph size (default 2 x max-num-seqs, <= 512).", rich_help_panel=ENGINE)
+    ] = None,
+    kv_cache_memory: Annotated[
+        str | None, Opt(help="KV cache per GPU, as --kv-cache-memory-bytes: 12GiB.", rich_help_panel=ENGINE)
+    ] = None,
+    reserve: Annotated[
+        str | None,
+        Opt(help="Flat memory beside weights and KV per GPU, instead of vLLM's profile.", rich_help_panel=ENGINE),
+    ] = None,
+    kv_dtype: Annotated[
+        str | None, Opt(help="KV cache dtype bf16|fp16|fp8 (int8|int4: plain accounting).", rich_help_panel=ENGINE)
+    ] = None,
+    mamba_ssm_cache_dtype: Annotated[
+        str | None, Opt(help="Recurrent-state dtype auto|float32|bfloat16|float16.", rich_help_panel=ENGINE)
+    ] = None,
+    model_runner: Annotated[
+        str | None,
+        Opt(
+            help="v1|v2, as VLLM_USE_V2_MODEL_RUNNER=0|1 (default: the release's choice for the model).",
+            rich_help_panel=ENGINE,
+        ),
+    ] = None,
+    block_size: Annotated[
+        int | None, Opt(help=f"Tokens per cache block (default {DEFAULT_BLOCK_SIZE}).", rich_help_panel=ENGINE)
+    ] = None,
+    accounting: Annotated[
+        str | None,
+        Opt(
+            help=f"vllm: vLLM's blocks; plain: bytes per token (default {DEFAULT_ACCOUNTING}).", rich_help_panel=ENGINE
+        ),
+    ] = None,
+    enforce_eager: Annotated[
+        bool, Opt("--enforce-eager", help="No CUDA graphs (no graph memory).", rich_help_panel=SWITCHES)
+    ] = False,
+    async_scheduling: Annotated[
+        bool | None,
+        Opt("--async-scheduling/--no-async-scheduling", help="Default: on since 0.14.", rich_help_panel=SWITCHES),
+    ] = None,
+    prefix_caching: Annotated[
+        bool | None, Opt("--prefix-caching/--no-prefix-caching", help="Default on.", rich_help_panel=SWITCHES)
+    ] = None,
+    context: Annotated[
+        list[str] | None,
+        Opt(
+            help=(
+                "--max-model-len values: 32k, 4k,8k, 4k..128k (doubling), 1k..8k:1k; "
+                "default 4k doubling to the model's limit."
+            ),
+            rich_help_panel=WORKLOAD,
+        ),
+    ] = None,
+    concurrency: Annotated[
+        list[str] | None,
+        Opt(
+            help=f"Concurrent sequences, same syntax (default {','.join(map(str, DEFAULT_CONCURRENCY))}).",
+            rich_help_panel=WORKLOAD,
+        ),
+    ] = None,
+    shared_prefix: Annotated[
+        int | None, Opt(help="Prompt-prefix tokens all sequences share; below every context.", rich_help_panel=WORKLOAD)
+    ] = None,
+    prompt_len: Annotated[
+        int | None, Opt(help="Prompt tokens for TTFT/TPOT (default: context - output).", rich_help_panel=WORKLOAD)
+    ] = None,
+    output_len: Annotated[
+        int | None, Opt(help=f"Output tokens per request (default {DEFAULT_OUTPUT_LEN}).", rich_help_panel=WORKLOAD)
+    ] = None,
+    spec: Annotated[str | None, Opt(help="Speculative decoding ALPHA,K,C: 0.8,4,0.05.", rich_help_panel=SPEED)] = None,
+    spec_profile: Annotated[
+        str | None, Opt(help="Speculation from a spec-profile --json report.", rich_help_panel=SPEED)
+    ] = None,
     hbm_efficiency: _in_panel(HbmEfficiency, SPEED) = None,
     mfu: _in_panel(Mfu, SPEED) = None,
     link_efficiency: _in_panel(LinkEfficiency, SPEED) = None,
-    solve: Annotated[bool, Opt("--solve", help="List the smallest deployments serving the largest context x concurrency.", rich_help_panel=SOLVE)] = False,
-    solve_gpu: Annotated[Optional[list[str]], Opt(help="GPU presets --solve may use (default: all).", rich_help_panel=SOLVE)] = None,
-    max_tpot: Annotated[Optional[float], Opt(help="Latency target: time per output token, ms.", rich_help_panel=SOLVE)] = None,
-    max_ttft: Annotated[Optional[float], Opt(help="Latency target: time to first token, ms.", rich_help_panel=SOLVE)] = None,
-    require_fit: Annotated[bool, Opt("--require-fit", help="Exit 3 when a row does not fit (a CI check).", rich_help_panel=SOLVE)] = False,
+    solve: Annotated[
+        bool,
+        Opt(
+            "--solve",
+            help="List the smallest deployments serving the largest context x concurrency.",
+            rich_help_panel=SOLVE,
+        ),
+    ] = False,
+    solve_gpu: Annotated[
+        list[str] | None, Opt(help="GPU presets --solve may use (default: all).", rich_help_panel=SOLVE)
+    ] = None,
+    max_tpot: Annotated[
+        float | None, Opt(help="Latency target: time per output token, ms.", rich_help_panel=SOLVE)
+    ] = None,
+    max_ttft: Annotated[
+        float | None, Opt(help="Latency target: time to first token, ms.", rich_help_panel=SOLVE)
+    ] = None,
+    require_fit: Annotated[
+        bool, Opt("--require-fit", help="Exit 3 when a row does not fit (a CI check).", rich_help_panel=SOLVE)
+    ] = False,
     json_out: _in_panel(Json, OUTPUT) = False,
-    list_models: Annotated[bool, Opt("--list-models", help="List model presets and exit.", rich_help_panel=OUTPUT)] = False,
+    list_models: Annotated[
+        bool, Opt("--list-models", help="List model presets and exit.", rich_help_panel=OUTPUT)
+    ] = False,
     list_gpus: Annotated[bool, Opt("--list-gpus", help="List GPU presets and exit.", rich_help_panel=OUTPUT)] = False,
 ) -> None:
     opts = {k: v for k, v in locals().items() if v is not None}
@@ -92,8 +206,10 @@ def kv_budget(
     cli_command(_run)(opts)
 
 
-kv_budget.__doc__ = (f"Fits, smallest deployment and speed of MODEL per context x concurrency, with vLLM's KV-cache "
-                     f"accounting and start-up memory profile (default release {VLLM_VERSION}).")
+kv_budget.__doc__ = (
+    f"Fits, smallest deployment and speed of MODEL per context x concurrency, with vLLM's KV-cache "
+    f"accounting and start-up memory profile (default release {VLLM_VERSION})."
+)
 
 
 def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
@@ -104,8 +220,10 @@ def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     return {
         "gpu_mem": ("gpu_mem_bytes", lambda t: units.parse_bytes(t, "--gpu-mem")),
         "weights_memory": ("weights_per_gpu_bytes", lambda t: units.parse_bytes(t, "--weights-memory")),
-        "cudagraph_capture_sizes": ("cudagraph_capture_sizes",
-                                    lambda t: tuple(units.parse_counts([t], "--cudagraph-capture-sizes"))),
+        "cudagraph_capture_sizes": (
+            "cudagraph_capture_sizes",
+            lambda t: tuple(units.parse_counts([t], "--cudagraph-capture-sizes")),
+        ),
         "reserve": ("reserve_bytes", lambda t: units.parse_bytes(t, "--reserve", allow_zero=True)),
         "kv_cache_memory": ("kv_cache_memory_bytes", lambda t: units.parse_bytes(t, "--kv-cache-memory")),
         "context": ("contexts", lambda v: tuple(units.parse_counts(v, "--context"))),
@@ -174,7 +292,9 @@ def _run(opts: dict[str, Any]) -> None:
         render.human(report)
     if require_fit and not report.all_fit:
         bad = [f"{r.context}x{r.concurrency} ({r.fit.binding})" for r in report.rows if not r.fit.fits]
-        raise QualityGateFailed(f"--require-fit: {len(bad)} of {len(report.rows)} rows do not fit: {', '.join(bad[:6])}")
+        raise QualityGateFailed(
+            f"--require-fit: {len(bad)} of {len(report.rows)} rows do not fit: {', '.join(bad[:6])}"
+        )
 
 
 def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, gpu_presets: dict) -> None:
@@ -188,11 +308,19 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
             doc["models"] = {k: {"hf_id": p.hf_id, "source": p.source} for k, p in model_presets.items()}
         if gpus:
             doc["gpus"] = {
-                k: {"name": p.name, "memory_bytes": p.memory_bytes, "source": p.source,
-                    "cuda_memory_bytes": p.cuda_memory_bytes, "cuda_source": p.cuda_source,
+                k: {
+                    "name": p.name,
+                    "memory_bytes": p.memory_bytes,
+                    "source": p.source,
+                    "cuda_memory_bytes": p.cuda_memory_bytes,
+                    "cuda_source": p.cuda_source,
                     "compute_capability": p.compute_capability,
-                    "hbm_bytes_per_s": p.hbm_bytes_per_s, "bf16_flops": p.bf16_flops, "fp8_flops": p.fp8_flops,
-                    "link_bytes_per_s": p.link_bytes_per_s, "spec_source": p.spec_source}
+                    "hbm_bytes_per_s": p.hbm_bytes_per_s,
+                    "bf16_flops": p.bf16_flops,
+                    "fp8_flops": p.fp8_flops,
+                    "link_bytes_per_s": p.link_bytes_per_s,
+                    "spec_source": p.spec_source,
+                }
                 for k, p in gpu_presets.items()
             }
         emit_json(doc)
@@ -214,6 +342,13 @@ def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, 
 
         for k, p in gpu_presets.items():
             cuda = "-" if p.cuda_memory_bytes is None else f"{p.cuda_memory_bytes / 2**30:,.2f} GiB"
-            t.add_row(k, f"{p.memory_bytes / 2**30:,.2f} GiB", cuda, num(p.hbm_bytes_per_s, 1e12), num(p.bf16_flops, 1e12),
-                      num(p.fp8_flops, 1e12), num(p.link_bytes_per_s, 1e9))
+            t.add_row(
+                k,
+                f"{p.memory_bytes / 2**30:,.2f} GiB",
+                cuda,
+                num(p.hbm_bytes_per_s, 1e12),
+                num(p.bf16_flops, 1e12),
+                num(p.fp8_flops, 1e12),
+                num(p.link_bytes_per_s, 1e9),
+            )
         out().print(t)

@@ -5,7 +5,7 @@ Parses the options, runs `jobs.spec_profile.spec_profile` and prints its report
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,47 +21,98 @@ def register(app: typer.Typer) -> None:
 
 @cli_command
 def spec_profile(
-    target: Annotated[str, typer.Option(
-        "--target", help="Target model: directory, .gguf, demo name (smollm2-135m) or hub name.")],
-    draft: Annotated[list[str], typer.Option(
-        "--draft",
-        help="Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N].")],
-    prompts: Annotated[str, typer.Option("--prompts", help=(
-        "sotu:eval (paragraphs), a .txt file (one prompt per line), .jsonl (one per record, optional 'category' "
-        "field), .json, .parquet or a HF dataset."))] = Defaults.prompts,
-    text_field: Annotated[str, typer.Option(help=(
-        "Text field of .jsonl, .json, .parquet and HF prompt files (a list of strings, e.g. Spec-Bench's turns, "
-        "gives its first)."))] = Defaults.text_field,
-    num_prompts: Annotated[int, typer.Option(
-        help="Prompts taken evenly spaced through the corpus.")] = Defaults.num_prompts,
+    target: Annotated[
+        str, typer.Option("--target", help="Target model: directory, .gguf, demo name (smollm2-135m) or hub name.")
+    ],
+    draft: Annotated[
+        list[str],
+        typer.Option(
+            "--draft",
+            help="Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N].",
+        ),
+    ],
+    prompts: Annotated[
+        str,
+        typer.Option(
+            "--prompts",
+            help=(
+                "sotu:eval (paragraphs), a .txt file (one prompt per line), .jsonl (one per record, optional "
+                "'category' field), .json, .parquet or a HF dataset."
+            ),
+        ),
+    ] = Defaults.prompts,
+    text_field: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Text field of .jsonl, .json, .parquet and HF prompt files (a list of strings, e.g. Spec-Bench's "
+                "turns, gives its first)."
+            )
+        ),
+    ] = Defaults.text_field,
+    num_prompts: Annotated[
+        int, typer.Option(help="Prompts taken evenly spaced through the corpus.")
+    ] = Defaults.num_prompts,
     prompt_len: Annotated[int, typer.Option(help="Each prompt is cut to its first N tokens.")] = Defaults.prompt_len,
-    max_new_tokens: Annotated[int, typer.Option(
-        help="Tokens generated per prompt (the first by the prefill).")] = Defaults.max_new_tokens,
+    max_new_tokens: Annotated[
+        int, typer.Option(help="Tokens generated per prompt (the first by the prefill).")
+    ] = Defaults.max_new_tokens,
     k: Annotated[str, typer.Option("--k", help="Lookaheads: a range 1-8, a list 1,2,4 or one k.")] = Defaults.k,
-    temperature: Annotated[float, typer.Option(
-        help="Sampling temperature for target and drafts (0 = greedy).")] = Defaults.temperature,
-    top_p: Annotated[float, typer.Option(
-        help="Nucleus filtering applied to both target and draft.")] = Defaults.top_p,
-    cost_ratio: Annotated[Optional[float], typer.Option(help=(
-        "Draft cost per drafted token in target decode steps, replacing the measured draft cost "
-        "(v(k) stays measured)."))] = Defaults.cost_ratio,
-    no_loop: Annotated[bool, typer.Option(
-        "--no-loop", help="Screening: acceptance and costs only, no speculative loop; rank by prediction.")] = False,
-    clock: Annotated[str, typer.Option(help=(
-        "Timer: wall, cpu (this thread's CPU time, which other processes' load does not inflate; needs --threads 1 "
-        "on a CPU) or auto (cpu when it can, else wall)."))] = Defaults.clock,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature for target and drafts (0 = greedy).")
+    ] = Defaults.temperature,
+    top_p: Annotated[float, typer.Option(help="Nucleus filtering applied to both target and draft.")] = Defaults.top_p,
+    cost_ratio: Annotated[
+        float | None,
+        typer.Option(
+            help=(
+                "Draft cost per drafted token in target decode steps, replacing the measured draft cost "
+                "(v(k) stays measured)."
+            )
+        ),
+    ] = Defaults.cost_ratio,
+    no_loop: Annotated[
+        bool,
+        typer.Option(
+            "--no-loop", help="Screening: acceptance and costs only, no speculative loop; rank by prediction."
+        ),
+    ] = False,
+    clock: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Timer: wall, cpu (this thread's CPU time, which other processes' load does not inflate; "
+                "needs --threads 1 on a CPU) or auto (cpu when it can, else wall)."
+            )
+        ),
+    ] = Defaults.clock,
     seed: Annotated[int, typer.Option(help="Seed for sampling and the bootstrap.")] = Defaults.seed,
     dtype: Annotated[str, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")] = Defaults.dtype,
     device: Device = Defaults.device,
-    threads: Annotated[Optional[int], typer.Option(help=(
-        "CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared "
-        "machine."))] = Defaults.threads,
-    gpu: Annotated[Optional[str], typer.Option(help=(
-        "Also project the speedups onto this GPU preset (kv-budget --list-gpus) with sizing's roofline: a "
-        "projection, not a measurement."))] = Defaults.gpu,
-    concurrency: Annotated[Optional[list[str]], typer.Option(help=(
-        "Concurrencies to project at with --gpu: 1,8,32 or 1..128 "
-        f"(default {','.join(map(str, DEFAULT_CONCURRENCY))})."))] = Defaults.concurrency,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help=("CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared machine.")
+        ),
+    ] = Defaults.threads,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Also project the speedups onto this GPU preset (kv-budget --list-gpus) with sizing's roofline: a "
+                "projection, not a measurement."
+            )
+        ),
+    ] = Defaults.gpu,
+    concurrency: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=(
+                "Concurrencies to project at with --gpu: 1,8,32 or 1..128 "
+                f"(default {','.join(map(str, DEFAULT_CONCURRENCY))})."
+            )
+        ),
+    ] = Defaults.concurrency,
     hbm_efficiency: HbmEfficiency = Defaults.hbm_efficiency,
     mfu: Mfu = Defaults.mfu,
     allow_pickle: AllowPickle = Defaults.allow_pickle,
@@ -75,10 +126,28 @@ def spec_profile(
     from infer_tool.jobs.spec_profile import spec_profile as run
 
     opts = SpecProfileOptions(
-        target=target, drafts=draft, prompts=prompts, text_field=text_field, num_prompts=num_prompts,
-        prompt_len=prompt_len, max_new_tokens=max_new_tokens, k=k, temperature=temperature, top_p=top_p,
-        cost_ratio=cost_ratio, loop=not no_loop, clock=clock, seed=seed, dtype=dtype, device=device, threads=threads,
-        gpu=gpu, concurrency=concurrency, hbm_efficiency=hbm_efficiency, mfu=mfu, allow_pickle=allow_pickle,
+        target=target,
+        drafts=draft,
+        prompts=prompts,
+        text_field=text_field,
+        num_prompts=num_prompts,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        k=k,
+        temperature=temperature,
+        top_p=top_p,
+        cost_ratio=cost_ratio,
+        loop=not no_loop,
+        clock=clock,
+        seed=seed,
+        dtype=dtype,
+        device=device,
+        threads=threads,
+        gpu=gpu,
+        concurrency=concurrency,
+        hbm_efficiency=hbm_efficiency,
+        mfu=mfu,
+        allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
     )
     checked = check(opts)  # before any progress bar or library noise

@@ -19,22 +19,24 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
     drafts = []
     for d in profile.drafts:
         acc = d.acceptance
-        drafts.append({
-            "name": d.name,
-            "alpha": acc.alpha,
-            "alpha_ci": list(acc.alpha_ci),
-            "cost_ratio": d.cost_ratio,
-            "cost_source": d.cost_source,
-            "draft_seconds": asdict(d.times),
-            "per_k": [asdict(r) for r in d.per_k],
-            "best_k": d.best_k,
-            "best_k_basis": profile.basis,
-            "slower_than_plain": d.slower_everywhere,
-            "per_category": [asdict(c) for c in d.per_category],
-            "positions_scored": acc.positions,
-            "per_position": acc.per_position,
-            "per_prompt": acc.per_prompt,
-        })
+        drafts.append(
+            {
+                "name": d.name,
+                "alpha": acc.alpha,
+                "alpha_ci": list(acc.alpha_ci),
+                "cost_ratio": d.cost_ratio,
+                "cost_source": d.cost_source,
+                "draft_seconds": asdict(d.times),
+                "per_k": [asdict(r) for r in d.per_k],
+                "best_k": d.best_k,
+                "best_k_basis": profile.basis,
+                "slower_than_plain": d.slower_everywhere,
+                "per_category": [asdict(c) for c in d.per_category],
+                "positions_scored": acc.positions,
+                "per_position": acc.per_position,
+                "per_prompt": acc.per_prompt,
+            }
+        )
     return {
         "target": profile.target,
         "target_step_ms": profile.target_step_ms,
@@ -97,7 +99,8 @@ def human(report: dict[str, Any]) -> None:
             if m is not None:
                 per_pos += " / " + " ".join(f"{x:.2f}" for x in m["per_position"])
             vllm.add_row(
-                d["name"] if i == 0 else "", str(r["k"]),
+                d["name"] if i == 0 else "",
+                str(r["k"]),
                 _pm(p["mean_acceptance_length"], m and m["mean_acceptance_length"]),
                 _pm(p["acceptance_rate"], m and m["acceptance_rate"]),
                 per_pos,
@@ -122,8 +125,14 @@ def human(report: dict[str, Any]) -> None:
             cats.add_column(col, justify="left" if col in ("draft", "category") else "right")
         for d in report["drafts"]:
             for i, c in enumerate(d["per_category"]):
-                cats.add_row(d["name"] if i == 0 else "", c["category"], str(c["prompts"]),
-                             f"{c['alpha']:.3f}", str(c["best_k"]), f"{c['speedup']:.2f}")
+                cats.add_row(
+                    d["name"] if i == 0 else "",
+                    c["category"],
+                    str(c["prompts"]),
+                    f"{c['alpha']:.3f}",
+                    str(c["best_k"]),
+                    f"{c['speedup']:.2f}",
+                )
             cats.add_section()
         console.print()
         console.print(cats)
@@ -144,8 +153,10 @@ def _model_text(m: dict[str, Any]) -> str:
     shared = ", the target's weights" if m["shares_target_weights"] else ""
     n, layers = m["params"], m["layers"]
     params = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
-    return (f"{m['name']} {weights} ({layers} layer{'s' if layers != 1 else ''}, hidden {m['hidden_size']}, "
-            f"{params} params{shared})")
+    return (
+        f"{m['name']} {weights} ({layers} layer{'s' if layers != 1 else ''}, hidden {m['hidden_size']}, "
+        f"{params} params{shared})"
+    )
 
 
 def _projection(p: dict[str, Any]) -> None:
@@ -158,9 +169,12 @@ def _projection(p: dict[str, Any]) -> None:
     for col in ("concurrency", "target step", "bound", *(f"v({k})" for k in ks)):
         target.add_column(col, justify="right")
     for r in p["target"]:
-        target.add_row(str(r["concurrency"]), f"{r['step_ms']:.3g} ms", r["bound"],
-                       *(f"{r['verify_costs'][k]:.2f}" + ("c" if r["verify_bound"][k] == "compute" else "")
-                         for k in ks))
+        target.add_row(
+            str(r["concurrency"]),
+            f"{r['step_ms']:.3g} ms",
+            r["bound"],
+            *(f"{r['verify_costs'][k]:.2f}" + ("c" if r["verify_bound"][k] == "compute" else "") for k in ks),
+        )
     console.print()
     console.print(target)
     speed = Table(title=f"PROJECTED speedup on {i['gpu']} per concurrency (* best k; alpha measured here)")
@@ -171,8 +185,9 @@ def _projection(p: dict[str, Any]) -> None:
             cells = []
             for row in d["rows"]:
                 r = row["per_k"][n]
-                cells.append(f"{r['predicted_speedup']:.2f}{' *' if k == row['best_k'] else ''}"
-                             + ("" if row["fits"] else " !"))
+                cells.append(
+                    f"{r['predicted_speedup']:.2f}{' *' if k == row['best_k'] else ''}" + ("" if row["fits"] else " !")
+                )
             speed.add_row(d["name"] if n == 0 else "", f"{d['alpha']:.3f}" if n == 0 else "", str(k), *cells)
         speed.add_section()
     console.print()
@@ -181,8 +196,13 @@ def _projection(p: dict[str, Any]) -> None:
     lines = [
         "v(k): target pass over concurrency x (k+1) tokens / a plain step of the batch (c: compute-bound); "
         "speedup from the acceptance along each continuation with these costs (alpha-only figures in the JSON)"
-        + ("; !: does not fit in the GPU's memory (see notes)" if any(not r["fits"] for d in p["drafts"] for r in d["rows"]) else ""),
-        f"inputs: {i['gpu_name']} ({i['hbm_bytes_per_s'] / 1e12:g} TB/s HBM, {i['bf16_flops'] / 1e12:g} TFLOP/s dense BF16"
+        + (
+            "; !: does not fit in the GPU's memory (see notes)"
+            if any(not r["fits"] for d in p["drafts"] for r in d["rows"])
+            else ""
+        ),
+        f"inputs: {i['gpu_name']} ({i['hbm_bytes_per_s'] / 1e12:g} TB/s HBM, "
+        f"{i['bf16_flops'] / 1e12:g} TFLOP/s dense BF16"
         + (f", {i['fp8_flops'] / 1e12:g} FP8" if i["fp8_flops"] else "")
         + f") at HBM efficiency {eff['hbm']:g} and MFU {eff['mfu']:g}; KV cache {i['kv_dtype']}; context: prompt "
         f"{i['prompt_len']} + output {i['output_len']} tokens (mean {i['mean_context']:g})",
@@ -190,5 +210,9 @@ def _projection(p: dict[str, Any]) -> None:
         "assumes: " + "; ".join(i["assumptions"]),
     ]
     for line in lines + [f"note: {n}" for n in p["notes"]]:
-        console.print(line, style="dim" if line.startswith(("inputs", "models", "assumes", "note")) else None,
-                      highlight=False, markup=False)
+        console.print(
+            line,
+            style="dim" if line.startswith(("inputs", "models", "assumes", "note")) else None,
+            highlight=False,
+            markup=False,
+        )
