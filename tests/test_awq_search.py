@@ -238,8 +238,20 @@ TINY_TYPES = [
 ]  # gpt2: Conv1D, no INT4 format; MoE: tests/test_moe*.py
 
 
+@pytest.fixture
+def bf16_screen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screen runs as on a CPU with native bfloat16 matmuls (oneDNN's AVX-512 BF16 / AMX),
+    on every CPU class: without them torch emulates bfloat16, slower but the same search, so
+    the screen's logic is tested on an AVX2-only CPU too. Where it runs by default is
+    `native_low_precision`'s call (`test_screen_is_the_full_grid_without_native_bfloat16`)."""
+    from infer_tool.calib.quantizers import awq, awq_screen
+
+    monkeypatch.setattr(awq_screen, "native_low_precision", lambda device: True)
+    monkeypatch.setattr(awq, "native_low_precision", lambda device: True)
+
+
 @pytest.mark.parametrize("model_type", TINY_TYPES)
-def test_tiny_architectures_fast_equals_full(model_type: str) -> None:
+def test_tiny_architectures_fast_equals_full(model_type: str, bf16_screen: None) -> None:
     """The pipeline tests' tiny model of each architecture: the fast search writes the same
     weights bit for bit (their losses over alpha are rarely unimodal: it mostly falls back),
     each report entry says which search ran, and the full grid's entries name the ratio the
@@ -321,7 +333,7 @@ def test_screen_attention_is_sdpa(model_type: str) -> None:
         assert (a - b).norm() <= 1e-5 * a.norm(), (a - b).norm() / a.norm()
 
 
-def test_screen_block_runs_its_attention_as_screen_attention(monkeypatch) -> None:
+def test_screen_block_runs_its_attention_as_screen_attention(monkeypatch, bf16_screen: None) -> None:
     """On a CPU the bfloat16 copy of an sdpa attention block runs `screen_attention`; the
     model's own block keeps sdpa (the copy has its own config); the copy's output is the
     float32 block's to bfloat16 precision (3% relative)."""
@@ -355,6 +367,37 @@ def test_screen_block_runs_its_attention_as_screen_attention(monkeypatch) -> Non
     with torch.no_grad():
         ref = torch.cat([attn(c.args[0], **c.kwargs)[0] for c in calls])
     assert out.dtype == torch.bfloat16 and (out.float() - ref).norm() <= 0.03 * ref.norm()
+
+
+def test_screen_is_the_full_grid_without_native_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU without native bfloat16 matmuls (AVX2 only, e.g. AMD Zen 3): --awq-search screen
+    builds no bfloat16 copy and scores every mapping on the full grid, exactly; the weights
+    are the full grid's bit for bit and the report and note say nothing was screened."""
+    from test_pipeline import ids, tiny_model
+
+    from infer_tool.calib.layers import LayerCall
+    from infer_tool.calib.pipeline import quantize_model
+    from infer_tool.calib.quantizers import awq, awq_screen
+    from infer_tool.calib.quantizers.awq import AWQQuantizer
+
+    monkeypatch.setattr(awq_screen, "native_low_precision", lambda device: False)
+    monkeypatch.setattr(awq, "native_low_precision", lambda device: False)
+    model = tiny_model("llama")
+    attn = model.model.layers[0].self_attn
+    h = torch.randn(1, 8, model.config.hidden_size)
+    call = LayerCall((h,), {"position_embeddings": model.model.rotary_emb(h, torch.arange(8)[None])})
+    assert awq_screen.low_precision_block(attn, [attn.q_proj], [call], conv1d=False) is None
+    runs = {}
+    for search in ("full", "screen"):
+        scheme = make_scheme("awq", group_size=32, search=search)
+        runs[search] = (quantize_model(tiny_model("llama"), ids(), scheme, batch_size=4, device="cpu"), scheme)
+    (full, _), (screen, screen_scheme) = runs["full"], runs["screen"]
+    for name, qw in full.quantized.items():
+        assert torch.equal(qw.dequantize(torch.float32), screen.quantized[name].dequantize(torch.float32)), name
+    entries = [e for e in screen.method_report["awq"] if "losses" in e]
+    assert entries and {e["search"] for e in entries} == {"full"}
+    assert all(e["evaluated"] == 20 for e in entries)
+    assert f"0 of {len(entries)} mappings screened" in AWQQuantizer().notes(screen, screen_scheme)[0]
 
 
 @pytest.mark.parametrize("seed", range(6))
