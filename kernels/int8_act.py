@@ -18,6 +18,12 @@ They differ in the reciprocal, in the rounding of ties and in what an all-zero r
   x * inv + azp into one fused multiply-add (one rounding). An all-zero row gets scale 0 and
   codes 0 (0 * inf is NaN, which the conversion turns into 0); a row with no range gets codes
   0 and the zero point INT32_MIN (x86's conversion of NaN or infinity).
+- "onednn_avx2": the same ops in vLLM's AVX2 build (`_C_AVX2`, which vLLM loads on an x86 CPU
+  without AVX-512, e.g. AMD Zen 3): the same formulas, but x * inv and the zero point are two
+  roundings (no fused multiply-add), and NaN becomes -128 (the saturating int32 -> int8 pack of
+  the integer indefinite), so an all-zero row gets codes -128 (which still stand for 0: its
+  scale is 0). For symmetric activations (the only kind our checkpoints carry) the values it
+  quantizes to are "onednn"'s bit for bit, which is why `vllm_kernel` answers "onednn" there.
 - "sgl": the AMX kernels' `quantize_row_int8` (csrc/cpu/sgl-kernels/vec.h), used by
   `int8_scaled_mm_with_quant` (W8A8 on AMX: symmetric activations, K % 32 == 0, N % 16 == 0)
   and `int4_scaled_mm_cpu` (W4A8, see `kernels/w4a8.py`): amax = max(amax, 1e-7),
@@ -29,7 +35,8 @@ They differ in the reciprocal, in the rounding of ties and in what an all-zero r
   (division); static and dynamic asymmetric inv = 1 / scale (float32) and the zero point added
   after rounding; ties to even, saturating.
 
-Checked bit for bit against vLLM 0.32's CPU ops ("onednn", "sgl") by `tests/vllm_int8_probe.py`;
+Checked bit for bit against vLLM 0.32's CPU ops ("onednn" and "sgl" in its AVX-512 BF16 build,
+"onednn_avx2" in its AVX2 build, which has no AMX ops) by `tests/vllm_int8_probe.py`;
 the "cuda" formulas are read from the source only (and CUDA's asymmetric path for a row without
 range is not emulated). This module knows nothing about layers, checkpoints or calibration.
 Inputs are assumed finite.
@@ -39,7 +46,7 @@ from __future__ import annotations
 
 import torch
 
-KERNELS = ("onednn", "sgl", "cuda")
+KERNELS = ("onednn", "onednn_avx2", "sgl", "cuda")
 QMIN, QMAX = -128, 127
 SGL_EPS = 1e-7  # the AMX kernels' floor of a row's absolute maximum
 
@@ -81,11 +88,20 @@ def _to_int32(v: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, torch.trunc(torch.where(ok, v, 0.0)), -(2.0**31)).to(torch.int32)
 
 
-def _to_codes(v: torch.Tensor) -> torch.Tensor:
+def _to_codes(v: torch.Tensor, nan: float = 0.0) -> torch.Tensor:
     """clamp(v) to [-128, 127] (NaN stays NaN, as `_mm512_min/max_ps` keep it), ties to even,
-    NaN -> 0 (the truncating int32 -> int8 conversion of 0x80000000); int8."""
+    NaN -> `nan`: 0 from the truncating int32 -> int8 conversion of 0x80000000 (AVX-512), -128
+    from the saturating one (AVX2); int8."""
     v = torch.clamp(v, QMIN, QMAX)
-    return torch.nan_to_num(torch.round(v), nan=0.0).to(torch.int8)
+    return torch.nan_to_num(torch.round(v), nan=nan).to(torch.int8)
+
+
+def _onednn_codes(x: torch.Tensor, inv: torch.Tensor, azp: torch.Tensor | None, kernel: str) -> torch.Tensor:
+    """round_half_even(clamp(x * inv [+ azp])) as the "onednn" kernels compute it: the AVX-512
+    build contracts x * inv + azp into one fused multiply-add, the AVX2 build rounds twice."""
+    if kernel == "onednn_avx2":
+        return _to_codes(x * inv if azp is None else x * inv + azp, nan=float(QMIN))
+    return _to_codes(x * inv if azp is None else _fma(x, inv, azp))
 
 
 def has_amx() -> bool:
@@ -94,15 +110,35 @@ def has_amx() -> bool:
     return bool(probe()) if probe is not None else False
 
 
-def vllm_kernel(device_type: str, n: int, k: int, *, amx: bool | None = None, symmetric: bool = True) -> str:
+def has_avx512() -> bool:
+    """True where vLLM's CPU build loads one of its AVX-512 libraries (`_C`, `_C_AVX512`), not
+    `_C_AVX2`: what `vllm.platforms.cpu` asks torch (`torch.cpu._is_avx512_supported()`)."""
+    probe = getattr(torch.cpu, "_is_avx512_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def vllm_kernel(
+    device_type: str,
+    n: int,
+    k: int,
+    *,
+    amx: bool | None = None,
+    symmetric: bool = True,
+    avx512: bool | None = None,
+) -> str:
     """The kernel vLLM 0.32 quantizes a W8A8 linear's activations with (its weight (n, k)) on
     `device_type`: "cuda" on a GPU; on a CPU "sgl" where `CPUInt8ScaledMMLinearKernel` takes
     the AMX path (AMX, symmetric activations, k % 32 == 0, n % 16 == 0: vLLM checks the fused
-    q/k/v and gate/up weights, this the linear's own), else "onednn". `amx` None: this CPU's."""
+    q/k/v and gate/up weights, this the linear's own), else "onednn" ("onednn_avx2" for
+    asymmetric activations on a CPU without AVX-512; symmetric ones quantize to the same values
+    in both builds). `amx`, `avx512` None: this CPU's."""
     if device_type == "cuda":
         return "cuda"
     amx = has_amx() if amx is None else amx
-    return "sgl" if amx and symmetric and k % 32 == 0 and n % 16 == 0 else "onednn"
+    if amx and symmetric and k % 32 == 0 and n % 16 == 0:
+        return "sgl"
+    avx512 = has_avx512() if avx512 is None else avx512
+    return "onednn" if symmetric or avx512 else "onednn_avx2"
 
 
 def quantize_per_token(
@@ -118,8 +154,8 @@ def quantize_per_token(
         lo, hi = xf.amin(dim=-1, keepdim=True), xf.amax(dim=-1, keepdim=True)
         scale = (hi - lo) / _f32(255.0)
         azp = torch.round(_f32(-128.0) - lo / scale)  # nearbyint: ties to even
-        if kernel == "onednn":
-            q = _to_codes(_fma(xf, _reciprocal_via_double(scale), azp))  # the float zero point
+        if kernel in ("onednn", "onednn_avx2"):
+            q = _onednn_codes(xf, _reciprocal_via_double(scale), azp, kernel)  # the float zero point
             return q, scale, _to_int32(azp)
         # cuda: round, then add the zero point as an integer, saturating
         v = torch.round(xf * (_f32(1.0) / scale))
@@ -133,8 +169,8 @@ def quantize_per_token(
         r = torch.round(v) if x.dtype == torch.bfloat16 else _round_half_away(v)
         return r.to(torch.int8), scale, None
     scale = amax / _f32(127.0)
-    if kernel == "onednn":
-        return _to_codes(xf * _reciprocal_via_double(scale)), scale, None
+    if kernel in ("onednn", "onednn_avx2"):
+        return _onednn_codes(xf, _reciprocal_via_double(scale), None, kernel), scale, None
     inv = torch.where(amax == 0, torch.zeros_like(amax), _f32(127.0) / amax)
     return _to_codes(xf * inv), scale, None
 
@@ -154,9 +190,8 @@ def quantize_static(
         )
     xf = x.float()
     s = scale.float().reshape(())
-    if kernel == "onednn":
-        inv = _reciprocal_via_double(s)
-        return _to_codes(xf * inv if azp is None else _fma(xf, inv, azp.float().reshape(())))
+    if kernel in ("onednn", "onednn_avx2"):
+        return _onednn_codes(xf, _reciprocal_via_double(s), None if azp is None else azp.float().reshape(()), kernel)
     if azp is None:
         return _to_codes(xf / s)
     v = torch.round(xf * (_f32(1.0) / s))

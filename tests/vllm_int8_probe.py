@@ -18,10 +18,13 @@ Cases (each input in fp32, bf16 and fp16 where the op takes it):
   itself) against an identity int8 weight: its output is bf16(q * scale), which pins q;
 - `w4a8.*`   `int4_scaled_mm_cpu` (the AMX W4A8 GEMM) on random INT4 weights;
 - `onednn.*` the whole oneDNN W8A8 linear (`onednn_scaled_mm`), compared with our fake-quant
-  activations times the dequantized weight (float tolerance, not bits).
+  activations times the dequantized weight (float tolerance, not bits), and with oneDNN's
+  int16-saturating GEMM on a CPU without VNNI (`saturating_u8s8`).
 The inputs: random rows at magnitudes 1e-30 .. 1e30, rows of exact ties (k + 0.5 after
 scaling), all-zero rows, outlier channels, lengths that are not a multiple of 16.
-A case the op refuses on this CPU is recorded with its error and reported as such.
+A case the op refuses on this CPU is recorded with its error and reported as such: vLLM's AVX2
+build (`_C_AVX2`, loaded without AVX-512) has no `sgl` and `w4a8` ops at all. The `onednn`
+cases are compared with the rounding of the build that ran them (`kernels/int8_act.py`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,14 @@ def static_inputs(torch, K: int, seed: int):
 
 
 # ---------------------------------------------------------------- record (vLLM's interpreter)
+
+
+def vllm_build(torch) -> str:
+    """Which of its x86 libraries vLLM's CPU build loads here (`vllm.platforms.cpu.import_kernels`):
+    "_C" (AVX-512 BF16), "_C_AVX512" or "_C_AVX2" (no AVX-512: no AMX ops in it)."""
+    if not torch.cpu._is_avx512_supported():
+        return "_C_AVX2"
+    return "_C" if torch.cpu._is_avx512_bf16_supported() else "_C_AVX512"
 
 
 def record(path: str) -> None:
@@ -218,7 +229,12 @@ def record(path: str) -> None:
 
         run(f"onednn.{'static' if static else 'dynamic'}", onednn, {"op": "onednn", "dtype": "bfloat16"})
 
-    host = {"amx": bool(torch.cpu._is_amx_tile_supported()), "torch": torch.__version__}
+    host = {
+        "amx": bool(torch.cpu._is_amx_tile_supported()),
+        "build": vllm_build(torch),
+        "vnni": bool(torch.cpu._is_vnni_supported()),
+        "torch": torch.__version__,
+    }
     try:
         import vllm
 
@@ -235,6 +251,24 @@ def record(path: str) -> None:
 
 
 # ---------------------------------------------------------------- compare (our interpreter)
+
+
+def saturating_u8s8(x, input_scale, w, kernel: str):
+    """oneDNN's int8 GEMM on an x86 CPU without VNNI (its "Nuances of int8 computations"): the
+    s8 activation codes q (M, K) are shifted to u8 (q + 128), multiplied with the s8 weight
+    w (N, K) in pairs along K whose sums saturate to int16 (`vpmaddubsw`), then accumulated in
+    int32 and the shift compensated (-128 * sum_k w); times the activation scale. float64
+    (M, N), before the weight scales."""
+    from infer_tool.kernels.int8_act import quantize_per_token, quantize_static
+
+    if input_scale is None:
+        q, scale, _ = quantize_per_token(x, kernel=kernel)
+    else:
+        q, scale = quantize_static(x, input_scale, kernel=kernel), input_scale.reshape(1, 1)
+    u, W = q.long() + 128, w.long()
+    pairs = (u[:, None, :] * W[None, :, :]).unflatten(-1, (-1, 2)).sum(-1).clamp(-(2**15), 2**15 - 1)
+    acc = pairs.sum(-1) - 128 * W.sum(dim=1)[None, :]
+    return acc.double() * scale.double()
 
 
 def compare(path: str) -> dict:
@@ -254,6 +288,7 @@ def compare(path: str) -> dict:
         host = json.loads(f.metadata()["host"])
         t = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     rows = []
+    onednn = "onednn_avx2" if host.get("build") == "_C_AVX2" else "onednn"  # the build's rounding
     for name, info in meta.items():
         row = {"case": name}
         if "error" in info:
@@ -267,14 +302,14 @@ def compare(path: str) -> dict:
         if op in ("dyn", "dynasym", "static", "staticazp"):
             x = get("x")
             if op == "dyn":
-                q, s, _ = quantize_per_token(x, kernel="onednn")
+                q, s, _ = quantize_per_token(x, kernel=onednn)
                 row["scale_bits_differ"] = int((s != get("scale")).sum())
             elif op == "dynasym":
-                q, s, azp = quantize_per_token(x, symmetric=False, kernel="onednn")
+                q, s, azp = quantize_per_token(x, symmetric=False, kernel=onednn)
                 row["scale_bits_differ"] = int((s != get("scale")).sum())
                 row["azp_differ"] = int((azp != get("azp")).sum())
             else:
-                q = quantize_static(x, get("scale"), get("azp") if op == "staticazp" else None, kernel="onednn")
+                q = quantize_static(x, get("scale"), get("azp") if op == "staticazp" else None, kernel=onednn)
             ref = get("q")
             diff = (q.int() - ref.int()).abs()
             row.update(codes=ref.numel(), codes_differ=int((diff > 0).sum()), max_code_diff=int(diff.max()))
@@ -304,14 +339,17 @@ def compare(path: str) -> dict:
         elif op == "onednn":
             x, w, w_s = get("x"), get("w"), get("w_s")
             i_s = t.get(f"{name}.input_scale")
-            xa = fake_quantize(x, i_s, kernel="onednn")
+            xa = fake_quantize(x, i_s, kernel=onednn)
             out = (xa.double() @ (w.double() * w_s.double()).T).float()
             ref = get("out").float()
             rel = (out - ref).abs() / ref.abs().clamp_min(1e-3)
+            sat = (saturating_u8s8(x, i_s, w, onednn) * w_s.double().T).float()
             row.update(
                 outputs=ref.numel(),
                 max_rel=float(rel.max()),
                 bf16_outputs_differ=int((out.to(torch.bfloat16) != get("out")).sum()),
+                row_rel=float(((out - ref).norm(dim=-1) / ref.norm(dim=-1)).max()),
+                saturating_row_rel=float(((sat - ref).norm(dim=-1) / ref.norm(dim=-1)).max()),
             )
         rows.append(row)
     return {"host": host, "rows": rows}
