@@ -170,14 +170,31 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def price_scale(model: LlamaForCausalLM, draft_ms: float) -> float:
+    """How much to raise every price so that the cheapest one (the draft's `draft_ms`) is at
+    least 1.5x the tiny model's own compute per forward on this CPU: the fake's costs are then
+    its prices, on a slow CPU too (a 2-layer model's forward is a few ms of Python on some)."""
+    ids = torch.randint(0, V, (1, 32), generator=torch.Generator().manual_seed(0))
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            t = time.thread_time()
+            model(input_ids=ids)
+            times.append(time.thread_time() - t)
+    return max(1.0, 1.5 * max(times[1:]) * 1000 / draft_ms)
+
+
 @pytest.mark.parametrize("base_ms,per_token_ms,best_k", [(8.0, 0.1, 3), (2.0, 3.0, 1)])
 def test_profile_follows_fake_timing(base_ms, per_token_ms, best_k) -> None:
     """v(k) flat (a large model on a GPU at batch 1): k = 3 wins; v(k) = 1 + 0.6k (a CPU):
-    every k loses, k = 1 least. The prediction, the loop and the ranking all follow."""
+    every k loses, k = 1 least. The prediction, the loop and the ranking all follow. Every
+    price is scaled alike (`price_scale`), which changes no ratio."""
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, V, (n,), generator=g) for n in (9, 14)]
+    f = price_scale(tiny(1, noise=0.2), 0.8)
+    base_ms, per_token_ms = base_ms * f, per_token_ms * f
     target = priced(tiny(0), base_ms, per_token_ms)
-    draft = ModelDraft("noisy", priced(tiny(1, noise=0.2), 0.8, 0.0), V)  # alpha ~ 0.6
+    draft = ModelDraft("noisy", priced(tiny(1, noise=0.2), 0.8 * f, 0.0), V)  # alpha ~ 0.6
     result = profile(
         "fake",
         target,
