@@ -87,6 +87,7 @@ def _result(
 
 NO_AMX_HOST = {"amx": False}
 AMX_HOST = {"amx": True}
+AVX2_HOST = {"amx": False, "avx512": False, "vnni": False}  # vLLM's AVX2 library, oneDNN without VNNI
 INT4 = {"selections": {"no_amx": list(vllm_formats.WNA16), "amx": list(vllm_formats.WNA16)}}
 INT8 = {"selections": {"no_amx": list(vllm_formats.INT8_KERNEL), "amx": list(vllm_formats.INT8_KERNEL)}}
 W4A8_OURS = "int8 per token, W4A8 (sgl)"  # `eval ppl`'s "activations"
@@ -97,6 +98,27 @@ ONEDNN, SGL = ["_apply_weights_onednn"], ["_apply_weights_sgl"]
 @pytest.mark.parametrize(
     "res,host,complaint",
     [
+        (  # INT4 runs on a CPU without AVX-512: the AVX2 library gained the op
+            _result("ct-int4-sym", {"ppl": 31.1, "stage": "score", "w4a8": [False], **INT4}, ours=31.1),
+            AVX2_HOST,
+            "now runs this format",
+        ),
+        (_result("ct-int4-sym", {"error": vllm_formats.NO_WNA16_AVX2, "stage": "score"}), NO_AMX_HOST, "did not run"),
+        (
+            _result("ct-fp8-channel-kv", {"error": vllm_formats.FP8_KV_AVX2, "stage": "score"}),
+            AVX2_HOST,
+            "at load",
+        ),
+        (  # without VNNI vLLM's saturating W8A8 GEMM must show; agreeing within 1% means it changed
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.05, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations=ONEDNN_OURS,
+            ),
+            AVX2_HOST,
+            "without VNNI, outside",
+        ),
         (_result("awq-gemm", {"ppl": 25.3, "stage": "score", "w4a8": [False]}, ours=24.8), NO_AMX_HOST, "over 1%"),
         (_result("awq-gemm", {"error": "ValueError: x", "stage": "load"}), NO_AMX_HOST, "did not run it"),
         (_result("fp8-tensor", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
@@ -350,6 +372,28 @@ def test_problems_accept_expected_outcomes() -> None:
                 scales={"a": [0.02, 0.004]},
             ),
             NO_AMX_HOST,
+        ),
+        (_result("gptq-v1-w4a8", {"error": vllm_formats.NO_WNA16_AVX2, "stage": "score"}), AVX2_HOST),
+        (_result("ct-fp8-channel-kv", {"error": vllm_formats.FP8_KV_AVX2, "stage": "load"}), AVX2_HOST),
+        (
+            _result(  # the AMX column is not a prediction in the AVX2 library: not compared there
+                "fp8-tensor",
+                {
+                    "error": vllm_formats.STATIC_FP8_QUANT,
+                    "stage": "load",
+                    "selections": {"no_amx": list(vllm_formats.FP8_PER_TENSOR_TORCH), "amx": ["op not available"]},
+                },
+            ),
+            AVX2_HOST,
+        ),
+        (
+            _result(
+                "ct-w8a8-dynamic",
+                {"ppl": 21.49, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations=ONEDNN_OURS,
+            ),
+            AVX2_HOST,
         ),
     ]
     for res, host in ok:

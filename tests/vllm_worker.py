@@ -283,7 +283,8 @@ def host() -> dict[str, Any]:
         "torch": torch.__version__,
         "amx": bool(torch.cpu._is_amx_tile_supported()),
         "amx_fp8": bool(ops.cpu_has_amx_fp8()),
-        "avx512": bool(torch.cpu._is_avx512_supported()),
+        "avx512": bool(torch.cpu._is_avx512_supported()),  # False: vLLM loaded its AVX2 library
+        "vnni": bool(torch.cpu._is_vnni_supported()),  # False: oneDNN's int8 GEMM saturates (docs/vllm-cpu.md)
         "VLLM_CPU_INT4_W4A8": os.environ.get("VLLM_CPU_INT4_W4A8", "unset (vLLM's default: 1)"),
     }
     for key, probe in (("kv_fp8_store", kv_store_rounding), ("scaled_mm_fp8", scaled_mm_fp8)):
