@@ -37,6 +37,7 @@ from infer_tool.kernels import backend
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
 from infer_tool.kernels.fp4_layout import GROUP_SIZE, dequantize_codes, effective_scale, unpack_fp4
 from infer_tool.kernels.splitk import sum_partials
+from infer_tool.kernels.tiles import grouped_tile
 
 PATHS = ("gemv", "splitk", "tiled")
 FORMATS = tuple(GROUP_SIZE)  # ("nvfp4", "mxfp4")
@@ -101,14 +102,7 @@ def _fp4_kernel(
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_pid_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)  # kernels/tiles.py
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
