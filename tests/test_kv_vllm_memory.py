@@ -419,17 +419,43 @@ def test_v2_sampler_samples_the_logits_as_they_are():
     assert act.sampler_bytes == 16 * 256 * 2 * 2 + 16 * 1000 * 2 and act.forward_bytes == 16 * 3584 * 2
 
 
-def test_v2_penalty_state_is_charged_since_0_28():
+def test_v2_penalty_state_is_charged_since_0_27():
     s = tiny()
     e = engine(mnbt=512, seqs=256, model_runner_v2=True)
     parts, _ = vm.non_torch(s, e, "9.0", 1, True, NEW)
     # int32 output_bin_counts (256, 1000) and prompt_bin_mask (256, cdiv(1000, 32) = 32); no Triton buffer
     assert parts == {"cuBLAS + cuBLASLt workspaces": 2 * 32 * MiB, PENALTY: 256 * (1000 + 32) * 4}
-    assert vm.non_torch(s, e, "9.0", 1, True, policy("0.28"))[0][PENALTY] == 256 * 1032 * 4
-    # before 0.28: allocated, but the profile charged weights + torch peak + non-torch only
-    assert vm.non_torch(s, e, "9.0", 1, True, policy("0.27"))[0] == {"cuBLAS + cuBLASLt workspaces": 2 * 32 * MiB}
+    assert vm.non_torch(s, e, "9.0", 1, True, policy("0.27"))[0][PENALTY] == 256 * 1032 * 4
+    # 0.26: allocated, but the profile charged weights + torch peak increase + non-torch increase only
+    assert vm.non_torch(s, e, "9.0", 1, True, policy("0.26"))[0] == {"cuBLAS + cuBLASLt workspaces": 2 * 32 * MiB}
     assert PENALTY not in vm.non_torch(s, e, "9.0", 1, False, NEW)[0]  # the sampler lives on the last stage
-    assert not policy("0.27").persistent_buffers_counted and policy("0.28").persistent_buffers_counted
+    assert not policy("0.26").persistent_buffers_counted and policy("0.27").persistent_buffers_counted
+
+
+def test_v2_graphs_estimated_only_since_0_29():
+    # V2's profile_cudagraph_memory returns 0 in 0.21-0.28: the same graphs, nothing subtracted
+    s = tiny()
+    e = engine(model_runner_v2=True)
+    before = vm.cudagraphs(s, e, range(4), 1, "9.0", policy("0.28"))
+    since = vm.cudagraphs(s, e, range(4), 1, "9.0", policy("0.29"))
+    per_graph = 4 * vm.GRAPH_BYTES_PER_LAYER["attention"]
+    estimate = 32 * 3584 * 2 + per_graph + (7 + 5 - 1) * per_graph  # as test_profile_sums_each_term
+    assert before.estimate_bytes == since.estimate_bytes == estimate
+    assert before.subtracted_bytes == 0 and since.subtracted_bytes == estimate
+    v1 = vm.cudagraphs(s, engine(), range(4), 1, "9.0", policy("0.28"))
+    assert v1.subtracted_bytes == estimate  # V1 subtracts since 0.21
+    assert not policy("0.28").v2_cudagraph_estimate and policy("0.29").v2_cudagraph_estimate
+
+
+def test_v2_graph_policy_moves_available_by_the_estimate():
+    # Llama-3.1-8B runs on V2 from 0.23; 0.28 and 0.29 differ (for it) only in V2's graph estimate
+    a, b = _plan(vllm_version="0.28", mem_util=0.9), _plan(vllm_version="0.29", mem_util=0.9)
+    assert a.fit.model_runner_v2() and b.fit.model_runner_v2()
+    pa, pb = a.profiles[0], b.profiles[0]
+    assert pa.cudagraphs.subtracted_bytes == 0 and pb.cudagraphs.subtracted_bytes == pb.cudagraphs.estimate_bytes > 0
+    assert pa.available - pb.available == pb.cudagraphs.estimate_bytes
+    assert any("does not estimate its CUDA graphs" in n for n in pa.notes)
+    assert not any("CUDA graphs" in n for n in pb.notes)
 
 
 def test_plan_picks_the_runner_and_honours_the_override():
