@@ -342,7 +342,7 @@ def _memory_table(console: Any, r: Report, mem: dict[str, Any]) -> None:
             + (
                 ""
                 if g["in_budget"]
-                else f"; {_size(stages[-1]['cudagraph_estimate_bytes'])} outside the budget (before 0.21)"
+                else f"; {_size(stages[-1]['cudagraph_estimate_bytes'])} outside the budget (see the notes)"
             )
         )
         if g["piecewise"]
