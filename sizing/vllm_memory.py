@@ -388,9 +388,11 @@ def profile(
     act = activation(shape, engine, layers, tp, last_stage, policy)
     parts, notes = non_torch(shape, engine, compute_capability, tp, last_stage, policy)
     graphs = cudagraphs(shape, engine, layers, tp, compute_capability, policy)
-    if graphs.estimate_bytes and policy.cudagraph_in_budget and not graphs.in_budget:
+    if graphs.estimate_bytes and not graphs.in_budget:
+        who = "Model Runner V2 in vLLM" if policy.cudagraph_in_budget else "vLLM"
+        since = "0.29" if policy.cudagraph_in_budget else "0.21"
         notes.append(
-            f"Model Runner V2 in vLLM {policy.version} does not estimate its CUDA graphs (from 0.29 it does): "
+            f"{who} {policy.version} does not estimate its CUDA graphs (from {since} it does): "
             "they are captured after the KV cache is sized, out of the memory --mem-util leaves free"
         )
     return MemoryProfile(total, mem_util, weights, act, parts, graphs, tuple(notes))

@@ -278,6 +278,8 @@ def test_graph_policy_moves_available_by_the_estimate():
     )
     pa, pb = a.profiles[0], b.profiles[0]
     assert pa.available - pb.available == pb.cudagraphs.estimate_bytes > 0
+    assert any("vLLM 0.20 does not estimate its CUDA graphs (from 0.21 it does)" in n for n in pa.notes)
+    assert not any("CUDA graphs" in n for n in pb.notes)
 
 
 def test_default_mem_util_follows_the_release():
