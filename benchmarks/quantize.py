@@ -26,7 +26,8 @@ replaces the iteration count of every AutoRound row on both sides (a reduced run
 
 Every row also gets the KL divergence from the source model (`infer-tool eval kld CHECKPOINT
 --reference MODEL` on the same windows as its ppl: mean nats per token and "same top token");
-`--no-kld` leaves it out.
+`--no-kld` leaves it out. A row whose activations are quantized is scored once more with them
+unquantized (what their rounding costs); `--no-plain` leaves that out.
 
 Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 
@@ -292,7 +293,7 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
         "num_samples": args.num_samples,
         "activations": ev.get("activations", ""),
     }
-    if ev.get("activations", "unquantized") != "unquantized":  # what the activations' rounding costs
+    if args.plain and ev.get("activations", "unquantized") != "unquantized":  # what the activations' rounding costs
         row["ppl_activations_unquantized"] = eval_ppl(str(out), args, ["--activations", "none"])["ppl"]
     if args.kld:
         k = eval_kld(str(out), args)
@@ -456,6 +457,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="KL divergence of every row from --model (eval kld, the ppl windows)",
+    )
+    p.add_argument(
+        "--plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also score each activation-quantized row with its activations unquantized",
     )
     p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
     p.add_argument("--dense", metavar="JSONL", help="rows of a dense run (--json): compare each method's ppl increase")
