@@ -224,6 +224,30 @@ def run_until(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], s
         handle.remove()
 
 
+@torch.no_grad()
+def run_until_all(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], stop_at: list[nn.Module]) -> None:
+    """Run chunks through the layer, stopping each one once every module of `stop_at` has run
+    its pre-hooks (in whichever order the forward reaches them)."""
+    seen: set[int] = set()
+
+    def stop(module: nn.Module, args: Any) -> None:
+        seen.add(id(module))
+        if len(seen) == len({id(m) for m in stop_at}):
+            raise StopForward
+
+    handles = [m.register_forward_pre_hook(stop) for m in stop_at]
+    try:
+        for x, c in chunks(zip(X, calls)):
+            seen.clear()
+            try:
+                layer(x, *c.args, **c.kwargs)
+            except StopForward:
+                pass
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @contextlib.contextmanager
 def capturing_inputs(
     modules: dict[str, nn.Module],

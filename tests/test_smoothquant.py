@@ -229,3 +229,42 @@ def test_smoothquant_in_gptq_and_rtn_live_and_from_saved_statistics() -> None:
         quantized(input_ids=tokens, use_cache=False)
     h.remove()
     assert float(rtn.quantized[q].input_scale) == pytest.approx(float(max(seen)) / 127, rel=1e-5)
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_smoothing_pass_ends_at_the_norm_mappings(model_type: str) -> None:
+    """GPTQ's SmoothQuant pass measures only `smoothed_groups` and ends each chunk there: the
+    statistics it returns are, bit for bit, those of a whole-layer pass for the same groups,
+    and no linear after the last of them runs (on a sequential layer, the MLP's down)."""
+    from infer_tool.calib.layers import capture_inputs, group_of
+    from infer_tool.calib.quantizers.base import LayerContext, measure_groups
+    from infer_tool.calib.quantizers.smoothquant import smoothed_groups
+    from infer_tool.calib.result import PipelineResult
+
+    model = tiny_model(model_type)
+    arch = architecture_for(model_type)
+    X, calls = capture_inputs(model, arch, ids(), 4, torch.device("cpu"))
+    layer = decoder_layers(model, arch)[0]
+    ctx = LayerContext(
+        layer, "l0", X, calls[0], arch=arch, targets=set(), result=PipelineResult(), error_chunks=1, search_chunks=1
+    )
+    only = smoothed_groups(layer, arch)
+    norms = [m for m in arch.mappings if get_submodule(layer, m.smooth).weight.dim() == 1]  # a norm's (D,)
+    assert only and set(only) == {group_of(arch, m.balance[0]) for m in norms}
+    full = measure_groups(ctx)
+    ran: dict[str, int] = {g[0]: 0 for g in arch.groups}
+    hooks = [
+        get_submodule(layer, k).register_forward_pre_hook(lambda m, a, k=k: ran.__setitem__(k, ran[k] + 1))
+        for k in ran
+    ]
+    part = measure_groups(ctx, only=only)
+    for h in hooks:
+        h.remove()
+    assert set(part) == set(only)
+    for k in only:
+        assert torch.equal(part[k].act_abs_max_channel, full[k].act_abs_max_channel)
+        assert part[k].tokens == full[k].tokens
+        assert ran[k] == len(X)
+    last = arch.groups[-1][0]
+    if last not in only:
+        assert ran[last] == 0

@@ -15,7 +15,7 @@ one expert at a time (`calib/moe.py`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -24,7 +24,15 @@ import torch
 from torch import nn
 
 from infer_tool.calib.architectures import Architecture, get_submodule
-from infer_tool.calib.layers import LayerCall, capturing_inputs, group_modules, run_layer, set_weight_nk, weight_nk
+from infer_tool.calib.layers import (
+    LayerCall,
+    capturing_inputs,
+    group_modules,
+    run_layer,
+    run_until_all,
+    set_weight_nk,
+    weight_nk,
+)
 from infer_tool.calib.moe import ExpertTokens, MoeLayer, Routing, capturing_routing
 from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator, relative_output_error
@@ -173,13 +181,21 @@ def with_input_scale(weight: Any, stats: LayerStats | None, scheme: Scheme, name
     return weight
 
 
-def measure_groups(ctx: LayerContext, hessian: bool = False) -> dict[str, LayerStats]:
+def measure_groups(
+    ctx: LayerContext, hessian: bool = False, only: Collection[str] | None = None
+) -> dict[str, LayerStats]:
     """{first linear of each group: the statistics of the group's input} over every chunk, in
-    one pass of the layer as it is (its outputs are discarded)."""
+    one pass of the layer as it is (its outputs are discarded). With `only` (first linears of
+    groups), those groups alone, each chunk's pass ending once all of them have read it."""
     heads = group_modules(ctx.layer, ctx.arch)
+    if only is not None:
+        heads = {k: heads[k] for k in only}
     accs = {k: StatsAccumulator(weight_nk(m, ctx.arch.conv1d).shape[1], hessian=hessian) for k, m in heads.items()}
     with capturing_inputs(heads, accs=accs):
-        run_layer(ctx.layer, ctx.X, ctx.calls)
+        if only is None:
+            run_layer(ctx.layer, ctx.X, ctx.calls)
+        elif heads:
+            run_until_all(ctx.layer, ctx.X, ctx.calls, list(heads.values()))
     return {k: a.result() for k, a in accs.items()}
 
 

@@ -18,8 +18,8 @@ as one stack of rows. Down reads the expert's intermediate activations computed 
 quantized gate/up. Starved experts (routed mode) fall back to RTN.
 
 With SmoothQuant (`scheme.smoothquant`), the layer is smoothed first (`smoothquant.smooth_layer`,
-from one fp pass measuring the per-channel maxima); every Hessian is then measured on the
-smoothed inputs. With static int8 activations, each linear's `input_scale` comes from the
+from one fp pass measuring the per-channel maxima of the norm mappings' inputs, ending at the
+last of them); every Hessian is then measured on the smoothed inputs. With static int8 activations, each linear's `input_scale` comes from the
 max |x| of the inputs its Hessian was measured on.
 """
 
@@ -44,7 +44,7 @@ from infer_tool.calib.quantizers.base import (
     with_input_scale,
 )
 from infer_tool.calib.quantizers.fp8 import expert_stats
-from infer_tool.calib.quantizers.smoothquant import SmoothsSavedStats, smooth_layer
+from infer_tool.calib.quantizers.smoothquant import SmoothsSavedStats, smooth_layer, smoothed_groups
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
@@ -76,7 +76,8 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
         alpha = self.smoothing(scheme)
         if alpha is not None:
-            smooth_layer(layer, ctx.prefix, arch, alpha, measure_groups(ctx), targets=ctx.targets, result=ctx.result)
+            stats = measure_groups(ctx, only=smoothed_groups(layer, arch))  # the fp inputs of the norm mappings
+            smooth_layer(layer, ctx.prefix, arch, alpha, stats, targets=ctx.targets, result=ctx.result)
         e = max(ctx.error_chunks, 1)  # a process without error chunks still finds its replay points
         Y, points = replay_points(layer, arch, X[:e], calls[:e])
         Y = Y[: ctx.error_chunks]

@@ -17,7 +17,8 @@ max(x_j) - min(x_j) of the smoothing module's output, where the paper (and this 
 max |x_j|; on a channel symmetric about zero that is 2·max|x_j| (a constant factor 2^(2α-1) in
 s, which moves nothing between channels), on an offset channel it smooths less.
 
-This step reads statistics and returns statistics: live (`measure_groups` before it) and from
+This step reads statistics and returns statistics: live (`measure_groups` before it, which
+need measure only `smoothed_groups`, ending each chunk's pass there) and from
 saved statistics (`quantize --stats`) alike, it gives the statistics of the smoothed inputs
 (`LayerStats.divided`), so a static input scale or a Hessian needs no second pass.
 """
@@ -33,6 +34,20 @@ from infer_tool.calib.result import PipelineResult
 from infer_tool.calib.stats import LayerStats
 from infer_tool.packers.smoothquant import smoothquant_scales
 from infer_tool.schemes.integer import QuantScheme
+
+
+def is_norm_mapping(layer: nn.Module, arch: Architecture, smooth_name: str) -> bool:
+    """Whether the mapping smoothed by `smooth_name` folds into a norm (the mappings this step
+    smooths; a linear -> linear one it leaves alone)."""
+    smooth = get_submodule(layer, smooth_name)
+    return not (isinstance(smooth, nn.Linear) or (arch.conv1d and smooth.weight.dim() == 2))
+
+
+def smoothed_groups(layer: nn.Module, arch: Architecture) -> list[str]:
+    """The first linear of each group whose input `smooth_layer` reads: the groups the norm
+    mappings balance (a pass measuring them can end once these have read each chunk)."""
+    keys = [group_of(arch, m.balance[0]) for m in arch.mappings if is_norm_mapping(layer, arch, m.smooth)]
+    return list(dict.fromkeys(keys))
 
 
 def smooth_layer(
@@ -52,9 +67,9 @@ def smooth_layer(
     entries = result.method_report.setdefault("smoothquant", [])
     out = dict(stats)
     for m in arch.mappings:
-        smooth = get_submodule(layer, m.smooth)
-        if isinstance(smooth, nn.Linear) or (arch.conv1d and smooth.weight.dim() == 2):
+        if not is_norm_mapping(layer, arch, m.smooth):
             continue  # linear -> linear: not smoothed (see the module docstring)
+        smooth = get_submodule(layer, m.smooth)
         entry = {"layer": prefix, "smooth": m.smooth, "balance": list(m.balance), "alpha": alpha}
         balance = [get_submodule(layer, b) for b in m.balance]
         K = int(weight_nk(balance[0], arch.conv1d).shape[1])
