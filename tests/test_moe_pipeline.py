@@ -349,3 +349,24 @@ def test_bad_mode_and_saved_statistics_refused() -> None:
         MoeCalibration("some")
     with pytest.raises(BadInput, match="mixture-of-experts"):
         collect_stats(make_moe("mixtral"), ids(), device="cpu")
+
+
+@pytest.mark.parametrize("method", ["gptq", "rtn"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_smoothquant_on_moe_smooths_the_attention_only(family: str, method: str) -> None:
+    """SmoothQuant + W8A8 on every MoE family: each layer's attention input norm is smoothed,
+    no mapping into the MoE block's experts (shared or routed) is, every linear is quantized,
+    and the smoothed model stays close to the fp one."""
+    model = make_moe(family)
+    fp = copy.deepcopy(model)
+    arch = arch_of(model)
+    scheme = make_scheme(method, bits=8, group_size=-1, int8_activations="dynamic", smoothquant=0.5)
+    r = quantize_model(model, ids(), scheme, batch_size=4, device="cpu")
+    smoothed = [e for e in r.method_report["smoothquant"] if "skipped" not in e]
+    layers = len(decoder_layers(model, arch))
+    inputs = [e["layer"] for e in smoothed if e["smooth"] == smoothed[0]["smooth"]]
+    assert inputs == [f"{arch.layers}.{i}" for i in range(layers)]
+    assert not any("expert" in b for e in smoothed for b in e["balance"])
+    assert all(e["x_abs_max_after"] < e["x_abs_max_before"] for e in smoothed)
+    assert set(r.quantized) == set(linear_shapes(model, arch))
+    assert rel(logits(model, ids(2)), logits(fp, ids(2))) < 0.05
