@@ -254,8 +254,7 @@ def test_smoothing_pass_ends_at_the_norm_mappings(model_type: str) -> None:
     full = measure_groups(ctx)
     ran: dict[str, int] = {g[0]: 0 for g in arch.groups}
     hooks = [
-        get_submodule(layer, k).register_forward_pre_hook(lambda m, a, k=k: ran.__setitem__(k, ran[k] + 1))
-        for k in ran
+        get_submodule(layer, k).register_forward_pre_hook(lambda m, a, k=k: ran.__setitem__(k, ran[k] + 1)) for k in ran
     ]
     part = measure_groups(ctx, only=only)
     for h in hooks:
