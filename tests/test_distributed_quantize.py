@@ -38,6 +38,8 @@ CASES = {
     # batches of two chunks: a step's two units may sit on different processes (their gradients are summed in order)
     "autoround": ("--method", "autoround", "--group-size", "32", "--iters", "6", "--batch", "16"),
     "fp8-static-kv": ("--method", "fp8", "--fp8-activations", "static", "--kv-cache", "fp8"),
+    # SmoothQuant's statistics are reduced across processes before its scales are folded
+    "w8a8-smoothquant-gptq": ("--scheme", "W8A8", "--smoothquant", "0.5"),
 }
 TIMINGS = ("seconds", "memory", "out")
 
