@@ -19,8 +19,9 @@ quantized gate/up. Starved experts (routed mode) fall back to RTN.
 
 With SmoothQuant (`scheme.smoothquant`), the layer is smoothed first (`smoothquant.smooth_layer`,
 from one fp pass measuring the per-channel maxima of the norm mappings' inputs, ending at the
-last of them); every Hessian is then measured on the smoothed inputs. With static int8 activations, each linear's `input_scale` comes from the
-max |x| of the inputs its Hessian was measured on.
+last of them); every Hessian is then measured on the smoothed inputs. With static int8
+activations, each linear's `input_scale` comes from the max |x| of the inputs its Hessian was
+measured on.
 """
 
 from __future__ import annotations
