@@ -209,30 +209,18 @@ def run_layer(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], s
 @torch.no_grad()
 def run_until(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], stop_at: nn.Module) -> None:
     """Run chunks through the layer, stopping each one after `stop_at`'s pre-hooks."""
-
-    def stop(module: nn.Module, args: Any) -> None:
-        raise StopForward
-
-    handle = stop_at.register_forward_pre_hook(stop)
-    try:
-        for x, c in chunks(zip(X, calls)):
-            try:
-                layer(x, *c.args, **c.kwargs)
-            except StopForward:
-                pass
-    finally:
-        handle.remove()
+    run_until_all(layer, X, calls, [stop_at])
 
 
 @torch.no_grad()
 def run_until_all(layer: nn.Module, X: list[torch.Tensor], calls: list[LayerCall], stop_at: list[nn.Module]) -> None:
     """Run chunks through the layer, stopping each one once every module of `stop_at` has run
     its pre-hooks (in whichever order the forward reaches them)."""
-    seen: set[int] = set()
+    need, seen = {id(m) for m in stop_at}, set()
 
     def stop(module: nn.Module, args: Any) -> None:
         seen.add(id(module))
-        if len(seen) == len({id(m) for m in stop_at}):
+        if seen == need:
             raise StopForward
 
     handles = [m.register_forward_pre_hook(stop) for m in stop_at]
