@@ -10,7 +10,8 @@ for each decoder layer measure / solve / propagate, and the entry points.
    the weights by their dequantized values, and returns the fp outputs Y on the first
    ERROR_SAMPLES sequences and the quantized layer's outputs Ŷ on all of them: Ŷ is the
    next layer's input, and ‖Ŷ − Y‖/‖Y‖ is the layer's reported error. Quantizers that
-   read no activations (`Needs.data_free`) get only those sequences. A quantizer that
+   read no activations (`Needs.data_free`) get only those sequences, or none at all when
+   no layer error is asked for (`quantize --no-layer-error`). A quantizer that
    trains toward the fp model (`Needs.fp_chain`) also gets the fp layer's outputs on the
    fp model's own activations (the fp chain, carried beside Ŷ from layer to layer).
 4. `collect_stats` runs the same loop without quantizing (for `calibrate --out`): every
@@ -239,7 +240,7 @@ class LayerLoop:
 @torch.no_grad()
 def quantize_model(
     model: nn.Module,
-    input_ids: torch.Tensor,
+    input_ids: torch.Tensor | None,
     scheme: Scheme,
     *,
     ignore: tuple[str, ...] = (),
@@ -252,7 +253,8 @@ def quantize_model(
     spill: Path | None = None,
 ) -> PipelineResult:
     """Quantize `model`'s decoder linears in place (their weights become the dequantized
-    values, AWQ scales folded) layer by layer on `input_ids` (B, T) calibration tokens.
+    values, AWQ scales folded) layer by layer on `input_ids` (B, T) calibration tokens;
+    None: a data-free method with no forward pass at all, and no layer errors reported.
 
     Returns the per-linear weights (`QuantizedWeight` / `Fp8Weight`), statistics (not the
     experts'), per-layer relative output errors, fallbacks, per-expert routed token counts,
@@ -264,8 +266,10 @@ def quantize_model(
         (GPTQ's replayed outputs), on a CPU run; None: in memory.
     """
     dev = _device(device)
-    bs = _batch_size(batch_size, dev, input_ids.shape[1])
     quantizer = quantizer_for(scheme)
+    if input_ids is None:
+        return _quantize_data_free(model, scheme, ignore=ignore, dev=dev, moe=moe, progress=progress, layer_io=layer_io)
+    bs = _batch_size(batch_size, dev, input_ids.shape[1])
     with flushed_denormals():
         t0 = time.perf_counter()
         arch, names = plan(model, scheme, ignore)
@@ -294,6 +298,40 @@ def quantize_model(
         with sharding(shard):
             loop.run(loop.capture(ids, bs, shard, t0), lambda ctx: quantizer.quantize_layer(ctx, scheme))
         result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def _quantize_data_free(
+    model: nn.Module,
+    scheme: Scheme,
+    *,
+    ignore: tuple[str, ...],
+    dev: torch.device,
+    moe: MoeCalibration,
+    progress: Progress | None,
+    layer_io: LayerIO | None,
+) -> PipelineResult:
+    """`quantize_model` with no calibration tokens: every layer's `quantize_weights` alone,
+    the same weights a run with tokens gives (those only measure the layer errors)."""
+    quantizer = quantizer_for(scheme)
+    if not quantizer.needs(scheme).data_free:
+        raise BadInput(f"{scheme.describe()} reads calibration activations: it needs calibration tokens")
+    t0 = time.perf_counter()
+    arch, names = plan(model, scheme, ignore)
+    result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - set(names)))
+    loop = LayerLoop(
+        model,
+        arch,
+        result,
+        dev,
+        "quantize",
+        targets=set(names),
+        moe=moe,
+        io=layer_io or LayerIO(),
+        progress=progress or no_progress,
+    )
+    loop.run_without_data(lambda layer, prefix: quantizer.quantize_weights(loop.context(layer, prefix, [], []), scheme))
+    result.seconds["layers"] = result.seconds["total"] = time.perf_counter() - t0
     return result
 
 

@@ -213,6 +213,14 @@ class QuantizeOptions:
         list,
     )
     seed: int = option(0, "Seed of the calibration windows.", int)
+    layer_error: bool = option(
+        True,
+        "Measure each layer's output error on calibration text (the report's layer errors). Off: a "
+        "data-free scheme (RTN without --smoothquant or static activations, FP8 dynamic, FP4 weights "
+        "only) reads no calibration text and runs no forward pass.",
+        bool,
+        flag="--layer-error/--no-layer-error",
+    )
     eval: str | None = option(None, "Evaluate ppl before and after on this corpus (e.g. sotu:eval).", str)
     eval_tokens: int = option(40960, "Evaluate on the first N tokens of the --eval corpus.", int)
     eval_seq_len: int = option(2048, "Evaluation window length.", int)

@@ -44,6 +44,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
         "FP4": ("--fp4", "--fp4-activations", "--fp4-observer"),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
+        "Calibration switches": ("--layer-error",),
         "Evaluation and gate": (
             "--eval",
             "--eval-activations",

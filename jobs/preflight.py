@@ -84,7 +84,7 @@ def estimate(
     head_dim = int(getattr(config, "head_dim", 0) or D // heads)
     rest_n, layer_n = weight_numels(model, arch.layers)
     total_n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    samples = opts.num_samples if opts.stats is None else 0
+    samples = opts.num_samples if opts.stats is None and opts.layer_error else 0
     if needs.data_free and opts.stats is None:
         samples = min(samples, ERROR_SAMPLES)
     T = samples * opts.seq_len

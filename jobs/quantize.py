@@ -93,8 +93,13 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
                 f"--stats {opts.stats!r} holds no per-channel activation maxima (saved by an infer-tool before "
                 "statistics version 2), which --smoothquant needs; recalibrate with `infer-tool calibrate`"
             )
-    else:
+    elif opts.layer_error:
         check_corpus(opts.calib, "--calib")
+    if not opts.layer_error and opts.stats is None and not quantizer_for(scheme).needs(scheme).data_free:
+        raise BadInput(
+            f"--no-layer-error skips calibration for data-free schemes only (rtn without --smoothquant or static "
+            f"activations, fp8 dynamic, FP4 weights only): {scheme.describe()} reads calibration activations"
+        )
     if opts.eval is not None:
         check_corpus(opts.eval, "--eval")
     kind, path = classify_model_spec(opts.model, opts.allow_pickle)

@@ -84,7 +84,7 @@ class QuantizeJob:
     device: str
     estimate: preflight.MemoryEstimate
     unmatched: list[str]  # --ignore patterns that match no linear
-    calib_ids: torch.Tensor | None  # (B, T) calibration tokens; None with --stats
+    calib_ids: torch.Tensor | None  # (B, T) calibration tokens; None with --stats or --no-layer-error
     eval_ids: torch.Tensor | None  # (E,) --eval tokens
     spill: bool  # GPTQ's replayed activations go to a file in the run directory
     run: RunDir  # the progress beside --out (NoRun on processes other than 0)
@@ -162,8 +162,8 @@ def open_job(
         raise BadInput(f"--ignore {' '.join(opts.ignore)} matches every quantizable linear: nothing would be quantized")
     estimate, spill_note = preflight.plan(lm, arch, loaded, opts, quantizer_for(scheme).needs(scheme), dev)
     eval_ids = tokenize(load_text(opts.eval), loaded.tokenizer, opts.eval_tokens) if opts.eval is not None else None
-    calib_ids = None
-    if opts.stats is None:
+    calib_ids = None  # with --stats, or data-free with --no-layer-error: no calibration text
+    if opts.stats is None and opts.layer_error:
         calib_ids = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     notes = list(loaded.notes)
     if unmatched:
@@ -246,7 +246,10 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
     """The report of a finished layer loop (its `seconds` is the job's, still filling)."""
     opts, scheme, result, lm = job.opts, job.scheme, ran.result, job.model
     notes = list(job.notes)
-    if ran.stats_meta is None:
+    if job.calib_ids is None and ran.stats_meta is None:  # --no-layer-error on a data-free scheme
+        calibration = None
+        notes.append("no calibration text read and no layer errors measured (--no-layer-error, a data-free scheme)")
+    elif ran.stats_meta is None:
         calibration = Calibration(
             tokens=result.tokens,
             corpus=opts.calib,
@@ -481,9 +484,10 @@ def run_layers(job: QuantizeJob) -> LayersRun:
     stream.write_rest()
     t = time.perf_counter()
     meta = None
+    if job.calib_ids is None:
+        stream.release_rest()  # no capture: the tensors outside the layers are not needed
     if opts.stats is not None:
         saved, meta = load_stats(Path(opts.stats))
-        stream.release_rest()  # no capture: the tensors outside the layers are not needed
         result = quantize_from_stats(
             lm, saved, scheme, ignore=opts.ignore, device=job.device, progress=progress, layer_io=stream
         )

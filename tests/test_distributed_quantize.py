@@ -138,6 +138,18 @@ def test_two_processes_write_the_one_process_checkpoint(tiny, tmp_path, case):
         assert one["moe"]["tokens"], "the MoE report lists routed tokens per expert"
 
 
+def test_two_processes_without_calibration_text_write_the_rtn_checkpoint(tiny, tmp_path):
+    """Data-free RTN with --no-layer-error: no tokens to share; both processes quantize every
+    layer alone and process 0 writes the one-process checkpoint (with text) byte for byte."""
+    args = ["quantize", str(tiny["model"]), "--calib", str(tiny["calib"]), *CALIB, *CASES["rtn"]]
+    _one([*args, "--out", str(tmp_path / "one")])
+    proc = _two([*args, "--no-layer-error", "--out", str(tmp_path / "two"), "--json"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report.get("calibration") is None and report["layer_errors"] == []
+    _same_files(tmp_path / "one", tmp_path / "two", skip=("quantize_report.json",))
+
+
 def test_two_processes_calibrate_the_one_process_statistics(tiny, tmp_path):
     args = ["calibrate", str(tiny["model"]), "--calib", str(tiny["calib"]), *CALIB]
     _one([*args, "--out", str(tmp_path / "one")])

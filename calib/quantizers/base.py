@@ -262,14 +262,19 @@ class LayerQuantizer(Generic[S]):
         weight = self.solve(weight_nk(module, arch.conv1d).detach(), stats, scheme, full)
         record(result, full, module, weight, arch, stats)
 
-    def quantize_layer(self, ctx: LayerContext, scheme: S) -> LayerOutputs:
-        """Every target linear alone (each expert's too), without statistics. Returns
-        (Y on the error chunks, Ŷ); the routed tokens are counted on Ŷ's run."""
-        e = ctx.error_chunks
-        Y = run_layer(ctx.layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
+    def quantize_weights(self, ctx: LayerContext, scheme: S) -> None:
+        """Every target linear alone (each expert's too), without statistics: all a data-free
+        method does to a layer (`Needs.data_free`); reads neither `ctx.X` nor `ctx.calls`."""
         for n in ctx.linears:
             if ctx.is_target(n):
                 self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, None, scheme)
+
+    def quantize_layer(self, ctx: LayerContext, scheme: S) -> LayerOutputs:
+        """`quantize_weights` between the fp and the quantized runs. Returns (Y on the error
+        chunks, Ŷ); the routed tokens are counted on Ŷ's run."""
+        e = ctx.error_chunks
+        Y = run_layer(ctx.layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
+        self.quantize_weights(ctx, scheme)
         return LayerOutputs(Y, run_counting(ctx))
 
 

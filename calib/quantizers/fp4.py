@@ -199,15 +199,16 @@ class Fp4RTNQuantizer(Fp4Layer, LayerQuantizer[Fp4RTNScheme]):
     def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: Fp4RTNScheme, name: str) -> Fp4Weight:
         return self.with_input_scale(self.rtn(W.float(), scheme, name), stats, scheme)
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Fp4RTNScheme) -> LayerOutputs:
+    def quantize_weights(self, ctx: LayerContext, scheme: Fp4RTNScheme) -> None:
         self.begin(ctx, scheme)
+        super().quantize_weights(ctx, scheme)
+
+    def quantize_layer(self, ctx: LayerContext, scheme: Fp4RTNScheme) -> LayerOutputs:
         if self.needs(scheme).data_free:
             return super().quantize_layer(ctx, scheme)
         e = ctx.error_chunks
         Y = run_layer(ctx.layer, ctx.X[:e], ctx.calls[:e])  # fp outputs, for the error only
-        for n in ctx.linears:
-            if ctx.is_target(n):
-                self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), ctx.arch, None, scheme)
+        self.quantize_weights(ctx, scheme)
         Y_hat, amax = measured(ctx, lambda: run_counting(ctx))
         set_input_scales(ctx, amax, scheme)
         return LayerOutputs(Y, Y_hat)

@@ -188,8 +188,11 @@ def _print_report(report: Any) -> None:
     cal = report.calibration
     table.add_row("scheme", report.scheme_description)
     table.add_row("format", report.format)
-    source = f"stats {cal.from_stats} ({cal.corpus})" if cal.from_stats else cal.corpus
-    table.add_row("calibration", f"{source}: {cal.tokens} tokens")
+    if cal is None:
+        table.add_row("calibration", "none (data-free, --no-layer-error)")
+    else:
+        source = f"stats {cal.from_stats} ({cal.corpus})" if cal.from_stats else cal.corpus
+        table.add_row("calibration", f"{source}: {cal.tokens} tokens")
     table.add_row("quantized linears", f"{report.quantized_layers} ({len(report.ignored)} ignored)")
     if report.layer_error_mean is not None:
         worst = max(report.layer_errors, key=lambda e: e.relative_output_error)
