@@ -126,6 +126,15 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
         for method in ("rtn", "gptq", "awq")
     },
+    # data-free: no calibration text read, no layer errors (llm-compressor's DataFreePipeline does neither)
+    **{
+        f"{preset} RTN data-free": (
+            FP4,
+            ["--method", "rtn", "--fp4", preset[:5].lower(), "--fp4-activations", "none", "--no-layer-error"],
+            [],
+        )
+        for preset in ("NVFP4A16", "MXFP4A16")
+    },
     "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
     "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
     "W8A8 RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn"], []),
