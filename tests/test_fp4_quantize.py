@@ -432,8 +432,14 @@ def test_eval_ppl_of_the_checkpoint_is_the_quantizers_own(runs: dict, name: str)
         "cpu",
     )
     assert code == 0, text
-    assert json.loads(text)["ppl"] == pytest.approx(runs[name]["eval"]["ppl_after"], rel=1e-6)
+    ev = json.loads(text)
+    assert ev["ppl"] == pytest.approx(runs[name]["eval"]["ppl_after"], rel=1e-6)
     assert "vLLM 0.32's CPU emulation" in runs[name]["eval"]["evaluated"]
+    # both say what was done to the activations: the FP4 rule for W4A4, nothing for A16
+    w4a4 = "w4a4" in name
+    assert ev["activations"] == runs[name]["eval"]["activations"] == (
+        f"{name.split('-')[1]} W4A4 (vLLM's emulation)" if w4a4 else "unquantized"
+    )
 
 
 @pytest.mark.parametrize("name", ["rtn-nvfp4-a16", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "gptq-mxfp4-w4a4-mse"])
