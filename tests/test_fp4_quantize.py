@@ -437,8 +437,10 @@ def test_eval_ppl_of_the_checkpoint_is_the_quantizers_own(runs: dict, name: str)
     assert "vLLM 0.32's CPU emulation" in runs[name]["eval"]["evaluated"]
     # both say what was done to the activations: the FP4 rule for W4A4, nothing for A16
     w4a4 = "w4a4" in name
-    assert ev["activations"] == runs[name]["eval"]["activations"] == (
-        f"{name.split('-')[1]} W4A4 (vLLM's emulation)" if w4a4 else "unquantized"
+    assert (
+        ev["activations"]
+        == runs[name]["eval"]["activations"]
+        == (f"{name.split('-')[1]} W4A4 (vLLM's emulation)" if w4a4 else "unquantized")
     )
 
 
