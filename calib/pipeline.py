@@ -66,7 +66,7 @@ from infer_tool.calib.layers import (
 )
 from infer_tool.calib.moe import MoeCalibration, moe_layer, unfuse_experts
 from infer_tool.calib.quantizers import quantizer_for
-from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs
+from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer
 from infer_tool.calib.result import LayerError, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.common.errors import BadInput
@@ -268,7 +268,9 @@ def quantize_model(
     dev = _device(device)
     quantizer = quantizer_for(scheme)
     if input_ids is None:
-        return _quantize_data_free(model, scheme, ignore=ignore, dev=dev, moe=moe, progress=progress, layer_io=layer_io)
+        return _quantize_data_free(
+            model, scheme, quantizer, ignore=ignore, dev=dev, moe=moe, progress=progress, layer_io=layer_io
+        )
     bs = _batch_size(batch_size, dev, input_ids.shape[1])
     with flushed_denormals():
         t0 = time.perf_counter()
@@ -304,6 +306,7 @@ def quantize_model(
 def _quantize_data_free(
     model: nn.Module,
     scheme: Scheme,
+    quantizer: LayerQuantizer,
     *,
     ignore: tuple[str, ...],
     dev: torch.device,
@@ -313,7 +316,6 @@ def _quantize_data_free(
 ) -> PipelineResult:
     """`quantize_model` with no calibration tokens: every layer's `quantize_weights` alone,
     the same weights a run with tokens gives (those only measure the layer errors)."""
-    quantizer = quantizer_for(scheme)
     if not quantizer.needs(scheme).data_free:
         raise BadInput(f"{scheme.describe()} reads calibration activations: it needs calibration tokens")
     t0 = time.perf_counter()
