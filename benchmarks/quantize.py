@@ -48,6 +48,14 @@ recipe on the same calibration token ids:
 
     python benchmarks/quantize.py --llmcompressor PYTHON --only "W8A8 GPTQ" "W8A8 SQ0.5 GPTQ" "llmc W8A8 SQ0.8 GPTQ"
 
+`--vllm PYTHON` scores every row's checkpoint (and the source model) once more in vLLM's CPU
+build (`tests/vllm_worker.py` under that interpreter, `make vllm-env`: bf16, prompt logprobs)
+on the same windows, next to our `eval ppl --dtype bfloat16` with the activations vLLM quantizes
+on this host (INT4 rows run W4A8 there only with AMX; `VLLM_CPU_INT4_W4A8` is set per row), and
+prints how far apart the two engines are (issue 29's goal: within 1% on every row vLLM runs):
+
+    python benchmarks/quantize.py --vllm .venv-vllm/bin/python --no-kld --no-plain --only "W8A8 RTN"
+
 MoE rows (issue 14): `--model` an upcycled MoE (`benchmarks/upcycle_moe.py`); the table
 then adds, per row, the routed-token spread over experts (min / median / max of every
 expert's count, over all MoE layers), the experts fallen back to RTN, the expert linears
@@ -140,6 +148,7 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "W8A8 RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn"], []),
     "W8A8 GPTQ": (INT8, ["--scheme", "W8A8"], []),
     **{f"W8A8 SQ{a} GPTQ": (INT8, ["--scheme", "W8A8", "--smoothquant", str(a)], []) for a in SMOOTHQUANT_SWEEP},
+    "W8A8 static RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn", "--int8-activations", "static"], []),
     "W8A8 static GPTQ": (INT8, ["--scheme", "W8A8", "--int8-activations", "static"], []),
     # the preset's group 128 (compressed-tensors' W8A16) does not divide the demo's K = 576: --group-size overrides it
     "W8A16 GPTQ": (INT8, ["--scheme", "W8A16", "--method", "gptq", "--group-size", "64"], []),
@@ -229,6 +238,90 @@ def eval_kld(ckpt: str, args: argparse.Namespace) -> dict:
     return run_json(cmd, f"eval kld {ckpt}")[0]
 
 
+def eval_windows(args: argparse.Namespace) -> list[list[int]]:
+    """eval_ppl's windows as token id lists: the first --eval-tokens of --eval, tokenized as
+    `eval ppl` does by --model's tokenizer, in --eval-seq-len-token windows."""
+    from transformers import AutoTokenizer
+
+    from infer_tool.calib.corpora import load_text, tokenize
+    from infer_tool.evals.ppl import make_windows
+
+    tokenizer = AutoTokenizer.from_pretrained(source_dir(args.model))
+    ids = tokenize(load_text(args.eval), tokenizer, args.eval_tokens).tolist()
+    return [ids[w.begin : w.end] for w in make_windows(len(ids), args.eval_seq_len)]
+
+
+def source_dir(model: str) -> str:
+    """The local directory of --model (the demo's GGUF converted once, as `quantize` does)."""
+    from infer_tool.calib.models import resolve_model_dir
+
+    return str(resolve_model_dir(model)[0])
+
+
+def vllm_ppl(name: str, ckpt: str, args: argparse.Namespace, windows: list[list[int]], w4a8: bool) -> dict:
+    """vLLM's record of one checkpoint on `windows` (tests/vllm_worker.py under --vllm):
+    ppl, or `error` where vLLM refuses it; `host` is the worker's CPU record."""
+    import os
+
+    worker = Path(__file__).resolve().parents[1] / "tests" / "vllm_worker.py"
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
+        spec, results, log = Path(tmp) / "jobs.json", Path(tmp) / "results.jsonl", Path(tmp) / "worker.log"
+        spec.write_text(json.dumps({"windows": windows, "jobs": [{"name": name, "path": ckpt}]}))
+        env = {**os.environ, "VLLM_CPU_INT4_W4A8": "1" if w4a8 else "0"}
+        with open(log, "w") as f:
+            try:
+                subprocess.run(
+                    [args.vllm, str(worker), str(spec), str(results)],
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    timeout=args.vllm_timeout,
+                )
+            except subprocess.TimeoutExpired:
+                return {"error": f"vLLM ran past --vllm-timeout {args.vllm_timeout} s"}
+        lines = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
+    host = next((x for x in lines if x.get("host")), {})
+    rec = next((x for x in lines if x.get("name") == name and "seconds" in x), None)
+    if rec is None:
+        return {"error": "the vLLM worker wrote no result (crashed; its log is lost with the temp dir)", "host": host}
+    return {**rec, "host": host}
+
+
+def vllm_columns(name: str, ckpt: str, args: argparse.Namespace, windows: list[list[int]], eval_flags: list[str]):
+    """vLLM's ppl of a checkpoint and ours in bf16 with the activations vLLM quantizes on this
+    host: W4A8 (`--activations int8` rows) only where the host has AMX."""
+    w4a8 = "--activations" in eval_flags and eval_flags[eval_flags.index("--activations") + 1] == "int8"
+    rec = vllm_ppl(name, ckpt, args, windows, w4a8)
+    amx = bool(rec.get("host", {}).get("amx"))
+    flags = eval_flags if amx or not w4a8 else []  # without AMX vLLM serves INT4 as W4A16
+    ours = eval_ppl(ckpt, args, [*flags, "--dtype", "bfloat16"])
+    out = {"ours_bf16_ppl": ours["ppl"], "ours_bf16_activations": ours.get("activations", "")}
+    if "ppl" in rec:
+        out.update(vllm_ppl=rec["ppl"], vllm_rel=rec["ppl"] / ours["ppl"] - 1, vllm_score_s=rec.get("score_s"))
+        out["vllm_w4a8"] = any(rec.get("w4a8") or [])
+        out["vllm_int8_paths"] = sorted(set(rec.get("int8_paths") or []))
+    else:
+        out["vllm_error"] = rec.get("error", "")
+    return out
+
+
+def vllm_table(rows: list[dict]) -> None:
+    """vLLM's ppl against ours (bf16, the activations vLLM quantizes) per row."""
+    rows = [r for r in rows if "ours_bf16_ppl" in r]
+    if not rows:
+        return
+    print()
+    print("| config | ours, bf16 | activations (ours) | vLLM | vLLM vs ours | vLLM's int8 path / W4A8 |")
+    print("|---|---:|---|---:|---:|---|")
+    for r in rows:
+        if "vllm_ppl" in r:
+            path = ", ".join(r["vllm_int8_paths"]) + (" W4A8" if r["vllm_w4a8"] else "")
+            vllm = f"{r['vllm_ppl']:.4f} | {r['vllm_rel'] * 100:+.2f}% | {path}"
+        else:
+            vllm = f"refused | | {r['vllm_error'][:120]}"
+        print(f"| {r['config']} | {r['ours_bf16_ppl']:.4f} | {r['ours_bf16_activations']} | {vllm} |")
+
+
 def dir_mib(path: Path) -> float:
     return sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
 
@@ -314,6 +407,8 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
             kld_p99=k["kld"]["p99"],
             same_top_token=k["same_top_token"]["mean"],
         )
+    if args.vllm:
+        row.update(vllm_columns(label, str(out), args, args.windows, eval_flags))
     if expert_linears(Path(model_dir or args.model)):
         row.update(moe_columns(r.get("moe"), Path(model_dir or args.model), out))
     return row
@@ -474,6 +569,8 @@ def main() -> None:
         default=True,
         help="also score each activation-quantized row with its activations unquantized",
     )
+    p.add_argument("--vllm", metavar="PYTHON", help="vLLM's interpreter (.venv-vllm): score every row in vLLM too")
+    p.add_argument("--vllm-timeout", type=float, default=3600, help="seconds one vLLM scoring may take")
     p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
     p.add_argument("--dense", metavar="JSONL", help="rows of a dense run (--json): compare each method's ppl increase")
     args = p.parse_args()
@@ -493,6 +590,11 @@ def main() -> None:
     fp32 = eval_ppl(args.model, args, [])
     print(json.dumps({"config": "fp32", "ppl": fp32["ppl"], "tokens": fp32["tokens"]}), file=sys.stderr, flush=True)
     rows = []
+    args.windows = eval_windows(args) if args.vllm else []
+    source = {}
+    if args.vllm:  # the source model in both engines: what they differ by before any quantization
+        source = {"config": "source model", **vllm_columns("source", source_dir(args.model), args, args.windows, [])}
+        print(json.dumps(source), file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-quantize-") as tmp:
         ids_file = Path(tmp) / "calib_ids.safetensors"
         model_dir = calibration_ids(args, ids_file) if any(ROWS[r][0] in EXTERNAL for r in labels) else ""
@@ -532,6 +634,7 @@ def main() -> None:
             f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} | {r.get('activations', '')} | {plain} |"
         )
     int8_table(rows)
+    vllm_table([source, *rows] if source else rows)
     if any("expert_linears" in r for r in rows):
         moe_table(rows, args.dense)
     by = {r["config"]: r["ppl"] for r in rows}

@@ -6,7 +6,9 @@ pins transformers < 5.20, so it cannot share ours), and so imports nothing of in
 
     .venv-vllm/bin/python tests/vllm_worker.py JOBS.json RESULTS.jsonl
 
-JOBS.json: `{"token_ids": [int, ...], "jobs": [{"name", "path", "kv_cache_dtype", "torch_onednn"}]}`.
+JOBS.json: `{"token_ids": [int, ...], "jobs": [{"name", "path", "kv_cache_dtype", "torch_onednn"}]}`;
+`"windows": [[int, ...], ...]` in place of `token_ids` scores several windows (`benchmarks/quantize.py
+--vllm`): their NLL is summed over positions 1..T-1 of each, as `eval ppl`'s windows are.
 Every checkpoint is loaded in turn by one process with the engine in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0): no engine or worker process is spawned per checkpoint.
 The caller (tests/vllm_formats.py) sets the environment (VLLM_CPU_INT4_W4A8) and enforces
@@ -156,7 +158,7 @@ def event(f: Any, name: str, stage: str) -> None:
     f.flush()
 
 
-def score(job: dict[str, Any], ids: list[int], f: Any) -> dict[str, Any]:
+def score(job: dict[str, Any], windows: list[list[int]], f: Any) -> dict[str, Any]:
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -173,7 +175,7 @@ def score(job: dict[str, Any], ids: list[int], f: Any) -> dict[str, Any]:
             model=job["path"],
             dtype="bfloat16",
             kv_cache_dtype=job.get("kv_cache_dtype", "auto"),
-            max_model_len=len(ids) + 16,
+            max_model_len=max(len(w) for w in windows) + 16,
             max_num_seqs=1,
             enforce_eager=True,
             enable_prefix_caching=False,
@@ -194,10 +196,13 @@ def score(job: dict[str, Any], ids: list[int], f: Any) -> dict[str, Any]:
         rec["int8_paths"] = llm.apply_model(int8_paths)[0]
         t1 = time.perf_counter()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        logprobs = out.prompt_logprobs  # position 0 is None (nothing predicts it)
-        nll = -math.fsum(lp[t].logprob for lp, t in zip(logprobs[1:], ids[1:]))
-        rec.update(ppl=math.exp(nll / (len(ids) - 1)), tokens=len(ids) - 1, score_s=time.perf_counter() - t1)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows], params, use_tqdm=False)
+        nll, tokens = 0.0, 0
+        for out, ids in zip(outs, windows):
+            logprobs = out.prompt_logprobs  # position 0 is None (nothing predicts it)
+            nll += -math.fsum(lp[t].logprob for lp, t in zip(logprobs[1:], ids[1:]))
+            tokens += len(ids) - 1
+        rec.update(ppl=math.exp(nll / tokens), tokens=tokens, windows=len(windows), score_s=time.perf_counter() - t1)
     except Exception as exc:  # refused while running: recorded with its stage
         traceback.print_exc()
         rec["error"] = one_line(exc)
@@ -301,14 +306,14 @@ def main(argv: list[str]) -> int:
         os.environ.setdefault(k, v)
     with open(jobs_path) as f:
         spec = json.load(f)
-    ids = spec["token_ids"]
+    windows = spec["windows"] if "windows" in spec else [spec["token_ids"]]
     with open(results_path, "a") as f:
         f.write(json.dumps(host()) + "\n")
         f.flush()
         record_selections()
         for job in spec["jobs"]:
             t0 = time.perf_counter()
-            rec = score(job, ids, f)
+            rec = score(job, windows, f)
             release()
             rec["seconds"] = time.perf_counter() - t0
             f.write(json.dumps(rec) + "\n")
