@@ -527,6 +527,15 @@ def int8_table(rows: list[dict]) -> None:
             )
 
 
+def rtn_of(config: str, by: dict) -> str | None:
+    """The RTN row a GPTQ / AWQ row must beat: the same name ending in RTN ("W8A8 static GPTQ"
+    -> "W8A8 static RTN"), else the scheme's plain RTN row ("W8A8 SQ0.8 GPTQ" -> "W8A8 RTN")."""
+    for rtn in (" ".join([*config.split()[:-1], "RTN"]), f"{config.split()[0]} RTN"):
+        if rtn in by:
+            return rtn
+    return None
+
+
 def calibration_ids(args: argparse.Namespace, path: Path) -> str:
     """Save the calibration token ids infer-tool uses (for llm-compressor); returns the model dir."""
     from safetensors.torch import save_file
@@ -648,8 +657,8 @@ def main() -> None:
         for c in by
         if c.split()[-1] in ("GPTQ", "AWQ")
         and c.split()[0] != "llmc"
-        and f"{c.split()[0]} RTN" in by
-        and by[c] >= by[f"{c.split()[0]} RTN"]
+        and rtn_of(c, by) is not None
+        and by[c] >= by[rtn_of(c, by)]
     ]
     if losers:
         print(f"FAIL: {', '.join(losers)} did not beat RTN of the same symmetry", file=sys.stderr)
