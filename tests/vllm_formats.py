@@ -329,9 +329,10 @@ ROWS = (
         W8A8,
         kernels=INT8_KERNEL,
     ),
-    # No static per-tensor W8A8 row yet: on the AMD EPYC (no AMX) vLLM's ppl came 1.38% above ours
-    # (`(*W8A8, "--int8-activations", "static")`, CALIB_STATIC; ours moved 0.29% to float32 and not at all
-    # to the CUDA formula), a gap not yet explained; with AMX vLLM reads no input_scale (ours_activations).
+    # No static per-tensor W8A8 row: on the AVX-512 EPYC (no AMX) vLLM's ppl is 1.38% above ours on this
+    # window (`(*W8A8, "--int8-activations", "static")`, CALIB_STATIC) and 0.11% over 40,960 tokens
+    # (benchmarks/vllm_windows.py): one window cannot hold it to 1%, and vLLM's AVX2 build scores no window
+    # of it in time (its static GEMM, docs/vllm-cpu.md). With AMX vLLM reads no input_scale (ours_activations).
     Row(
         "ct-w8a16",
         "compressed-tensors W8A16 INT8 (pack-quantized, group 64)",
