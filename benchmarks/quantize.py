@@ -280,10 +280,11 @@ def vllm_ppl(name: str, ckpt: str, args: argparse.Namespace, windows: list[list[
             except subprocess.TimeoutExpired:
                 return {"error": f"vLLM ran past --vllm-timeout {args.vllm_timeout} s"}
         lines = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
+        tail = " ".join(log.read_text().split()[-40:])
     host = next((x for x in lines if x.get("host")), {})
     rec = next((x for x in lines if x.get("name") == name and "seconds" in x), None)
     if rec is None:
-        return {"error": "the vLLM worker wrote no result (crashed; its log is lost with the temp dir)", "host": host}
+        return {"error": f"the vLLM worker wrote no result; its log ends: {tail}", "host": host}
     return {**rec, "host": host}
 
 
@@ -657,8 +658,8 @@ def main() -> None:
         for c in by
         if c.split()[-1] in ("GPTQ", "AWQ")
         and c.split()[0] != "llmc"
-        and rtn_of(c, by) is not None
-        and by[c] >= by[rtn_of(c, by)]
+        and (rtn := rtn_of(c, by)) is not None
+        and by[c] >= by[rtn]
     ]
     if losers:
         print(f"FAIL: {', '.join(losers)} did not beat RTN of the same symmetry", file=sys.stderr)
