@@ -286,6 +286,11 @@ ONEDNN, SGL = ["_apply_weights_onednn"], ["_apply_weights_sgl"]
             "over 1%",
         ),
         (_result("ct-w8a16", {"ppl": 21.0, "stage": "score"}, ours=21.0), NO_AMX_HOST, "now runs this format"),
+        (  # vLLM's AMX block-FP8 kernel is W8A16: ours with e4m3 activations is the wrong reference
+            _result("fp8-block-gate-up", {"ppl": 20.35, "stage": "score"}, ours=20.34, activations="fp8 (e4m3)"),
+            AMX_HOST,
+            "expected 'unquantized'",
+        ),
         (
             _result("ct-int4-asym-w4a8", {"ppl": 25.6, "stage": "score", "w4a8": [False], **INT4}, ours=24.8),
             AMX_HOST,
@@ -363,7 +368,10 @@ def test_problems_accept_expected_outcomes() -> None:
             ),
             AMX_HOST,
         ),
-        (_result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75), AMX_HOST),
+        (
+            _result("ct-fp8-block-gate-up", {"ppl": 20.7, "stage": "score"}, ours=20.75, activations="unquantized"),
+            AMX_HOST,
+        ),
         (
             _result(
                 "ct-fp8-channel-kv",
@@ -398,6 +406,19 @@ def test_problems_accept_expected_outcomes() -> None:
     ]
     for res, host in ok:
         assert vllm_formats.problems(res, host) == [], res.row.id
+
+
+def test_ours_treats_activations_as_vllm_does_per_class() -> None:
+    """Ours is evaluated as each class's kernel serves the row: W4A8 and the W8A16 FP8 kernels
+    only with AMX; every other row with `eval ppl`'s default."""
+    by_id = {r.id: r for r in ROWS}
+    for row_id in ("ct-fp8-block-gate-up", "fp8-block-gate-up"):
+        assert by_id[row_id].ours_flags(True) == ("--activations", "none")
+        assert by_id[row_id].ours_flags(False) == ()
+    assert by_id["awq-gemm-w4a8"].ours_flags(True) == ("--activations", "int8")
+    assert by_id["awq-gemm-w4a8"].ours_flags(False) == ()
+    for row_id in ("ct-fp8-channel", "ct-w8a8-dynamic", "awq-gemm"):
+        assert by_id[row_id].ours_flags(True) == by_id[row_id].ours_flags(False) == ()
 
 
 def test_host_is_recorded(run: vllm_formats.Run) -> None:
