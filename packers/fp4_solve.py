@@ -20,14 +20,13 @@ searches score with. The numerics are `packers/fp4.py`'s.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from infer_tool.packers import fp4
 from infer_tool.packers.fp4_weight import Fp4Weight
-from infer_tool.packers.gptq import prepare, solve_columns
+from infer_tool.packers.gptq import finite_or_none, prepare, solve_columns
 from infer_tool.schemes.fp4 import Fp4GPTQScheme, Fp4RTNScheme, Fp4Scheme
 
 
@@ -95,10 +94,12 @@ def quantize_fp4_gptq(
     scheme: Fp4GPTQScheme = Fp4GPTQScheme(),
     *,
     global_scale: torch.Tensor | None = None,
+    parts: Sequence[int] | None = None,
 ) -> Fp4Weight:
     """GPTQ of W (N, K) onto the FP4 grid (module docstring). stats: LayerStats (`.H` (K, K))
     or the Hessian itself; `global_scale` as in `quantize_fp4_rtn`. info as INT GPTQ's: method,
-    damp, attempts, fallback (None or "rtn") and reason, dead columns, loss."""
+    damp, attempts, fallback (None or "rtn") and reason, dead columns, loss; `parts` (stacked
+    linears) as `quantize_gptq`'s."""
     K = int(weight.shape[1])
     g = scheme.group_size
     if K % g:
@@ -131,7 +132,7 @@ def quantize_fp4_gptq(
         deq = fp4.fake_quantize(W1[:, i], cols[:, col])  # (N,)
         return deq, deq
 
-    solved = solve_columns(p, fp4_column, scheme)
+    solved = solve_columns(p, fp4_column, scheme, parts)
     if isinstance(solved, str):
         return fallback(solved, scheme.damp_retries + 1, p.dead)
     info = {
@@ -141,7 +142,8 @@ def quantize_fp4_gptq(
         "fallback": None,
         "reason": None,
         "dead_columns": p.dead,
-        "loss": solved.loss if math.isfinite(solved.loss) else None,
+        "loss": finite_or_none(solved.loss),
+        **({"part_losses": [finite_or_none(x) for x in solved.losses]} if parts is not None else {}),
     }
     return _weight(fp4.quantize_codes(solved.Q, eff), w_scale, gs, scheme, info)
 

@@ -11,7 +11,7 @@ returned `QuantizedWeight.info` says so (no warning is printed here).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -108,12 +108,35 @@ class Prepared:
 @dataclass
 class Solved:
     """The column loop's result, in the ORIGINAL column order: Q (N, K) the stored values the
-    column quantizer returned, the damp used, the attempts, loss = Σ (w - q)² / Hinv_ii² / 2 (§3)."""
+    column quantizer returned, the damp used, the attempts, and losses = Σ (w - q)² / Hinv_ii² / 2
+    (§3) over the rows of each part (one part: every row)."""
 
     Q: torch.Tensor
     damp: float
     attempts: int
-    loss: float
+    losses: list[float]
+
+    @property
+    def loss(self) -> float:
+        return self.losses[0] if len(self.losses) == 1 else sum(self.losses)
+
+
+def part_rows(parts: Sequence[int] | None, N: int) -> list[slice]:
+    """Row slices of the parts of a stacked weight (N rows; `parts` their row counts, None: one)."""
+    if parts is None:
+        return [slice(0, N)]
+    if any(n <= 0 for n in parts) or sum(parts) != N:
+        raise ValueError(f"parts {list(parts)} do not split {N} rows")
+    ends = [sum(parts[: i + 1]) for i in range(len(parts))]
+    return [slice(e - n, e) for e, n in zip(ends, parts)]
+
+
+def part_info(info: dict, i: int) -> dict:
+    """The solver's info for part i of a stacked solve: its own loss (`part_losses`)."""
+    one = {k: v for k, v in info.items() if k != "part_losses"}
+    if "part_losses" in info:
+        one["loss"] = info["part_losses"][i]
+    return one
 
 
 def prepare(weight: torch.Tensor, stats: object, act_order: bool) -> Prepared | None:
@@ -131,12 +154,20 @@ def prepare(weight: torch.Tensor, stats: object, act_order: bool) -> Prepared | 
     return Prepared(W, H, perm, int(dead.sum()))
 
 
-def solve_columns(p: Prepared, quantize_column: ColumnQuantizer, scheme: GPTQScheme) -> Solved | str:
+def solve_columns(
+    p: Prepared, quantize_column: ColumnQuantizer, scheme: GPTQScheme, parts: Sequence[int] | None = None
+) -> Solved | str:
     """GPTQ's column loop (Algorithm 1 with lazy batch updates) over `p`, each column rounded by
     `quantize_column`; `scheme` gives damp, damp_retries, damp_growth and block_size (any scheme
-    with those fields). Returns the reason when the Cholesky factorisation fails at every damp."""
+    with those fields). Returns the reason when the Cholesky factorisation fails at every damp.
+
+    `parts`: row counts of linears stacked in `p.W` that share H (q/k/v, gate/up). GPTQ's
+    updates are row-wise given H; each part's block update is its own product and its loss its
+    own sum, so every part gets the bits of its own solve with one factorisation and one
+    column loop for all."""
     W, H, perm = p.W, p.H, p.perm
     K = W.shape[1]
+    bounds = part_rows(parts, int(W.shape[0]))
     if perm is not None:
         W = W[:, perm]
         H = H[perm][:, perm]
@@ -177,21 +208,25 @@ def solve_columns(p: Prepared, quantize_column: ColumnQuantizer, scheme: GPTQSch
 
         Q[:, i1:i2] = Q1
         Losses[:, i1:i2] = Losses1 / 2
-        W[:, i2:] -= Err1.matmul(Hinv[i1:i2, i2:])  # §3 Step 2: propagate the block's error to later columns
+        for rows in bounds:  # §3 Step 2: propagate the block's error to later columns
+            W[rows, i2:] -= Err1[rows].matmul(Hinv[i1:i2, i2:])
 
     if perm is not None:
         Q = Q[:, torch.argsort(perm)]
-    return Solved(Q, damp, attempts, float(Losses.sum()))
+    return Solved(Q, damp, attempts, [float(Losses[rows].sum()) for rows in bounds])
 
 
-def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQScheme()) -> QuantizedWeight:
+def quantize_gptq(
+    weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQScheme(), *, parts: Sequence[int] | None = None
+) -> QuantizedWeight:
     """Quantize W (N, K) column by column with error feedback through Hinv.
 
     stats: LayerStats (uses `.H` (K, K) fp32) or the Hessian tensor itself.
     Returns codes in the ORIGINAL column order. With act_order and static groups, g_idx is
     k // group_size (stored as None); with act_order and dynamic groups, g_idx (K,) is the
     group of each original column. info: method, damp (fraction used), attempts, fallback
-    (None or "rtn") and reason, dead columns, loss = Σ (w - q)² / Hinv_ii² / 2 (§3).
+    (None or "rtn") and reason, dead columns, loss = Σ (w - q)² / Hinv_ii² / 2 (§3); with
+    `parts` (stacked linears, `solve_columns`), part_losses too (`part_info` splits it).
     """
     N, K = weight.shape
     g = scheme.group_for(K)
@@ -209,7 +244,7 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
         q = quantize_codes(W1[:, i], s, z, bits)  # (N,)
         return q, (q - z) * s
 
-    solved = solve_columns(p, int_column, scheme)
+    solved = solve_columns(p, int_column, scheme, parts)
     if isinstance(solved, str):
         return _fallback(weight, scheme, solved, scheme.damp_retries + 1, p.dead)
 
@@ -232,9 +267,14 @@ def quantize_gptq(weight: torch.Tensor, stats: object, scheme: GPTQScheme = GPTQ
             "fallback": None,
             "reason": None,
             "dead_columns": p.dead,
-            "loss": solved.loss if math.isfinite(solved.loss) else None,
+            "loss": finite_or_none(solved.loss),
+            **({"part_losses": [finite_or_none(x) for x in solved.losses]} if parts is not None else {}),
         },
     )
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _fallback(weight: torch.Tensor, scheme: GPTQScheme, reason: str, attempts: int, dead: int) -> QuantizedWeight:

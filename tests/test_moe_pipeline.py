@@ -182,10 +182,10 @@ def test_gptq_one_hessian_per_expert(mode: str) -> None:
     captured: dict[str, torch.Tensor] = {}
     original = gptq.GPTQQuantizer.solve
 
-    def spy(self, W, stats, scheme, name):  # noqa: ANN001, ANN202
+    def spy(self, W, stats, scheme, name, parts=None):  # noqa: ANN001, ANN202
         for n in name.split(", "):  # linears sharing a Hessian are solved together
             captured[n] = stats.H.clone()
-        return original(self, W, stats, scheme, name)
+        return original(self, W, stats, scheme, name, parts=parts)
 
     fp = make_moe("mixtral")
     model = copy.deepcopy(fp)

@@ -369,3 +369,50 @@ def test_scales_are_solved_in_the_stored_dtype(dtype: str, sym: bool) -> None:
     assert torch.equal(fake_quantize(W, 4, 32, sym, td), rtn.dequantize())
     with pytest.raises(BadInput, match="int8"):
         RTNScheme(scale_dtype="int8")
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["int4 sym static", "int4 asym dynamic", "int4 asym no act-order", "int8 channel", "nvfp4", "mxfp4"],
+)
+def test_gptq_stacked_parts_give_each_linear_its_own_bits(kind: str) -> None:
+    """Linears sharing H (q/k/v, gate/up) solved as one stack with `parts` get exactly the
+    codes, scales and loss of their own solves: GPTQ's updates are row-wise given H, and each
+    part's block update is its own product."""
+    from infer_tool.packers.fp4_solve import fp4_global_scale, quantize_fp4_gptq
+    from infer_tool.packers.gptq import part_info
+    from infer_tool.schemes.fp4 import Fp4GPTQScheme
+
+    g = torch.Generator().manual_seed(3)
+    K = 128
+    X = torch.randn(512, K, generator=g) @ torch.randn(K, K, generator=g) * 0.3
+    H = 2 * X.T @ X / 512
+    Ws = [torch.randn(n, K, generator=g) * 0.05 for n in (40, 8, 24)]
+    sizes = [int(w.shape[0]) for w in Ws]
+    if kind in ("nvfp4", "mxfp4"):
+        scheme = Fp4GPTQScheme(fp4=kind, act_order=True, block_size=32)
+        gs = [fp4_global_scale([w], scheme) for w in Ws]  # each linear its own: each row keeps its linear's
+        rows = None if gs[0] is None else torch.cat([s.expand(len(w)) for s, w in zip(gs, Ws)]).reshape(-1, 1)
+        alone = [quantize_fp4_gptq(w, H, scheme, global_scale=s) for w, s in zip(Ws, gs)]
+        stack = quantize_fp4_gptq(torch.cat(Ws), H, scheme, global_scale=rows, parts=sizes)
+        tensors = lambda w: (w.codes, w.w_scale)  # noqa: E731
+    else:
+        scheme = {
+            "int4 sym static": GPTQScheme(group_size=32, act_order=True, static_groups=True, block_size=32),
+            "int4 asym dynamic": GPTQScheme(group_size=32, symmetric=False, act_order=True, block_size=32),
+            "int4 asym no act-order": GPTQScheme(group_size=32, symmetric=False, act_order=False, block_size=32),
+            "int8 channel": GPTQScheme(bits=8, group_size=-1, act_order=False, block_size=32),
+        }[kind]
+        alone = [quantize_gptq(w, H, scheme) for w in Ws]
+        stack = quantize_gptq(torch.cat(Ws), H, scheme, parts=sizes)
+        tensors = lambda w: (w.q, w.scale, w.zero, w.g_idx)  # noqa: E731
+    for i, a in enumerate(alone):
+        for x, y in zip(tensors(a), tensors(stack)):
+            if x is None:
+                assert y is None
+                continue
+            part = y if y.dim() == 1 else y[sum(sizes[:i]) : sum(sizes[: i + 1])]  # g_idx: one for all rows
+            assert torch.equal(x, part), (kind, i)
+        assert part_info(stack.info, i) == a.info  # the loss to the bit, damp, attempts, dead columns
+    assert stack.info["loss"] == pytest.approx(sum(a.info["loss"] for a in alone), rel=1e-6)
+    assert stack.info["loss"] > 0

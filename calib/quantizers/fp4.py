@@ -44,6 +44,7 @@ from infer_tool.packers.fp4_solve import (
     quantize_fp4_rtn,
 )
 from infer_tool.packers.fp4_weight import Fp4Weight
+from infer_tool.packers.gptq import part_info, part_rows
 from infer_tool.schemes.fp4 import Fp4AWQScheme, Fp4GPTQScheme, Fp4RTNScheme, Fp4Scheme
 
 NO_TOKENS_AMAX = 0.0  # an input no calibration token reached: global scale 1 (`fp4.nvfp4_global_scale`)
@@ -259,13 +260,13 @@ class Fp4GPTQQuantizer(Fp4Layer, GPTQQuantizer):
             if scheme.global_scales:
                 gs = torch.cat([self.global_scale(f).expand(int(w.shape[0])) for f, w in zip(fulls, weights[part])])
                 gs = gs.reshape(-1, 1)
-            solved = quantize_fp4_gptq(torch.cat(weights[part]), stats, scheme, global_scale=gs)
-            row = 0
-            for full, m, w in zip(fulls, modules[part], weights[part]):
-                rows = slice(row, row + int(w.shape[0]))
-                row = rows.stop
+            sizes = [int(w.shape[0]) for w in weights[part]]
+            solved = quantize_fp4_gptq(torch.cat(weights[part]), stats, scheme, global_scale=gs, parts=sizes)
+            for i, (full, m, rows) in enumerate(zip(fulls, modules[part], part_rows(sizes, sum(sizes)))):
                 self._remember(full, stats)
-                record(ctx.result, full, m, self.with_input_scale(solved.rows(rows), stats, scheme), ctx.arch, stats)
+                one = solved.rows(rows)
+                one.info = part_info(solved.info, i)
+                record(ctx.result, full, m, self.with_input_scale(one, stats, scheme), ctx.arch, stats)
 
 
 @register_quantizer(Fp4AWQScheme)

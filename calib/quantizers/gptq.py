@@ -1,7 +1,9 @@
 """GPTQ in the pipeline, true-sequential: each linear group's Hessian is measured on
 inputs that went through the already-quantized earlier groups of the layer (q/k/v, then
 o, then gate/up, then down), so every group compensates the error upstream of it. The
-solver is `packers/gptq.quantize_gptq`.
+solver is `packers/gptq.quantize_gptq`; the linears of one group share its Hessian and are
+solved as one stack of rows (`_solve_together`): each gets the bits of its own solve, with one
+factorisation and one column loop for the group.
 
 A sub-block whose output is its last linear's output (attention -> o_proj, MLP ->
 down_proj) is final once that linear is quantized: later runs replay its cached output
@@ -49,7 +51,7 @@ from infer_tool.calib.quantizers.smoothquant import SmoothsSavedStats, smooth_la
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
-from infer_tool.packers.gptq import quantize_gptq
+from infer_tool.packers.gptq import part_info, part_rows, quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.schemes.integer import GPTQScheme
 
@@ -70,8 +72,11 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
         """Whether the solved linears carry a static int8 input scale."""
         return scheme.int8_activations == "static"
 
-    def solve(self, W: torch.Tensor, stats: LayerStats | None, scheme: GPTQScheme, name: str) -> QuantizedWeight:
-        return with_input_scale(quantize_gptq(W, stats, scheme), stats, scheme, name)
+    def solve(
+        self, W: torch.Tensor, stats: LayerStats | None, scheme: GPTQScheme, name: str, parts: list[int] | None = None
+    ) -> QuantizedWeight:
+        """GPTQ of W (N, K); `parts`: the row counts of stacked linears (`_solve_together`)."""
+        return with_input_scale(quantize_gptq(W, stats, scheme, parts=parts), stats, scheme, name)
 
     def quantize_layer(self, ctx: LayerContext, scheme: GPTQScheme) -> LayerOutputs:
         layer, X, calls, arch = ctx.layer, ctx.X, ctx.calls, ctx.arch
@@ -98,8 +103,10 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
             stats = acc[group[0]].result()
             for n in group:
                 ctx.result.stats[ctx.full(n)] = stats
-            for n in todo:
-                self.quantize_linear(ctx.result, ctx.full(n), ctx.module(n), arch, stats, scheme)
+            if len(todo) > 1:  # q/k/v, gate/up: one solve of the stacked rows, each linear's own bits
+                self._solve_together(ctx, todo, stats, scheme)
+            else:
+                self.quantize_linear(ctx.result, ctx.full(todo[0]), ctx.module(todo[0]), arch, stats, scheme)
             if keep is not None:  # the sub-block's output is now final; each kept input is freed once used
                 cached[g] = chunk_store(ctx.spill, X[0].device)
                 for x in drain(keep.pop(group[0])):
@@ -152,24 +159,24 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
 
     def _solve_together(self, ctx: LayerContext, names: list[str], stats: LayerStats, scheme: GPTQScheme) -> None:
         """GPTQ of linears that share one Hessian as one solve over their stacked rows: GPTQ's
-        updates are row-wise given H, so this is each linear's own solve (up to rounding),
-        with one factorisation and one column loop instead of one per linear."""
+        updates are row-wise given H, so this is each linear's own solve to the bit
+        (`solve_columns`' parts), with one factorisation and one column loop instead of one per
+        linear."""
         modules = [ctx.module(n) for n in names]
         weights = [weight_nk(m, ctx.arch.conv1d).detach() for m in modules]
         K = int(weights[0].shape[1])
         per_solve = max(1, SOLVE_ELEMENTS // (K * max(int(w.shape[0]) for w in weights)))
         for a in range(0, len(names), per_solve):
             part = slice(a, a + per_solve)
-            solved = self.solve(torch.cat(weights[part]), stats, scheme, ", ".join(ctx.full(n) for n in names[part]))
-            row = 0
-            for n, m, w in zip(names[part], modules[part], weights[part]):
-                rows = slice(row, row + int(w.shape[0]))
-                row = rows.stop
+            sizes = [int(w.shape[0]) for w in weights[part]]
+            full = ", ".join(ctx.full(n) for n in names[part])
+            solved = self.solve(torch.cat(weights[part]), stats, scheme, full, parts=sizes)
+            for i, (n, m, rows) in enumerate(zip(names[part], modules[part], part_rows(sizes, sum(sizes)))):
                 one = replace(
                     solved,
                     q=solved.q[rows],
                     scale=solved.scale[rows],
-                    info=dict(solved.info),
+                    info=part_info(solved.info, i),
                     zero=None if solved.zero is None else solved.zero[rows],
                 )
                 record(ctx.result, ctx.full(n), m, one, ctx.arch, stats)
