@@ -31,7 +31,7 @@ unquantized (what their rounding costs); `--no-plain` leaves that out.
 
 Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 
-FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ and AWQ
+FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ, AWQ and AWQ+GPTQ
 (`--fp4 ... --fp4-activations ...`, the groups the format fixes), two with the MSE observer,
 and llm-compressor's presets of the same names (`llmc NVFP4A16`: its QuantizationModifier;
 `llmc NVFP4A16 GPTQ` / `AWQ`: its GPTQModifier / AWQModifier on that preset):
@@ -132,7 +132,7 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
             [],
         )
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
-        for method in ("rtn", "gptq", "awq")
+        for method in ("rtn", "gptq", "awq", "awq+gptq")
     },
     # data-free: no calibration text read, no layer errors (llm-compressor's DataFreePipeline does neither)
     **{

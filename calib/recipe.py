@@ -71,8 +71,8 @@ class QuantizeOptions:
     model: str | None = option(None, "Model directory, .gguf file, demo name or hub name.", str, argument=True)
     method: str = option(
         "awq",
-        "awq, gptq, rtn (INT weights, or FP4 with --fp4), awq+gptq (AWQ's scales, then GPTQ's "
-        "rounding), autoround (rounding and clipping learned by signed gradient descent per "
+        "awq, gptq, rtn, awq+gptq (AWQ's scales, then GPTQ's rounding; these four round INT "
+        "weights, or FP4 with --fp4), autoround (rounding and clipping learned by signed gradient descent per "
         "block), or fp8 (e4m3 weights and activations).",
         str,
     )
@@ -136,7 +136,8 @@ class QuantizeOptions:
     fp4: str | None = option(
         None,
         "FP4 (E2M1) weights instead of INT: nvfp4 (an E4M3 scale per 16 inputs and a float32 global scale per "
-        "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq or awq.",
+        "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq, awq "
+        "or awq+gptq.",
         str,
         scheme="fp4",
     )

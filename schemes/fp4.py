@@ -15,7 +15,7 @@
 - `amax_dtype` (set by `for_storage`): the dtype the amax-derived scale arithmetic runs in,
   the checkpoint's, as compressed-tensors computes it in the model dtype.
 
-Method × format: the method is the scheme's class, as for INT (`--method rtn|gptq|awq`); a
+Method × format: the method is the scheme's class, as for INT (`--method rtn|gptq|awq|awq+gptq`); a
 method's FP4 class holds the format's fields plus the method's own options, whose defaults are
 the INT method scheme's (`schemes/integer.py`, not restated). The registry picks the FP4 class
 of a method when an FP4 option is given (`registry.scheme_class`). What FP4 fixes and INT
@@ -163,10 +163,39 @@ class Fp4AWQScheme(Fp4Scheme):
         AWQScheme(**_method_options(self, Fp4AWQScheme))  # AWQ's own checks, raising its BadInput
 
 
+@dataclass(frozen=True)
+class Fp4AWQGPTQScheme(Fp4GPTQScheme):
+    """AWQ's scale search and fold scored by the FP4 quantizer (`Fp4AWQScheme`, clip search
+    off), then GPTQ's rounding of the smoothed weights to the FP4 grid (`Fp4GPTQScheme`):
+    `AWQGPTQScheme` on E2M1. The options and their defaults are GPTQScheme's and AWQScheme's
+    ratio-search fields."""
+
+    method: ClassVar[str] = "awq+gptq"
+    grid: int = AWQScheme.grid
+    search: str = AWQScheme.search
+    search_step: int = AWQScheme.search_step
+    screen_margin: float = AWQScheme.screen_margin
+    duo_scaling: bool = AWQScheme.duo_scaling
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.awq()  # AWQ's own checks, raising its BadInput
+
+    def awq(self) -> Fp4AWQScheme:
+        """The AWQ step's scheme (clip search off: GPTQ chooses the rounding)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(Fp4Scheme)}
+        search = {n: getattr(self, n) for n in ("grid", "search", "search_step", "screen_margin", "duo_scaling")}
+        return Fp4AWQScheme(**own, **search, clip=False)
+
+    def gptq(self) -> Fp4GPTQScheme:
+        """The GPTQ step's scheme."""
+        return Fp4GPTQScheme(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Fp4GPTQScheme)})
+
+
 def _method_options(scheme: Fp4Scheme, cls: type[Fp4Scheme]) -> dict[str, object]:
     """The values of the fields `cls` adds to `Fp4Scheme` (its method's options)."""
     own = {f.name for f in dataclasses.fields(Fp4Scheme)}
     return {f.name: getattr(scheme, f.name) for f in dataclasses.fields(cls) if f.name not in own}
 
 
-FP4_SCHEMES: tuple[type[Fp4Scheme], ...] = (Fp4RTNScheme, Fp4GPTQScheme, Fp4AWQScheme)
+FP4_SCHEMES: tuple[type[Fp4Scheme], ...] = (Fp4RTNScheme, Fp4GPTQScheme, Fp4AWQScheme, Fp4AWQGPTQScheme)

@@ -16,7 +16,9 @@ from test_quantize_cli import one_thread, quantize, reference_model, tiny  # noq
 from infer_tool.calib.quantizers import register_quantizer
 from infer_tool.calib.quantizers.awq import AWQQuantizer
 from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer
+from infer_tool.calib.quantizers.fp4 import Fp4AWQQuantizer, Fp4GPTQQuantizer
 from infer_tool.calib.quantizers.gptq import GPTQQuantizer
+from infer_tool.schemes.fp4 import Fp4AWQGPTQScheme, Fp4AWQScheme, Fp4GPTQScheme
 from infer_tool.schemes.integer import AWQGPTQScheme, AWQScheme, GPTQScheme
 from infer_tool.schemes.registry import make_scheme
 
@@ -43,6 +45,27 @@ class ByHandQuantizer(LayerQuantizer[ByHand]):
         Y = AWQQuantizer().search_and_fold(ctx, AWQScheme(**common, clip=False)).Y
         del ctx.result.expert_tokens[:]
         _, Y_hat = GPTQQuantizer().quantize_layer(ctx, GPTQScheme(**common))
+        return LayerOutputs(Y[: ctx.error_chunks], Y_hat)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByHandFp4(Fp4AWQGPTQScheme):
+    method = "fp4-awq-then-gptq-by-hand"
+
+
+@register_quantizer(ByHandFp4)
+class ByHandFp4Quantizer(LayerQuantizer[ByHandFp4]):
+    """The FP4 steps written out: the FP4 AWQ quantizer's search and fold, then the FP4 GPTQ
+    quantizer's layer, from schemes built field by field."""
+
+    def needs(self, scheme: ByHandFp4):  # noqa: ANN201
+        return dataclasses.replace(GPTQQuantizer().needs(GPTQScheme()), activation_stats=True, live_blocks=True)
+
+    def quantize_layer(self, ctx: LayerContext, scheme: ByHandFp4) -> LayerOutputs:
+        fmt = {"fp4": scheme.fp4, "fp4_activations": scheme.fp4_activations, "amax_dtype": scheme.amax_dtype}
+        Y = Fp4AWQQuantizer().search_and_fold(ctx, Fp4AWQScheme(**fmt, clip=False)).Y
+        del ctx.result.expert_tokens[:]
+        _, Y_hat = Fp4GPTQQuantizer().quantize_layer(ctx, Fp4GPTQScheme(**fmt))
         return LayerOutputs(Y[: ctx.error_chunks], Y_hat)
 
 
@@ -80,6 +103,47 @@ def test_equals_awq_search_and_fold_then_gptq_by_hand(tiny: dict[str, Path], sym
         assert (qa.zero is None) == symmetric and (symmetric or torch.equal(qa.zero, qb.zero)), name
     assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)  # the folded norms too
     assert a.method_report["awq"] == b.method_report["awq"] and a.linear_errors == b.linear_errors
+
+
+@pytest.mark.parametrize(("fmt", "activations"), [("nvfp4", "fp4"), ("mxfp4", "none")])
+def test_fp4_equals_fp4_awq_then_fp4_gptq_by_hand(tiny: dict[str, Path], fmt: str, activations: str) -> None:  # noqa: F811
+    """`--method awq+gptq --fp4 ...` is the FP4 AWQ step then the FP4 GPTQ step: the same
+    codes, group and global scales, input global scales (W4A4) and folded norms; the global
+    scales of fused shards are those of the folded weights, not of the source's."""
+    from infer_tool.calib.pipeline import quantize_model
+
+    ids = batch(tiny)
+    results = []
+    for scheme in (
+        make_scheme("awq+gptq", fp4=fmt, fp4_activations=activations),
+        ByHandFp4(fp4=fmt, fp4_activations=activations),
+    ):
+        model = fp_model(tiny)
+        results.append((quantize_model(model, ids, scheme, device="cpu"), model.state_dict()))
+    (a, state_a), (b, state_b) = results
+    assert type(make_scheme("awq+gptq", fp4=fmt)) is Fp4AWQGPTQScheme
+    assert sorted(a.quantized) == sorted(b.quantized) and len(a.quantized) == 14
+    for name in a.quantized:
+        qa, qb = a.quantized[name], b.quantized[name]
+        for field in ("codes", "w_scale", "global_scale", "input_global_scale"):
+            x, y = getattr(qa, field), getattr(qb, field)
+            assert (x is None and y is None) or torch.equal(x, y), (name, field)
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)  # the folded norms too
+    assert a.method_report["awq"] == b.method_report["awq"] and a.linear_errors == b.linear_errors
+    if fmt == "nvfp4":  # q/k/v's one global scale is that of the weights AWQ folded s into
+        from infer_tool.packers.fp4_solve import fp4_global_scale
+
+        src = fp_model(tiny).model.layers[0]
+        s = src.input_layernorm.weight.detach() / state_a["model.layers.0.input_layernorm.weight"]
+        assert float((s - 1).abs().max()) > 0.1
+        qkv = [getattr(src.self_attn, p).weight.detach() for p in ("q_proj", "k_proj", "v_proj")]
+        scheme = make_scheme("gptq", fp4="nvfp4")
+        folded, unfolded = fp4_global_scale([w * s for w in qkv], scheme), fp4_global_scale(qkv, scheme)
+        for p in ("q_proj", "k_proj", "v_proj"):
+            gs = a.quantized[f"model.layers.0.self_attn.{p}"].global_scale
+            assert float(gs) == pytest.approx(float(folded), rel=1e-5)
+            assert float(gs) != pytest.approx(float(unfolded), rel=1e-3)
+            assert a.quantized[f"model.layers.0.self_attn.{p}"].input_global_scale is not None
 
 
 def test_gptq_hessian_is_of_the_smoothed_inputs(tiny: dict[str, Path]) -> None:  # noqa: F811

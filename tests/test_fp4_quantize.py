@@ -1,5 +1,5 @@
 """`infer-tool quantize --fp4`: the FP4 schemes (NVFP4 / MXFP4, weights only and W4A4) with
-RTN, GPTQ and AWQ, on tiny random models, end to end: the registry's method x format classes,
+RTN, GPTQ, AWQ and AWQ+GPTQ, on tiny random models, end to end: the registry's method x format classes,
 the solvers against references, fused shards sharing one global scale (and vLLM's collapse of
 them changing nothing), W4A4 input scales, the checkpoint read back by transformers +
 compressed-tensors (logits equal ours) and by `eval ppl` (equal to `--eval`), and bad input.
@@ -40,6 +40,7 @@ RUNS = {
     "rtn-nvfp4-w4a4": ("--method", "rtn", "--fp4", "nvfp4", "--fp4-activations", "fp4"),
     "gptq-nvfp4-w4a4": ("--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4"),
     "awq-nvfp4-a16": ("--method", "awq", "--fp4", "nvfp4"),
+    "awq+gptq-nvfp4-w4a4": ("--method", "awq+gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4"),
     "gptq-mxfp4-w4a4-mse": ("--method", "gptq", "--fp4", "mxfp4", "--fp4-activations", "fp4", "--fp4-observer", "mse"),
 }
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -123,7 +124,7 @@ def test_method_picks_the_fp4_class_with_the_int_methods_defaults() -> None:
         ),
         (
             ("--method", "fp8", "--fp4", "nvfp4"),
-            "--fp4 does not apply to --method fp8 (only to --method awq / gptq / rtn)",
+            "--fp4 does not apply to --method fp8 (only to --method awq / awq+gptq / gptq / rtn)",
         ),
         (("--fp4", "nvfp8"), "--fp4 'nvfp8' is not supported; use one of nvfp4, mxfp4"),
         (("--fp4", "nvfp4", "--fp4-activations", "fp8"), "--fp4-activations 'fp8' is not supported; use none"),
@@ -298,6 +299,7 @@ def test_gptq_beats_rtn_on_the_tiny_model(runs: dict) -> None:
     """Mean per-layer output error: GPTQ at most 0.75x RTN's (NVFP4, the same W4A4 scheme)."""
     assert runs["gptq-nvfp4-w4a4"]["layer_error_mean"] < 0.75 * runs["rtn-nvfp4-w4a4"]["layer_error_mean"]
     assert runs["awq-nvfp4-a16"]["layer_error_mean"] < runs["rtn-nvfp4-a16"]["layer_error_mean"]
+    assert runs["awq+gptq-nvfp4-w4a4"]["layer_error_mean"] < 0.75 * runs["rtn-nvfp4-w4a4"]["layer_error_mean"]
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -314,7 +316,7 @@ def test_checkpoint_layout_and_config_are_llm_compressors(runs: dict, name: str)
     assert (w["strategy"], w["scale_dtype"]) == (
         ("tensor_group", "torch.float8_e4m3fn") if fmt == "nvfp4" else ("group", "torch.uint8")
     )
-    assert w["actorder"] == ("static" if name.startswith("gptq") else None)
+    assert w["actorder"] == ("static" if "gptq" in name.split("-")[0] else None)
     assert w["observer"] == ("memoryless_mse" if name.endswith("mse") else "memoryless_minmax")
     inputs = group["input_activations"]
     assert (inputs is not None) == w4a4
@@ -365,7 +367,7 @@ def _fused(names: list[str]) -> list[list[str]]:
     ]
 
 
-@pytest.mark.parametrize("name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4", "awq-nvfp4-a16"])
+@pytest.mark.parametrize("name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "awq+gptq-nvfp4-w4a4"])
 def test_fused_shards_share_one_global_scale_so_vllms_collapse_changes_nothing(runs: dict, name: str) -> None:
     """vLLM keeps one global scale per fused q/k/v, gate/up (the shards' max,
     `CompressedTensorsW4A4Fp4.process_weights_after_loading`): dequantizing each shard with it
@@ -444,7 +446,9 @@ def test_eval_ppl_of_the_checkpoint_is_the_quantizers_own(runs: dict, name: str)
     )
 
 
-@pytest.mark.parametrize("name", ["rtn-nvfp4-a16", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "gptq-mxfp4-w4a4-mse"])
+@pytest.mark.parametrize(
+    "name", ["rtn-nvfp4-a16", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "awq+gptq-nvfp4-w4a4", "gptq-mxfp4-w4a4-mse"]
+)
 def test_transformers_with_compressed_tensors_gives_our_logits(runs: dict, name: str) -> None:
     """transformers + compressed-tensors decompresses the checkpoint itself (into bfloat16, the
     only dtype its FP4 decompression writes) and fake-quantizes W4A4 inputs; its logits equal a
@@ -540,8 +544,9 @@ def test_w4a4_from_saved_statistics_and_statistics_without_ranges(runs: dict, tm
     assert len(text.strip().splitlines()) == 1 and not (tmp_path / "q2").exists()
 
 
-def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: Path) -> None:
-    """Qwen2-MoE (a shared expert), GPTQ NVFP4 W4A4: every expert quantized, the routers left
+@pytest.mark.parametrize("method", ["gptq", "awq+gptq"])
+def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: Path, method: str) -> None:
+    """Qwen2-MoE (a shared expert), GPTQ (and AWQ+GPTQ) NVFP4 W4A4: every expert quantized, the routers left
     out; each expert's gate/up share one global scale (vLLM's MoE uses w1's for w13, which then
     changes nothing), every routed expert of a layer has one input global scale for gate/up and
     one for down (vLLM keeps their max), the shared expert its own; `eval ppl` of the checkpoint
@@ -560,7 +565,7 @@ def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: 
         *EVAL,
         *TINY,
         "--method",
-        "gptq",
+        method,
         "--fp4",
         "nvfp4",
         "--fp4-activations",

@@ -8,6 +8,9 @@ llm-compressor 0.14's AWQ → GPTQ chain accumulates GPTQ's Hessians in the same
 pass that feeds AWQ, before the smoothing is applied, so it solves W·diag(s) against the
 Hessian of x rather than of x / s (diag(1/s)·H·diag(1/s)).
 
+The same quantizer composes the FP4 steps (`Fp4AWQGPTQScheme`: AWQ scored by the FP4 quantizer,
+GPTQ rounding to the E2M1 grid; the global scales of fused shards from the folded weights).
+
 The report keeps AWQ's per-mapping entries ("awq") and GPTQ's per-linear errors. In an MoE
 layer the routed tokens are counted once, by GPTQ's pass (the fold does not change routing).
 """
@@ -21,29 +24,33 @@ from infer_tool.calib.quantizers.awq import AWQQuantizer
 from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs
 from infer_tool.calib.quantizers.gptq import GPTQQuantizer
 from infer_tool.calib.result import PipelineResult
+from infer_tool.schemes.fp4 import Fp4AWQGPTQScheme
 from infer_tool.schemes.integer import AWQGPTQScheme
 
-
-def _steps(scheme: AWQGPTQScheme) -> tuple[AWQQuantizer, GPTQQuantizer]:
-    """The registered AWQ and GPTQ quantizers (the two steps composed)."""
-    return quantizer_for(scheme.awq()), quantizer_for(scheme.gptq())
+AnyAWQGPTQ = AWQGPTQScheme | Fp4AWQGPTQScheme
 
 
+def _steps(scheme: AnyAWQGPTQ) -> tuple[AWQQuantizer, GPTQQuantizer]:
+    """The registered AWQ and GPTQ quantizers of the scheme's number format (the two steps)."""
+    return quantizer_for(scheme.awq()), quantizer_for(scheme.gptq())  # type: ignore[return-value]
+
+
+@register_quantizer(Fp4AWQGPTQScheme)
 @register_quantizer(AWQGPTQScheme)
-class AWQGPTQQuantizer(LayerQuantizer[AWQGPTQScheme]):
-    def needs(self, scheme: AWQGPTQScheme) -> Needs:
+class AWQGPTQQuantizer(LayerQuantizer[AnyAWQGPTQ]):
+    def needs(self, scheme: AnyAWQGPTQ) -> Needs:
         awq, gptq = _steps(scheme)
         a, g = awq.needs(scheme.awq()), gptq.needs(scheme.gptq())
         return Needs(**{f.name: getattr(a, f.name) or getattr(g, f.name) for f in fields(Needs)})
 
-    def stats_refusal(self, scheme: AWQGPTQScheme) -> str | None:
+    def stats_refusal(self, scheme: AnyAWQGPTQ) -> str | None:
         return _steps(scheme)[0].stats_refusal(scheme.awq())
 
-    def notes(self, result: PipelineResult, scheme: AWQGPTQScheme) -> list[str]:
+    def notes(self, result: PipelineResult, scheme: AnyAWQGPTQ) -> list[str]:
         awq, gptq = _steps(scheme)
-        return awq.notes(result, scheme.awq()) + gptq.notes(result, scheme.gptq())
+        return list(dict.fromkeys(awq.notes(result, scheme.awq()) + gptq.notes(result, scheme.gptq())))
 
-    def quantize_layer(self, ctx: LayerContext, scheme: AWQGPTQScheme) -> LayerOutputs:
+    def quantize_layer(self, ctx: LayerContext, scheme: AnyAWQGPTQ) -> LayerOutputs:
         awq, gptq = _steps(scheme)
         counted = len(ctx.result.expert_tokens)
         Y = awq.search_and_fold(ctx, scheme.awq()).Y[: ctx.error_chunks]  # measured before the fold

@@ -1,11 +1,12 @@
 """FP4 (NVFP4, MXFP4) in the pipeline: the RTN, GPTQ and AWQ quantizers of the FP4 schemes
-(`schemes/fp4.py`), each its INT method's driver with the FP4 solvers (`packers/fp4_solve.py`).
+(`schemes/fp4.py`), each its INT method's driver with the FP4 solvers (`packers/fp4_solve.py`);
+AWQ+GPTQ composes the FP4 AWQ and GPTQ steps as it does the INT ones (`awq_gptq.py`).
 
 Fused shards share one NVFP4 global scale (`GlobalScales`): the linears of one group of the
 architecture table (q/k/v, gate/up: they read one input and vLLM fuses them) and each
 expert's gate/up (vLLM's w13 keeps w1's scale), from the shards' weights before any of them
-is solved (RTN, GPTQ: the original weights; AWQ: after its scales are folded in, the weights
-it rounds). Fallbacks (a failed Cholesky, a starved expert) are FP4 RTN with that scale.
+is solved (RTN, GPTQ: the original weights; AWQ, AWQ+GPTQ: after the scales are folded in, the
+weights it rounds). Fallbacks (a failed Cholesky, a starved expert) are FP4 RTN with that scale.
 
 W4A4 NVFP4: each linear's `input_global_scale = 448·6 / max|x|` of its calibration inputs,
 measured with the layer's earlier linears already quantized: GPTQ's from the inputs each
@@ -29,7 +30,7 @@ from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodu
 from infer_tool.calib.distributed import on_first
 from infer_tool.calib.layers import capturing_inputs, run_layer, weight_nk
 from infer_tool.calib.quantizers import register_quantizer
-from infer_tool.calib.quantizers.awq import AWQQuantizer
+from infer_tool.calib.quantizers.awq import AWQQuantizer, Folded
 from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, record, run_counting
 from infer_tool.calib.quantizers.gptq import SOLVE_ELEMENTS, GPTQQuantizer
 from infer_tool.calib.result import PipelineResult
@@ -274,8 +275,13 @@ class Fp4AWQQuantizer(Fp4Layer, AWQQuantizer):
     """AWQ's driver (`awq.py`) with its scale and clip searches scored by the FP4 quantizer,
     then FP4 RTN of the scaled, clipped weights."""
 
-    def quantize_layer(self, ctx: LayerContext, scheme: Fp4AWQScheme) -> LayerOutputs:
+    def search_and_fold(self, ctx: LayerContext, scheme: Fp4AWQScheme) -> Folded:
+        """AWQ's searches and fold (`AWQQuantizer.search_and_fold`) with the layer's fused groups
+        known to the FP4 quantizer that scores them."""
         self.begin(ctx, scheme)
+        return super().search_and_fold(ctx, scheme)
+
+    def quantize_layer(self, ctx: LayerContext, scheme: Fp4AWQScheme) -> LayerOutputs:
         folded = self.search_and_fold(ctx, scheme)
         self.clip_and_quantize(ctx, scheme, folded)
         Y = folded.Y[: ctx.error_chunks]
