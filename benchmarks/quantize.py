@@ -34,7 +34,7 @@ Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ, AWQ and AWQ+GPTQ
 (`--fp4 ... --fp4-activations ...`, the groups the format fixes), two with the MSE observer,
 and llm-compressor's presets of the same names (`llmc NVFP4A16`: its QuantizationModifier;
-`llmc NVFP4A16 GPTQ` / `AWQ`: its GPTQModifier / AWQModifier on that preset):
+`llmc NVFP4A16 GPTQ` / `AWQ`, `llmc MXFP4A16 GPTQ` / `AWQ`: its GPTQModifier / AWQModifier on that preset):
 
     python benchmarks/quantize.py --llmcompressor PYTHON --only "NVFP4A16 RTN" "llmc NVFP4A16" ...
 
@@ -167,8 +167,11 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")
     },
-    "llmc NVFP4A16 GPTQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "gptq"], []),
-    "llmc NVFP4A16 AWQ": (LLMC, ["--scheme", "NVFP4A16", "--method", "awq"], []),
+    **{
+        f"llmc {preset} {method.upper()}": (LLMC, ["--scheme", preset, "--method", method], [])
+        for preset in ("NVFP4A16", "MXFP4A16")
+        for method in ("gptq", "awq")
+    },
     "llmc W8A8 GPTQ": (LLMC, ["--method", "w8a8"], []),
     "llmc W8A8 SQ0.5 GPTQ": (LLMC, ["--method", "w8a8", "--smoothquant", "0.5"], []),
     "llmc W8A8 SQ0.8 GPTQ": (LLMC, ["--method", "w8a8", "--smoothquant", "0.8"], []),
