@@ -125,6 +125,36 @@ def test_round_to_e2m1_is_the_nearest_grid_point_ties_to_even():
     assert fp4.round_to_e2m1(torch.tensor(TIES)).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_round_to_e2m1_small_and_large_tensors_round_alike_in_every_dtype(dtype: torch.dtype) -> None:
+    """A tensor of at most `SEARCH_MAX` elements (a GPTQ column) takes the binary search over
+    exclusive bounds, a larger one the pass per threshold: both give the nearest grid point
+    (ties to even) on the ties and their neighbours in `dtype`, and a NaN gives code 0."""
+    from infer_tool.kernels.fp4_act import SEARCH_MAX
+
+    ties = torch.tensor(TIES, dtype=dtype)
+    big, small = torch.tensor(float("inf"), dtype=dtype), torch.tensor(0.0, dtype=dtype)
+    near = torch.cat([ties, torch.nextafter(ties.double(), big.double()).to(dtype)]) if dtype == torch.float64 else None
+    if near is None:  # neighbours in the dtype itself, from its bit patterns
+        ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[dtype]
+        bits = ties.view(ints)
+        near = torch.cat([ties, (bits + 1).view(dtype), (bits - 1).view(dtype)])
+    else:
+        near = torch.cat([near, torch.nextafter(ties, small)])
+    x = torch.cat([near, -near, grid_inputs().to(dtype), torch.tensor([-0.0, 1e4], dtype=dtype)])
+    assert x.numel() > SEARCH_MAX
+    want = nearest_e2m1(x)
+    large = fp4.round_to_e2m1(x)
+    pieces = fp4.round_to_e2m1(x.reshape(-1, 1)[:SEARCH_MAX].reshape(-1))  # one small tensor
+    pieces = torch.cat([pieces] + [fp4.round_to_e2m1(c) for c in x[SEARCH_MAX:].split(1000)])
+    for got in (large, pieces):
+        assert got.dtype == dtype and torch.equal(got.double(), want)
+        assert torch.equal(torch.signbit(got), torch.signbit(large))
+    assert torch.equal(fp4.e2m1_codes(x[:100]), fp4.e2m1_codes(x[:100].repeat(50))[:100])
+    nan = torch.tensor([float("nan")] * 3, dtype=dtype)
+    assert fp4.e2m1_index(nan).tolist() == [0] * 3 and fp4.e2m1_index(nan.repeat(2000)).unique().tolist() == [0]
+
+
 def test_round_to_e2m1_matches_compressed_tensors_with_the_sign_of_zero():
     x = grid_inputs().clamp(-6, 6)  # cast_to_fp4 runs after the clamp to the FP4 range
     ref = cast_to_fp4(x.clone())
