@@ -33,7 +33,7 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
-from infer_tool.schemes.integer import AWQScheme, GPTQScheme
+from infer_tool.schemes.integer import AWQ_SEARCH_FIELDS, AWQScheme, GPTQScheme
 
 FP4_FORMATS = ("nvfp4", "mxfp4")
 FP4_GROUP_SIZE = {"nvfp4": 16, "mxfp4": 32}  # values per scale along K (= kernels/fp4_layout.GROUP_SIZE)
@@ -184,7 +184,7 @@ class Fp4AWQGPTQScheme(Fp4GPTQScheme):
     def awq(self) -> Fp4AWQScheme:
         """The AWQ step's scheme (clip search off: GPTQ chooses the rounding)."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(Fp4Scheme)}
-        search = {n: getattr(self, n) for n in ("grid", "search", "search_step", "screen_margin", "duo_scaling")}
+        search = {n: getattr(self, n) for n in AWQ_SEARCH_FIELDS}
         return Fp4AWQScheme(**own, **search, clip=False)
 
     def gptq(self) -> Fp4GPTQScheme:

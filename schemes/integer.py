@@ -204,6 +204,9 @@ class AWQScheme(QuantScheme):
             raise BadInput(f"max_shrink={self.max_shrink} is not supported; use a fraction in [0, 1)")
 
 
+AWQ_SEARCH_FIELDS = ("grid", "search", "search_step", "screen_margin", "duo_scaling")  # the ratio search's options
+
+
 @dataclass(frozen=True)
 class AWQGPTQScheme(GPTQScheme):
     """AWQ's scale search and fold, then GPTQ's rounding of the smoothed weights (the chain
@@ -226,7 +229,7 @@ class AWQGPTQScheme(GPTQScheme):
     def awq(self) -> AWQScheme:
         """The AWQ step's scheme (clip search off)."""
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(QuantScheme)}
-        own = {n: getattr(self, n) for n in ("grid", "search", "search_step", "screen_margin", "duo_scaling")}
+        own = {n: getattr(self, n) for n in AWQ_SEARCH_FIELDS}
         return AWQScheme(**shared, **own, clip=False)
 
     def gptq(self) -> GPTQScheme:
