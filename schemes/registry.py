@@ -36,9 +36,8 @@ writer, plus the pure solver they meet at and a few-line quantizer that calls it
    (FP8's W8A8 kernels) adds its runtime to `jobs/quantize_run.as_deployed` and a line to
    `jobs/quantize_report.EVALUATED`.
 
-A number format that existing methods round to (FP4: RTN, GPTQ, AWQ and
-AWQ+GPTQ on the E2M1 grid)
-is the same, with one scheme class per method in the format's module: the format's fields
+A number format that existing methods round to (FP4: RTN, GPTQ, AWQ and AWQ+GPTQ on the
+E2M1 grid) is the same, with one scheme class per method in the format's module: the format's fields
 on a base class, each method's options as fields whose defaults are the INT method scheme's
 (`GPTQScheme.damp`, ..., never restated values), validated by constructing that scheme.
 The classes are registered under the method names; `scheme_class(method, options)` picks
