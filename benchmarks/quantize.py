@@ -103,6 +103,16 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "AWQ asym fast": (INT4, ["--method", "awq", "--asym", "--awq-search", "fast"], []),
     "AWQ+GPTQ sym": (INT4, ["--method", "awq+gptq", "--sym"], []),
     "AWQ+GPTQ asym": (INT4, ["--method", "awq+gptq", "--asym"], []),
+    **{  # group scales by llm-compressor's MSE observer grid
+        f"{label} mse": (INT4, [*flags, "--observer", "mse"], [])
+        for label, flags in (
+            ("RTN sym", ["--method", "rtn", "--sym"]),
+            ("GPTQ sym", ["--method", "gptq", "--sym", "--act-order"]),
+            ("GPTQ asym", ["--method", "gptq", "--asym", "--act-order"]),
+            ("AWQ+GPTQ sym", ["--method", "awq+gptq", "--sym"]),
+            ("AWQ+GPTQ asym", ["--method", "awq+gptq", "--asym"]),
+        )
+    },
     "AutoRound sym": (INT4, ["--method", "autoround", "--sym", "--iters", "200", "--batch", "8"], []),
     "AutoRound asym": (INT4, ["--method", "autoround", "--asym", "--iters", "200", "--batch", "8"], []),
     "AutoRound sym 50": (INT4, ["--method", "autoround", "--sym", "--iters", "50", "--batch", "8"], []),
@@ -143,8 +153,8 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         )
         for preset in ("NVFP4A16", "MXFP4A16")
     },
-    "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
-    "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--fp4-observer", "mse"], []),
+    "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--observer", "mse"], []),
+    "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--observer", "mse"], []),
     "W8A8 RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn"], []),
     "W8A8 GPTQ": (INT8, ["--scheme", "W8A8"], []),
     **{f"W8A8 SQ{a} GPTQ": (INT8, ["--scheme", "W8A8", "--smoothquant", str(a)], []) for a in SMOOTHQUANT_SWEEP},

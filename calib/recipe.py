@@ -148,10 +148,11 @@ class QuantizeOptions:
         str,
         scheme="fp4_activations",
     )
-    fp4_observer: str | None = option(
+    observer: str | None = option(
         None,
-        "FP4 group scales: minmax (each group's max |w|) or mse (the shrink of it minimising the group's "
-        "|error|^2.4, llm-compressor's MSE observer grid, scored with the scales stored).",
+        "Group scales of rtn, gptq and awq+gptq, and of every --fp4 method: minmax (each group's range) or mse "
+        "(the shrink of it minimising the group's |error|^2.4, llm-compressor's MSE observer grid, scored with the "
+        "scales stored).",
         str,
         scheme="observer",
     )
@@ -504,6 +505,11 @@ def scheme_from_options(opts: QuantizeOptions) -> Scheme:
             f"--method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
         )
     _refuse_mixed_formats(opts.method, given)
+    if opts.observer is not None and opts.fp4 is None and "observer" not in CLASSES[opts.method][0].option_names():
+        raise BadInput(
+            f"--observer applies to --method {opts.method} only with --fp4 (its INT search chooses the scales); "
+            "INT takes it with --method rtn / gptq / awq+gptq"
+        )
     return make_scheme(opts.method, **{target: getattr(opts, name) for name, target in given.items()})
 
 

@@ -72,9 +72,9 @@ from infer_tool.kernels.fp4_act import (
     round_to_e2m1,
 )
 from infer_tool.kernels.fp4_layout import E2M1_MAX, GROUP_SIZE, SIGN_BIT, effective_scale
+from infer_tool.packers.rtn import MSE_DEFAULTS
 
 NVFP4_ZERO_SCALE = 0.125  # stored for a group scale that rounds to 0 (compressed-tensors `_get_dtype_eps`)
-MSE_DEFAULTS = {"grid": 100.0, "maxshrink": 0.2, "norm": 2.4, "patience": 5}  # llm-compressor's
 
 
 def _group_size(fmt: str) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from infer_tool.packers.quantized import QuantizedWeight
-from infer_tool.packers.rtn import qparams, quantize_codes, quantize_rtn
+from infer_tool.packers.rtn import observed_qparams, quantize_codes, quantize_rtn
 from infer_tool.schemes.integer import GPTQScheme
 
 
@@ -62,15 +62,19 @@ class _GroupParams:
         N, K = W.shape
         self.g = scheme.group_for(K)
         self.bits, self.sym, self.scale_dtype = scheme.bits, scheme.symmetric, scheme.torch_scale_dtype
+        self.observer = scheme.observer
         self.static = scheme.act_order and scheme.static_groups
         self.col_group = None  # group of each permuted column (static groups only)
         if self.static:
-            self.scale, self.zero = qparams(W.reshape(N, K // self.g, self.g), self.bits, self.sym, self.scale_dtype)
+            self.scale, self.zero = self._qparams(W.reshape(N, K // self.g, self.g))
             if perm is not None:
                 self.col_group = (torch.arange(K, device=W.device) // self.g)[perm]
         else:
             self.scale = torch.zeros(N, K // self.g, device=W.device)
             self.zero = torch.zeros(N, K // self.g, device=W.device)
+
+    def _qparams(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return observed_qparams(w, self.bits, self.sym, self.scale_dtype, self.observer)
 
     def at(self, col: int, W1: torch.Tensor, i: int, W: torch.Tensor, i2: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, zero) for permuted column `col`, which is column i of the current block
@@ -84,7 +88,7 @@ class _GroupParams:
                 Wg = W1[:, i : i + g]
                 if Wg.shape[1] < g:  # the group runs past this block
                     Wg = torch.cat([Wg, W[:, i2 : i2 + g - Wg.shape[1]]], dim=1)
-                self.scale[:, j], self.zero[:, j] = qparams(Wg, self.bits, self.sym, self.scale_dtype)
+                self.scale[:, j], self.zero[:, j] = self._qparams(Wg)
         return self.scale[:, j], self.zero[:, j]
 
 

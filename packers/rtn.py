@@ -7,6 +7,12 @@ Conventions (per group of columns):
 - symmetric: scale = absmax / (2^(b-1) - 1), zero = 2^(b-1) (AutoAWQ's convention: the
   largest magnitude is not clipped and already-representable weights round-trip exactly).
 A group of all zeros gets scale 1 (any scale dequantizes it to zero).
+
+Observers (how a group's range is chosen): "minmax" is the range above; "mse" shrinks it,
+llm-compressor 0.14's MSE observer (`observers/mse_quant.py` `_grid_search_mse`, defaults
+`MSE_DEFAULTS`): the range [p·min(w, 0), p·max(w, 0)] for p = 1 - i / grid, i < maxshrink·grid,
+minimising Σ |qdq(w) - w|^norm over the group, stopped after `patience` steps in which no
+group improved; scored with the scales as stored (`scale_dtype`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import torch
 
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.schemes.integer import QuantScheme, RTNScheme
+
+MSE_DEFAULTS = {"grid": 100.0, "maxshrink": 0.2, "norm": 2.4, "patience": 5}  # llm-compressor's
 
 
 def qparams(
@@ -39,6 +47,53 @@ def qparams(
         zero[nz] = torch.round(-lo[nz] / scale[nz]).clamp(0, maxq)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return scale, zero
+
+
+def mse_qparams(
+    w: torch.Tensor,
+    bits: int,
+    symmetric: bool,
+    scale_dtype: torch.dtype = torch.float32,
+    *,
+    grid: float = MSE_DEFAULTS["grid"],
+    maxshrink: float = MSE_DEFAULTS["maxshrink"],
+    norm: float = MSE_DEFAULTS["norm"],
+    patience: int = MSE_DEFAULTS["patience"],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`qparams` of the shrunk range minimising the group's error (module doc, "mse"):
+    w (..., c) -> scale (...), zero (...), float32. p = 1 is `qparams(w)` itself."""
+    w = w.float()
+    lo, hi = w.amin(dim=-1).clamp(max=0.0), w.amax(dim=-1).clamp(min=0.0)
+    best_scale, best_zero = qparams(torch.stack([lo, hi], dim=-1), bits, symmetric, scale_dtype)
+    best_err = torch.full_like(best_scale, float("inf"))
+    stale = 0
+    for i in range(int(maxshrink * grid)):
+        p = 1 - i / grid
+        scale, zero = qparams(torch.stack([lo * p, hi * p], dim=-1), bits, symmetric, scale_dtype)
+        s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
+        err = ((quantize_codes(w, s, z, bits) - z) * s - w).abs().pow(norm).sum(dim=-1)
+        improved = err < best_err
+        if bool(improved.any()):
+            best_err = torch.where(improved, err, best_err)
+            best_scale = torch.where(improved, scale, best_scale)
+            best_zero = torch.where(improved, zero, best_zero)
+            stale = 0
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    return best_scale, best_zero
+
+
+def observed_qparams(
+    w: torch.Tensor, bits: int, symmetric: bool, scale_dtype: torch.dtype, observer: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`qparams` ("minmax") or `mse_qparams` ("mse") of w (..., c)."""
+    if observer == "mse":
+        return mse_qparams(w, bits, symmetric, scale_dtype)
+    if observer != "minmax":
+        raise ValueError(f"observer {observer!r}: expected minmax or mse")
+    return qparams(w, bits, symmetric, scale_dtype)
 
 
 def _storable(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,12 +142,15 @@ def quantize_rtn(
     if k % g:
         raise ValueError(f"group size {g} does not divide K={k}")
     w = weight.float()
+    observer = getattr(scheme, "observer", "minmax")
     if g_idx is None:
-        scale, zero = qparams(
-            w.reshape(n, k // g, g), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype
+        scale, zero = observed_qparams(
+            w.reshape(n, k // g, g), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype, observer
         )  # (N, G)
         cols = torch.arange(k, device=w.device) // g
     else:
+        if observer != "minmax":
+            raise ValueError(f"observer {observer!r} needs contiguous groups (no g_idx)")
         cols = g_idx.long()
         num_groups = int(cols.max()) + 1
         idx = cols.expand(n, k)

@@ -33,12 +33,11 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
-from infer_tool.schemes.integer import AWQ_SEARCH_FIELDS, AWQScheme, GPTQScheme
+from infer_tool.schemes.integer import AWQ_SEARCH_FIELDS, AWQScheme, GPTQScheme, check_observer
 
 FP4_FORMATS = ("nvfp4", "mxfp4")
 FP4_GROUP_SIZE = {"nvfp4": 16, "mxfp4": 32}  # values per scale along K (= kernels/fp4_layout.GROUP_SIZE)
 FP4_ACTIVATIONS = ("none", "fp4")
-FP4_OBSERVERS = ("minmax", "mse")
 KIND = "fp4"
 
 
@@ -62,8 +61,7 @@ class Fp4Scheme(Scheme):
                 f"--fp4-activations {self.fp4_activations!r} is not supported; use none (weights only, "
                 "NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4)"
             )
-        if self.observer not in FP4_OBSERVERS:
-            raise BadInput(f"--fp4-observer {self.observer!r} is not supported; use one of {', '.join(FP4_OBSERVERS)}")
+        check_observer(self.observer)
         if self.amax_dtype not in SCALE_DTYPES:
             raise BadInput(f"amax dtype {self.amax_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
 

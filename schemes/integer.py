@@ -24,8 +24,14 @@ from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme, check_group_size
 
 AWQ_SEARCHES = ("fast", "full", "screen")
+OBSERVERS = ("minmax", "mse")  # how a group's scale is chosen (packers/rtn.py)
 INT8_ACTIVATIONS = ("none", "dynamic", "static")  # none: weights only; dynamic: per token; static: per tensor
 W8A8_KIND = "w8a8"
+
+
+def check_observer(observer: str) -> None:
+    if observer not in OBSERVERS:
+        raise BadInput(f"--observer {observer!r} is not supported; use one of {', '.join(OBSERVERS)}")
 
 
 @dataclass(frozen=True)
@@ -110,14 +116,22 @@ class QuantScheme(Scheme):
             text += f", int8 {self.int8_activations} activations"
         if self.smoothquant is not None:
             text += f", smoothquant {self.smoothquant:g}"
+        if getattr(self, "observer", "minmax") != "minmax":
+            text += f", {self.observer} scales"
         return text
 
 
 @dataclass(frozen=True)
 class RTNScheme(QuantScheme):
-    """Round-to-nearest: min/max (asymmetric) or absmax (symmetric) per group."""
+    """Round-to-nearest: min/max (asymmetric) or absmax (symmetric) per group, or the MSE
+    observer's shrink of that range (`observer`, as GPTQScheme's)."""
 
     method: ClassVar[str] = "rtn"
+    observer: str = "minmax"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_observer(self.observer)
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,9 @@ class GPTQScheme(QuantScheme):
         actorder="weight"). False gives act-order groups (actorder="group", non-trivial g_idx).
     damp_retries / damp_growth: on a failed Cholesky multiply damp by damp_growth up to
         damp_retries times, then fall back to RTN for that layer (reported, not raised).
+    observer: how each group's scale and zero point are chosen: "minmax" (the group's range)
+        or "mse" (llm-compressor's MSE observer: the shrink of the range minimising the
+        group's |error|^2.4; `packers/rtn.py`), on the weights GPTQ groups them by.
     """
 
     method: ClassVar[str] = "gptq"
@@ -142,9 +159,11 @@ class GPTQScheme(QuantScheme):
     static_groups: bool = True
     damp_retries: int = 3
     damp_growth: float = 10.0
+    observer: str = "minmax"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_observer(self.observer)
         if not self.damp > 0:
             raise BadInput(f"damp={self.damp} is not supported; use a positive fraction such as 0.01")
         if self.block_size <= 0:

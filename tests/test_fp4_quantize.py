@@ -41,7 +41,7 @@ RUNS = {
     "gptq-nvfp4-w4a4": ("--method", "gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4"),
     "awq-nvfp4-a16": ("--method", "awq", "--fp4", "nvfp4"),
     "awq+gptq-nvfp4-w4a4": ("--method", "awq+gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4"),
-    "gptq-mxfp4-w4a4-mse": ("--method", "gptq", "--fp4", "mxfp4", "--fp4-activations", "fp4", "--fp4-observer", "mse"),
+    "gptq-mxfp4-w4a4-mse": ("--method", "gptq", "--fp4", "mxfp4", "--fp4-activations", "fp4", "--observer", "mse"),
 }
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -129,8 +129,8 @@ def test_method_picks_the_fp4_class_with_the_int_methods_defaults() -> None:
         (("--fp4", "nvfp8"), "--fp4 'nvfp8' is not supported; use one of nvfp4, mxfp4"),
         (("--fp4", "nvfp4", "--fp4-activations", "fp8"), "--fp4-activations 'fp8' is not supported; use none"),
         (
-            ("--fp4", "nvfp4", "--fp4-observer", "percentile"),
-            "--fp4-observer 'percentile' is not supported; use one of minmax, mse",
+            ("--fp4", "nvfp4", "--observer", "percentile"),
+            "--observer 'percentile' is not supported; use one of minmax, mse",
         ),
         (
             ("--fp4", "mxfp4", "--format", "awq"),

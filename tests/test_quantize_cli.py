@@ -113,14 +113,16 @@ def reference_model(tiny: dict[str, Path], ckpt: Path) -> torch.nn.Module:
 # Symmetric only: transformers 5.x + compressed-tensors cannot load asymmetric pack-quantized
 # checkpoints (packed zero points mismatch the module's (N, G) parameter; llm-compressor#1618).
 # The asymmetric AWQ default is checked against the in-process pipeline below.
-@pytest.mark.parametrize("method", ["awq", "gptq"])
+@pytest.mark.parametrize("method,observer", [("awq", None), ("gptq", None), ("gptq", "mse")])
 def test_compressed_tensors_checkpoint_loads_in_transformers(
-    tiny: dict[str, Path], tmp_path: Path, method: str
+    tiny: dict[str, Path], tmp_path: Path, method: str, observer: str | None
 ) -> None:
     out = tmp_path / "ckpt"
-    code, stdout, stderr = quantize(tiny, out, "--method", method, "--group-size", "32", "--sym", "--json")
+    extra = ("--observer", observer) if observer else ()
+    code, stdout, stderr = quantize(tiny, out, "--method", method, "--group-size", "32", "--sym", *extra, "--json")
     assert code == 0, stderr
     report = json.loads(stdout)
+    assert report["scheme"].get("observer") == (observer or ("minmax" if method == "gptq" else None))
     assert report == json.loads((out / "quantize_report.json").read_text())
     assert {"load", "quantize", "write", "total"} <= set(report["seconds"])
     assert report["method"] == method and report["format"] == "compressed-tensors"
