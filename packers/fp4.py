@@ -72,7 +72,7 @@ from infer_tool.kernels.fp4_act import (
     round_to_e2m1,
 )
 from infer_tool.kernels.fp4_layout import E2M1_MAX, GROUP_SIZE, SIGN_BIT, effective_scale
-from infer_tool.packers.rtn import MSE_DEFAULTS
+from infer_tool.packers.rtn import MSE_DEFAULTS, shrink_search
 
 NVFP4_ZERO_SCALE = 0.125  # stored for a group scale that rounds to 0 (compressed-tensors `_get_dtype_eps`)
 
@@ -211,39 +211,28 @@ def mse_group_amax(
     fmt: str,
     global_scale: torch.Tensor | None = None,
     *,
-    grid: float = MSE_DEFAULTS["grid"],
-    maxshrink: float = MSE_DEFAULTS["maxshrink"],
     norm: float = MSE_DEFAULTS["norm"],
-    patience: int = MSE_DEFAULTS["patience"],
+    **search: float,
 ) -> torch.Tensor:
     """Group amax `(N, G)` (float32) minimising `sum |qdq(x) - x| ** norm` per group over the
-    shrink grid of llm-compressor's MSE observer (module doc). NVFP4 without
-    `global_scale` scores llm-compressor's continuous scale `p * amax / 6`; with it, the
-    stored E4M3 scale relative to that global scale. MXFP4 scores its E8M0 scale."""
+    shrink grid of llm-compressor's MSE observer (module doc; `search`: `shrink_search`'s
+    grid, maxshrink, patience). NVFP4 without `global_scale` scores llm-compressor's
+    continuous scale `p * amax / 6`; with it, the stored E4M3 scale relative to that global
+    scale. MXFP4 scores its E8M0 scale."""
     g = _group_size(fmt)
     x = _grouped(w.float(), g)  # (N, G, g)
     amax = x.abs().amax(dim=-1)  # (N, G)
-    best_err = torch.full_like(amax, float("inf"))
-    best = amax.clone()
-    stale = 0
-    for i in range(int(maxshrink * grid)):
-        cand = amax * (1 - i / grid)
+
+    def evaluate(p: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        cand = amax * p
         if fmt == "nvfp4" and global_scale is None:
             eff = cand / E2M1_MAX
             eff = torch.where(eff == 0, torch.finfo(torch.float32).eps, eff)
         else:
             eff = effective_scales(fmt, cand, global_scale)
-        err = (fake_quantize(x, eff.unsqueeze(-1)) - x).abs().pow(norm).sum(dim=-1)
-        improved = err < best_err
-        if bool(improved.any()):
-            best_err = torch.where(improved, err, best_err)
-            best = torch.where(improved, cand, best)
-            stale = 0
-        else:
-            stale += 1
-            if stale >= patience:
-                break
-    return best
+        return (fake_quantize(x, eff.unsqueeze(-1)) - x).abs().pow(norm).sum(dim=-1), (cand,)
+
+    return shrink_search(evaluate, **search)[0]
 
 
 def nvfp4_fake_quantize_input(x: torch.Tensor, input_global_scale: torch.Tensor, *, rule: str = "vllm") -> torch.Tensor:

@@ -17,6 +17,8 @@ group improved; scored with the scales as stored (`scale_dtype`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from infer_tool.packers.quantized import QuantizedWeight
@@ -49,40 +51,58 @@ def qparams(
     return scale, zero
 
 
+def shrink_search(
+    evaluate: Callable[[float], tuple[torch.Tensor, tuple[torch.Tensor, ...]]],
+    *,
+    grid: float = MSE_DEFAULTS["grid"],
+    maxshrink: float = MSE_DEFAULTS["maxshrink"],
+    patience: int = MSE_DEFAULTS["patience"],
+) -> tuple[torch.Tensor, ...]:
+    """llm-compressor's MSE grid: `evaluate(p)` gives (error per group, the group's values)
+    for the range shrunk by p = 1 - i / grid, i < maxshrink·grid; returns the values of the
+    least error per group (the first p on ties, p = 1 where every error is NaN), stopping
+    after `patience` steps in which no group improved."""
+    best: tuple[torch.Tensor, ...] | None = None
+    best_err = torch.empty(0)
+    stale = 0
+    for i in range(int(maxshrink * grid)):
+        err, values = evaluate(1 - i / grid)
+        if best is None:  # p = 1
+            best, best_err = values, torch.full_like(err, float("inf"))
+        improved = err < best_err
+        if bool(improved.any()):
+            best_err = torch.where(improved, err, best_err)
+            best = tuple(torch.where(improved, v, b) for v, b in zip(values, best))
+            stale = 0
+        else:
+            stale += 1
+            if stale >= patience:
+                break
+    return best if best is not None else evaluate(1.0)[1]
+
+
 def mse_qparams(
     w: torch.Tensor,
     bits: int,
     symmetric: bool,
     scale_dtype: torch.dtype = torch.float32,
     *,
-    grid: float = MSE_DEFAULTS["grid"],
-    maxshrink: float = MSE_DEFAULTS["maxshrink"],
     norm: float = MSE_DEFAULTS["norm"],
-    patience: int = MSE_DEFAULTS["patience"],
+    **search: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`qparams` of the shrunk range minimising the group's error (module doc, "mse"):
-    w (..., c) -> scale (...), zero (...), float32. p = 1 is `qparams(w)` itself."""
+    w (..., c) -> scale (...), zero (...), float32; `search`: `shrink_search`'s grid,
+    maxshrink, patience. p = 1 is `qparams(w)` itself."""
     w = w.float()
     lo, hi = w.amin(dim=-1).clamp(max=0.0), w.amax(dim=-1).clamp(min=0.0)
-    best_scale, best_zero = qparams(torch.stack([lo, hi], dim=-1), bits, symmetric, scale_dtype)
-    best_err = torch.full_like(best_scale, float("inf"))
-    stale = 0
-    for i in range(int(maxshrink * grid)):
-        p = 1 - i / grid
+
+    def evaluate(p: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         scale, zero = qparams(torch.stack([lo * p, hi * p], dim=-1), bits, symmetric, scale_dtype)
         s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
-        err = ((quantize_codes(w, s, z, bits) - z) * s - w).abs().pow(norm).sum(dim=-1)
-        improved = err < best_err
-        if bool(improved.any()):
-            best_err = torch.where(improved, err, best_err)
-            best_scale = torch.where(improved, scale, best_scale)
-            best_zero = torch.where(improved, zero, best_zero)
-            stale = 0
-        else:
-            stale += 1
-            if stale >= patience:
-                break
-    return best_scale, best_zero
+        return ((quantize_codes(w, s, z, bits) - z) * s - w).abs().pow(norm).sum(dim=-1), (scale, zero)
+
+    scale, zero = shrink_search(evaluate, **search)
+    return scale, zero
 
 
 def observed_qparams(
