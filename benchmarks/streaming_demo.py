@@ -66,7 +66,16 @@ def ours(args: argparse.Namespace, out: Path, extra: list[str], pythonpath: str 
     env = None
     if pythonpath:
         env = {**os.environ, "PYTHONPATH": pythonpath}
-    cmd = [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "quantize", args.model, *flags, *extra]
+    cmd = [
+        sys.executable,
+        "-P",
+        "-c",
+        "from infer_tool.cli.app import main; main()",
+        "quantize",
+        args.model,
+        *flags,
+        *extra,
+    ]
     r, wall = run(cmd, env)
     return {
         "quantize_s": r["seconds"]["quantize"],

@@ -417,7 +417,7 @@ def test_guard_passes_under_other_kernels(tmp_path: Path) -> None:
     env = {**os.environ, **OTHER_KERNELS}
     env.pop("INFER_TOOL_RECORD_GUARD", None)
     r = subprocess.run(
-        [sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)],
+        [sys.executable, "-P", "-c", script, str(Path(__file__).parent), str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,

@@ -133,5 +133,5 @@ def test_every_module_imports_on_its_own() -> None:
         "        del sys.modules[m]\n"
         "    importlib.import_module(name)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

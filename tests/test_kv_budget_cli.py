@@ -217,7 +217,7 @@ def _imports_after(argv: list[str]) -> list[str]:
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "sys.stderr.write(repr(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules)))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
     return r.stderr.strip().splitlines()[-1]
 
 
@@ -457,7 +457,7 @@ def test_help_readable_at_80_columns():
 
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
     r = subprocess.run(
-        [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "kv-budget", "--help"],
+        [sys.executable, "-P", "-c", "from infer_tool.cli.app import main; main()", "kv-budget", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -46,6 +46,7 @@ def independent_ppl(max_tokens: int, seq_len: int) -> float:
 def test_cli_ppl_reproduced_by_independent_script():
     cmd = [
         sys.executable,
+        "-P",  # not the repo root on sys.path: its kernels/ would shadow the PyPI package
         "-c",
         "from infer_tool.cli.app import main; main()",
         "eval",

@@ -507,7 +507,7 @@ def test_sizing_imports_only_stdlib():
         "heavy = [m for m in ('torch', 'transformers', 'triton', 'numpy', 'rich', 'typer') if m in sys.modules];"
         "print(heavy)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 

@@ -298,7 +298,7 @@ def test_console_script_help_is_what_the_tests_render(monkeypatch: pytest.Monkey
     env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
     env.pop("TERMINAL_WIDTH", None)
     r = subprocess.run(
-        [sys.executable, "-c", "from infer_tool.cli.app import main; main()", "quantize", "--help"],
+        [sys.executable, "-P", "-c", "from infer_tool.cli.app import main; main()", "quantize", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
