@@ -25,7 +25,7 @@ from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import CheckpointFormat
 from infer_tool.packers.packing import pack_int32, unpack_int32
 from infer_tool.packers.quantized import QuantizedWeight
-from infer_tool.schemes.integer import QuantScheme
+from infer_tool.schemes.integer import QuantScheme, observer_name
 
 FORMAT_NAME = "pack-quantized"
 SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
@@ -51,6 +51,7 @@ def quantization_config(scheme: QuantScheme, ignore: Sequence[str]) -> dict[str,
         "strategy": "channel" if channel else "group",
         "group_size": None if channel else scheme.group_size,
         "dynamic": False,
+        "observer": observer_name(scheme),
     }
     if getattr(scheme, "act_order", False):
         weights["actorder"] = "weight"

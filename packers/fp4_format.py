@@ -33,10 +33,10 @@ from infer_tool.kernels.fp4_layout import pack_fp4, unpack_fp4
 from infer_tool.packers.checkpoint import CheckpointFormat
 from infer_tool.packers.fp4_weight import Fp4Weight
 from infer_tool.schemes.fp4 import FP4_GROUP_SIZE, Fp4Scheme
+from infer_tool.schemes.integer import observer_name
 
 FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4": "mxfp4-pack-quantized"}
 SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
-OBSERVERS = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}  # llm-compressor's names
 
 
 def _args(fmt: str, **kw: Any) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def _args(fmt: str, **kw: Any) -> dict[str, Any]:
 def quantization_config(scheme: Fp4Scheme, ignore: Sequence[str]) -> dict[str, Any]:
     fmt = scheme.fp4
     weights = _args(
-        fmt, observer=OBSERVERS[scheme.observer], actorder="static" if getattr(scheme, "act_order", False) else None
+        fmt, observer=observer_name(scheme), actorder="static" if getattr(scheme, "act_order", False) else None
     )
     inputs = None
     if scheme.w4a4:

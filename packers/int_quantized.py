@@ -31,7 +31,7 @@ from infer_tool.packers.checkpoint import CheckpointFormat
 from infer_tool.packers.fp8_formats import quant_args
 from infer_tool.packers.int8 import ZERO, int8_weight
 from infer_tool.packers.quantized import QuantizedWeight
-from infer_tool.schemes.integer import W8A8_KIND, QuantScheme
+from infer_tool.schemes.integer import W8A8_KIND, QuantScheme, observer_name
 
 FORMAT_NAME = "int-quantized"
 SUFFIXES = ("weight", "weight_scale", "input_scale")
@@ -43,7 +43,7 @@ def _args(**kw: Any) -> dict[str, Any]:
 
 
 def quantization_config(scheme: QuantScheme, ignore: Sequence[str]) -> dict[str, Any]:
-    weights = _args(observer="memoryless_minmax", actorder="weight" if getattr(scheme, "act_order", False) else None)
+    weights = _args(observer=observer_name(scheme), actorder="weight" if getattr(scheme, "act_order", False) else None)
     if scheme.int8_activations == "dynamic":
         inputs = _args(strategy="token", dynamic=True)
     else:

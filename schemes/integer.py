@@ -25,6 +25,8 @@ from infer_tool.schemes.base import SCALE_DTYPES, Scheme, check_group_size
 
 AWQ_SEARCHES = ("fast", "full", "screen")
 OBSERVERS = ("minmax", "mse")  # how a group's scale is chosen (packers/rtn.py)
+# their names in compressed-tensors configs: llm-compressor's memoryless weight observers
+OBSERVER_NAMES = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
 INT8_ACTIVATIONS = ("none", "dynamic", "static")  # none: weights only; dynamic: per token; static: per tensor
 W8A8_KIND = "w8a8"
 
@@ -32,6 +34,11 @@ W8A8_KIND = "w8a8"
 def check_observer(observer: str) -> None:
     if observer not in OBSERVERS:
         raise BadInput(f"--observer {observer!r} is not supported; use one of {', '.join(OBSERVERS)}")
+
+
+def observer_name(scheme: object) -> str:
+    """The compressed-tensors `observer` of a scheme's weights (min-max for schemes without one)."""
+    return OBSERVER_NAMES[getattr(scheme, "observer", "minmax")]
 
 
 @dataclass(frozen=True)

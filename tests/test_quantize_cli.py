@@ -131,6 +131,9 @@ def test_compressed_tensors_checkpoint_loads_in_transformers(
     assert report["memory"]["peak_rss_mib"] > 0
     for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
         assert (out / f).is_file()
+    # the config names the observer as llm-compressor does (its memoryless weight observers)
+    weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    assert weights["weights"]["observer"] == f"memoryless_{observer or 'minmax'}"
 
     from transformers import AutoModelForCausalLM
 
