@@ -17,7 +17,9 @@ calibration token ids and the same scheme: `benchmarks/llmcompressor_oneshot.py`
 under that interpreter (llm-compressor pins other transformers / compressed-tensors
 versions than ours, so it lives in its own venv: `pip install torch==2.13.0
 llmcompressor==0.14.0.1`); its checkpoint is evaluated by our `eval ppl` as ours are.
-GPTQ rows of both sides use static act-order (llm-compressor's default).
+GPTQ rows of both sides use static act-order (llm-compressor's default). A second table
+puts each row beside llm-compressor's of the same name: ppl increase, KL divergence and
+quantize seconds as ratios, ours over theirs.
 
 `--autoround PYTHON` adds the PyPI auto-round's rows (`benchmarks/autoround_pypi.py` under
 that interpreter: auto-round 0.16.x in its own venv) on the same calibration token ids, the
@@ -517,6 +519,23 @@ def moe_table(rows: list[dict], dense_file: str | None) -> None:
         )
 
 
+def llmc_table(rows: list[dict]) -> None:
+    """Each row of ours beside llm-compressor's of the same name ("X" and "llmc X"): the
+    issues' goals are ratios to it (ppl increase, KL divergence, quantize seconds)."""
+    by = {r["config"]: r for r in rows}
+    pairs = [(by[c], by[f"llmc {c}"]) for c in by if f"llmc {c}" in by]
+    if not pairs:
+        return
+    print()
+    print("| config | ppl increase, ours / llmc | KLD mean, ours / llmc | quantize s, ours / llmc |")
+    print("|---|---:|---:|---:|")
+    for ours, theirs in pairs:
+        ppl = f"{(ours['ratio'] - 1) / (theirs['ratio'] - 1):.3f}" if theirs["ratio"] > 1 else ""
+        kld = f"{ours['kld'] / theirs['kld']:.3f}" if "kld" in ours and "kld" in theirs and theirs["kld"] > 0 else ""
+        secs = f"{ours['quantize_s'] / theirs['quantize_s']:.2f}"
+        print(f"| {ours['config']} | {ppl} | {kld} | {secs} |")
+
+
 def int8_table(rows: list[dict]) -> None:
     """W8A8 against llm-compressor's SmoothQuant + GPTQ recipe: ppl increase and quantize
     time ratios (goals: increase <= 0.9x theirs, time <= 0.5x theirs)."""
@@ -656,6 +675,7 @@ def main() -> None:
             f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {r['quantize_s']:.0f} | "
             f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} | {r.get('activations', '')} | {plain} |"
         )
+    llmc_table(rows)
     int8_table(rows)
     vllm_table([source, *rows] if source else rows)
     if any("expert_linears" in r for r in rows):
