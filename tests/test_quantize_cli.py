@@ -132,8 +132,8 @@ def test_compressed_tensors_checkpoint_loads_in_transformers(
     for f in ("tokenizer.json", "tokenizer_config.json", "config.json"):
         assert (out / f).is_file()
     # the config names the observer as llm-compressor does (its memoryless weight observers)
-    weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
-    assert weights["weights"]["observer"] == f"memoryless_{observer or 'minmax'}"
+    group = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
+    assert group["weights"]["observer"] == f"memoryless_{observer or 'minmax'}"
 
     from transformers import AutoModelForCausalLM
 
