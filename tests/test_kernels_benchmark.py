@@ -1,12 +1,13 @@
-"""benchmarks/kernels.py stays runnable: its CPU dry run (interpreter, tiny shape)
+"""benchmarks/kernel_speed.py stays runnable: its CPU dry run (interpreter, tiny shape)
 checks every kernel against the reference and writes the markdown and JSON tables."""
 
+import importlib.machinery
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_speed.py"
 
 
 def test_dry_run_writes_tables(tmp_path, monkeypatch):
@@ -26,3 +27,15 @@ def test_dry_run_writes_tables(tmp_path, monkeypatch):
     assert kernels["nvfp4-a16"]["config"].startswith("gemv")
     md = (tmp_path / "kernels_dry_run.md").read_text()
     assert "| w4a16 | 160x72 | 1 |" in md and "| nvfp4-a16 | 160x72 | 1 |" in md
+
+
+def test_no_benchmark_script_shadows_an_installed_module():
+    """`python benchmarks/X.py` puts benchmarks/ first on sys.path, so a script named like a
+    module the environment provides (transformers 5.25 imports the PyPI package `kernels`)
+    would be imported in its place and break every in-process model load."""
+    scripts = SCRIPT.parent
+    clean = [p for p in sys.path if Path(p or ".").resolve() != scripts]
+    shadowing = [
+        f.stem for f in sorted(scripts.glob("*.py")) if importlib.machinery.PathFinder.find_spec(f.stem, clean)
+    ]
+    assert shadowing == []

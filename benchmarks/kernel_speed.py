@@ -9,8 +9,8 @@ so the weights come from HBM, not L2). Reported per row: time, effective bandwid
 speedup over bf16; the issue's targets are checked and marked. The table is written
 as markdown and JSON.
 
-    python benchmarks/kernels.py --out benchmarks/results          # on a CUDA machine
-    python benchmarks/kernels.py --dry-run                          # CPU: interpreter,
+    python benchmarks/kernel_speed.py --out benchmarks/results          # on a CUDA machine
+    python benchmarks/kernel_speed.py --dry-run                          # CPU: interpreter,
         # tiny shapes, correctness only (checks the script itself before a GPU run)
 """
 
