@@ -8,7 +8,8 @@ pins transformers < 5.20, so it cannot share ours), and so imports nothing of in
 
 JOBS.json: `{"token_ids": [int, ...], "jobs": [{"name", "path", "kv_cache_dtype", "torch_onednn"}]}`;
 `"windows": [[int, ...], ...]` in place of `token_ids` scores several windows (`benchmarks/quantize.py
---vllm`): their NLL is summed over positions 1..T-1 of each, as `eval ppl`'s windows are.
+--vllm`): their NLL is summed over positions 1..T-1 of each, as `eval ppl`'s windows are, and
+recorded per window too (`window_nll`).
 Every checkpoint is loaded in turn by one process with the engine in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0): no engine or worker process is spawned per checkpoint.
 The caller (tests/vllm_formats.py) sets the environment (VLLM_CPU_INT4_W4A8) and enforces
@@ -197,12 +198,18 @@ def score(job: dict[str, Any], windows: list[list[int]], f: Any) -> dict[str, An
         t1 = time.perf_counter()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
         outs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows], params, use_tqdm=False)
-        nll, tokens = 0.0, 0
+        window_nll = []
         for out, ids in zip(outs, windows):
             logprobs = out.prompt_logprobs  # position 0 is None (nothing predicts it)
-            nll += -math.fsum(lp[t].logprob for lp, t in zip(logprobs[1:], ids[1:]))
-            tokens += len(ids) - 1
-        rec.update(ppl=math.exp(nll / tokens), tokens=tokens, windows=len(windows), score_s=time.perf_counter() - t1)
+            window_nll.append(-math.fsum(lp[t].logprob for lp, t in zip(logprobs[1:], ids[1:])))
+        nll, tokens = math.fsum(window_nll), sum(len(ids) - 1 for ids in windows)
+        rec.update(
+            ppl=math.exp(nll / tokens),
+            tokens=tokens,
+            windows=len(windows),
+            window_nll=window_nll,
+            score_s=time.perf_counter() - t1,
+        )
     except Exception as exc:  # refused while running: recorded with its stage
         traceback.print_exc()
         rec["error"] = one_line(exc)
