@@ -7,6 +7,7 @@ benchmarks' protocol) to tell a difference of the engines from the noise of one 
 - `ct-w8a8-dynamic`, `ct-w8a8-static`: the CI rows' checkpoints (`tests/vllm_formats.py`:
   `--scheme W8A8 --method rtn --ignore '*.down_proj'`, per-token or static per-tensor
   activations, the static one calibrated on 2 x 512 tokens of its calibration text);
+- `ct-w8a8-static-sq`: the static one with SmoothQuant (α 0.8) folded in first;
 - `w8a8-static-full`: static per-tensor activations with down_proj quantized too (RTN, 128 x 512
   tokens of `sotu:calib`).
 
@@ -48,6 +49,7 @@ STATIC = ("--int8-activations", "static")
 CONFIGS = {
     "ct-w8a8-dynamic": (*vllm_formats.W8A8, *vllm_formats.CALIB_STATIC),
     "ct-w8a8-static": (*vllm_formats.W8A8, *STATIC, *vllm_formats.CALIB_STATIC),
+    "ct-w8a8-static-sq": (*vllm_formats.W8A8, *STATIC, "--smoothquant", "0.8", *vllm_formats.CALIB_STATIC),
     "w8a8-static-full": ("--scheme", "W8A8", "--method", "rtn", *STATIC, "--num-samples", "128", "--seq-len", "512"),
     "w8a8-static-gptq": ("--scheme", "W8A8", *STATIC, "--num-samples", "128", "--seq-len", "512"),
 }
@@ -93,8 +95,10 @@ def rel_ci(a: list[float], b: list[float], windows: list[list[int]]) -> str:
 
     sums, counts = [x - y for x, y in zip(a, b)], [len(w) - 1 for w in windows]
     m = sum(sums) / sum(counts)
-    lo, hi = mean_ci95(sums, counts)
-    return f"{math.expm1(m) * 100:+.2f}% ({math.expm1(lo) * 100:+.2f}% to {math.expm1(hi) * 100:+.2f}%)"
+    ci = mean_ci95(sums, counts)  # None for one window
+    if ci is None:
+        return f"{math.expm1(m) * 100:+.2f}% (one window: no interval)"
+    return f"{math.expm1(m) * 100:+.2f}% ({math.expm1(ci[0]) * 100:+.2f}% to {math.expm1(ci[1]) * 100:+.2f}%)"
 
 
 def paired_table(name: str, ckpt: Path, ev: argparse.Namespace, seeds: int) -> None:

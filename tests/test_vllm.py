@@ -306,6 +306,31 @@ ONEDNN, SGL = ["_apply_weights_onednn"], ["_apply_weights_sgl"]
             AMX_HOST,
             "use_w4a8=[True]",
         ),
+        (  # static W8A8 in the AVX2 library: loaded only, and it must load
+            _result("ct-w8a8-static", {"error": "ValueError: x", "stage": "load", "loaded": False, **INT8}),
+            AVX2_HOST,
+            "did not load it",
+        ),
+        (
+            _result("ct-w8a8-static", {"loaded": True, "stage": "score", "int8_paths": SGL, **INT8}),
+            AVX2_HOST,
+            "INT8 layers run",
+        ),
+        (  # where vLLM scores it, it must score it (AVX-512 without AMX)
+            _result("ct-w8a8-static", {"loaded": True, "stage": "score", "int8_paths": ONEDNN, **INT8}),
+            NO_AMX_HOST,
+            "did not run it",
+        ),
+        (
+            _result(
+                "ct-w8a8-static",
+                {"ppl": 21.3, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations="int8 static input_scale (onednn)",
+            ),
+            NO_AMX_HOST,
+            "over 1%",
+        ),
     ],
 )
 def test_problems_catch_each_miss(res: vllm_formats.Result, host: dict, complaint: str) -> None:
@@ -403,6 +428,25 @@ def test_problems_accept_expected_outcomes() -> None:
             ),
             AVX2_HOST,
         ),
+        (_result("ct-w8a8-static", {"loaded": True, "stage": "score", "int8_paths": ONEDNN, **INT8}), AVX2_HOST),
+        (
+            _result(
+                "ct-w8a8-static",
+                {"ppl": 21.05, "stage": "score", "int8_paths": ONEDNN, **INT8},
+                ours=21.0,
+                activations="int8 static input_scale (onednn)",
+            ),
+            NO_AMX_HOST,
+        ),
+        (
+            _result(
+                "ct-w8a8-static",
+                {"ppl": 21.05, "stage": "score", "int8_paths": SGL, **INT8},
+                ours=21.0,
+                activations=SGL_OURS,
+            ),
+            AMX_HOST,
+        ),
     ]
     for res, host in ok:
         assert vllm_formats.problems(res, host) == [], res.row.id
@@ -462,3 +506,22 @@ def test_stuck_stage_is_killed_and_named(tmp_path, monkeypatch: pytest.MonkeyPat
     for name, stage in (("stuck-load", "load"), ("stuck-score", "score")):
         assert res[name]["timed_out"] and res[name]["stage"] == stage and name in res[name]["error"], res[name]
     assert res["dies"]["crashed"] and "exit 4" in res["dies"]["error"] and res["dies"]["stage"] == "score", res["dies"]
+
+
+@pytest.mark.parametrize("avx512", [True, False])
+def test_avx2_load_only_rows_are_loaded_but_not_scored_there(monkeypatch, tmp_path, avx512: bool) -> None:
+    """Where vLLM would load its AVX2 library, an `avx2_load_only` row goes to the worker with
+    `"score": false`; every other row, and that row elsewhere, is scored."""
+    from pathlib import Path
+
+    jobs_seen: list[dict] = []
+
+    def fake_worker(python, work, jobs, ids, env, tag):
+        jobs_seen.extend(jobs)
+        return {"amx": False}, {j["name"]: {"name": j["name"]} for j in jobs}
+
+    monkeypatch.setattr(vllm_formats, "run_worker", fake_worker)
+    monkeypatch.setattr(vllm_formats, "host_has_avx512", lambda: avx512)
+    rows = tuple(r for r in ROWS if r.id in ("ct-w8a8-static", "ct-w8a8-dynamic"))
+    vllm_formats.run_vllm(Path("python"), tmp_path, {r.id: tmp_path / r.id for r in rows}, rows, [1, 2], amx=False)
+    assert {j["name"]: j["score"] for j in jobs_seen} == {"ct-w8a8-static": avx512, "ct-w8a8-dynamic": True}

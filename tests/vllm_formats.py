@@ -175,7 +175,9 @@ class Row:
     to oneDNN's FP8 matmul where it sees AMX-INT8: without native FP8 hardware that is a
     slow path (docs/vllm-cpu.md), so the worker turns torch's oneDNN off for such rows there.
     avx2_refusal: the exact error where vLLM loads its AVX2 library (a CPU without AVX-512),
-    at avx2_refusal_stage; None: as on the other classes."""
+    at avx2_refusal_stage; None: as on the other classes.
+    avx2_load_only: where vLLM loads its AVX2 library, the row is loaded and its kernels
+    checked but not scored (a path that library runs orders of magnitude too slowly)."""
 
     id: str
     label: str
@@ -192,6 +194,7 @@ class Row:
     torch_scaled_mm: bool = False
     avx2_refusal: str | None = None
     avx2_refusal_stage: str = "load"
+    avx2_load_only: bool = False
 
     def expected_kernels(self, amx: bool) -> tuple[str, ...]:
         return self.amx_kernels if amx and self.amx_kernels is not None else self.kernels
@@ -342,10 +345,19 @@ ROWS = (
         W8A8,
         kernels=INT8_KERNEL,
     ),
-    # No static per-tensor W8A8 row: on the AVX-512 EPYC (no AMX) vLLM's ppl is 1.38% above ours on this
-    # window (`(*W8A8, "--int8-activations", "static")`, CALIB_STATIC) and 0.11% over 40,960 tokens
-    # (benchmarks/vllm_windows.py): one window cannot hold it to 1%, and vLLM's AVX2 build scores no window
-    # of it in time (its static GEMM, docs/vllm-cpu.md). With AMX vLLM reads no input_scale (ours_activations).
+    # Static per-tensor activations with SmoothQuant folded in first: without it vLLM's ppl was 1.38% above
+    # ours on this window and 0.11% over 40,960 tokens (benchmarks/vllm_windows.py), one scale per tensor
+    # leaving the window's ppl to the last rounding; smoothed, the two engines agree on the one window
+    # (docs/results.md). vLLM's AVX2 build scores no window of it in time (its static GEMM,
+    # docs/vllm-cpu.md): there it is loaded and its kernel checked. With AMX vLLM reads no input_scale.
+    Row(
+        "ct-w8a8-static",
+        "compressed-tensors W8A8 INT8 (int-quantized), static per-tensor activations, SmoothQuant 0.8",
+        (*W8A8, "--int8-activations", "static", "--smoothquant", "0.8"),
+        kernels=INT8_KERNEL,
+        calib=CALIB_STATIC,
+        avx2_load_only=True,
+    ),
     Row(
         "ct-w8a16",
         "compressed-tensors W8A16 INT8 (pack-quantized, group 64)",
@@ -457,6 +469,14 @@ def host_has_amx() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
+def host_has_avx512() -> bool:
+    """What decides vLLM's CPU library (AVX-512, else `_C_AVX2`), asked of our torch as the
+    worker asks its own (`avx2_library`)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_supported())
+
+
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     """The whole lines written so far (the last one may still be being written)."""
     if not path.exists():
@@ -551,6 +571,7 @@ def run_vllm(
     others with 0; on a host with AMX, torch's oneDNN is turned off for `torch_scaled_mm` rows.
     (host line, {row id: result})."""
     amx = host_has_amx() if amx is None else amx
+    avx2 = not host_has_avx512()
     hosts: dict[str, Any] = {}
     by_name: dict[str, dict[str, Any]] = {}
     for w4a8 in (False, True):
@@ -563,6 +584,7 @@ def run_vllm(
                 "path": str(ckpts[r.id]),
                 "kv_cache_dtype": r.vllm_kv_cache_dtype,
                 "torch_onednn": not (amx and r.torch_scaled_mm),
+                "score": not (r.avx2_load_only and avx2),
             }
             for r in group
         ]
@@ -692,6 +714,12 @@ def problems(res: Result, host: dict[str, Any]) -> list[str]:
         return out + [
             f"{row.id}: expected vLLM's refusal {refusal!r} at {stage}, got {rec.get('error')!r} at {rec.get('stage')}"
         ]
+    if row.avx2_load_only and avx2_library(host):
+        if not rec.get("loaded") or rec.get("error"):
+            out.append(f"{row.id}: vLLM did not load it: {rec.get('error')} (at {rec.get('stage')})")
+        elif row.kernels == INT8_KERNEL and rec.get("int8_paths") != INT8_PATHS[False]:
+            out.append(f"{row.id}: vLLM's INT8 layers run {rec.get('int8_paths')}, expected {INT8_PATHS[False]}")
+        return out
     if rec.get("ppl") is None:
         return out + [f"{row.id}: vLLM did not run it: {rec.get('error')} (at {rec.get('stage')})"]
     if row.kernels == WNA16:

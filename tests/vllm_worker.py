@@ -6,7 +6,8 @@ pins transformers < 5.20, so it cannot share ours), and so imports nothing of in
 
     .venv-vllm/bin/python tests/vllm_worker.py JOBS.json RESULTS.jsonl
 
-JOBS.json: `{"token_ids": [int, ...], "jobs": [{"name", "path", "kv_cache_dtype", "torch_onednn"}]}`;
+JOBS.json: `{"token_ids": [int, ...], "jobs": [{"name", "path", "kv_cache_dtype", "torch_onednn", "score"}]}`
+(`"score": false`: load and record the kernels, score nothing);
 `"windows": [[int, ...], ...]` in place of `token_ids` scores several windows (`benchmarks/quantize.py
 --vllm`): their NLL is summed over positions 1..T-1 of each, as `eval ppl`'s windows are, and
 recorded per window too (`window_nll`).
@@ -195,6 +196,8 @@ def score(job: dict[str, Any], windows: list[list[int]], f: Any) -> dict[str, An
         rec["kv_scales"] = llm.apply_model(kv_scales)[0]
         rec["w4a8"] = llm.apply_model(w4a8_layers)[0]
         rec["int8_paths"] = llm.apply_model(int8_paths)[0]
+        if not job.get("score", True):  # asked to load only: what was loaded and picked is the record
+            return rec
         t1 = time.perf_counter()
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
         outs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows], params, use_tqdm=False)
