@@ -9,8 +9,7 @@ benchmarks' protocol) to tell a difference of the engines from the noise of one 
   activations, the static one calibrated on 2 x 512 tokens of its calibration text);
 - `ct-w8a8-static-sq`: the static one with SmoothQuant (α 0.8) folded in first;
 - `w8a8-static-full`: static per-tensor activations with down_proj quantized too (RTN, 128 x 512
-  tokens of `sotu:calib`).
-
+  tokens of `sotu:calib`);
 - `w8a8-static-gptq`: the same scheme by GPTQ (`benchmarks/quantize.py`'s "W8A8 static GPTQ").
 
 For each: vLLM's ppl (bf16, `tests/vllm_worker.py` under PYTHON), ours in bf16 with the rounding

@@ -791,6 +791,8 @@ def table(r: Run) -> str:
                 f"| {res.row.label} | `{flags}` | loads{kv}{w4a8} | {res.ours:.4f} | {rec['ppl']:.4f} | "
                 f"{res.rel_diff:+.2%} |"
             )
+        elif rec.get("loaded") and not rec.get("error"):  # loaded only (`avx2_load_only`)
+            lines.append(f"| {res.row.label} | `{flags}` | loads (not scored here) | | | |")
         else:
             where = "`LLM(...)`" if rec.get("stage") == "load" else "the first forward"
             lines.append(f"| {res.row.label} | `{flags}` | refused in {where}: `{rec.get('error')}` | | | |")
