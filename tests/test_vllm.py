@@ -525,3 +525,10 @@ def test_avx2_load_only_rows_are_loaded_but_not_scored_there(monkeypatch, tmp_pa
     rows = tuple(r for r in ROWS if r.id in ("ct-w8a8-static", "ct-w8a8-dynamic"))
     vllm_formats.run_vllm(Path("python"), tmp_path, {r.id: tmp_path / r.id for r in rows}, rows, [1, 2], amx=False)
     assert {j["name"]: j["score"] for j in jobs_seen} == {"ct-w8a8-static": avx512, "ct-w8a8-dynamic": True}
+
+
+def test_table_names_a_loaded_only_row() -> None:
+    res = _result("ct-w8a8-static", {"loaded": True, "stage": "score", "int8_paths": ONEDNN, **INT8})
+    refused = _result("ct-w8a16", {"error": vllm_formats.W8A16_CPU, "stage": "load"})
+    text = vllm_formats.table(vllm_formats.Run(AVX2_HOST, [res, refused], {}))
+    assert "| loads (not scored here) |" in text and "refused in `LLM(...)`" in text
