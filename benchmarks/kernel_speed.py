@@ -223,12 +223,17 @@ def rel_error(out: Any, ref: Any) -> float:
     return float(diff / ref.float().norm())
 
 
-def time_ms(fn: Callable[[], Any], device: str) -> float:
-    """Median milliseconds of fn: do_bench on CUDA (L2 flushed before every run); on the
-    CPU dry run a plain wall-clock median, only to exercise the script's arithmetic."""
+def time_ms(fn: Callable[[], Any], device: str, cudagraph: bool = False) -> float:
+    """Median milliseconds of fn: do_bench on CUDA (L2 flushed before every run; the time
+    includes the Python launch overhead whenever it exceeds the GPU's), or with `cudagraph`
+    do_bench_cudagraph (fn replayed from a CUDA graph as vLLM serves decode batches: GPU
+    time only, L2 not flushed). On the CPU dry run a plain wall-clock median, only to
+    exercise the script's arithmetic."""
     if device == "cuda":
-        from triton.testing import do_bench
+        from triton.testing import do_bench, do_bench_cudagraph
 
+        if cudagraph:
+            return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
         return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
     import statistics
     import time
@@ -242,7 +247,13 @@ def time_ms(fn: Callable[[], Any], device: str) -> float:
 
 
 def run(
-    shapes: tuple[tuple[int, int], ...], ms: tuple[int, ...], *, device: str, sweep: bool, log: Callable[[str], None]
+    shapes: tuple[tuple[int, int], ...],
+    ms: tuple[int, ...],
+    *,
+    device: str,
+    sweep: bool,
+    log: Callable[[str], None],
+    cudagraph: bool = False,
 ) -> list[Row]:
     import torch
 
@@ -270,7 +281,7 @@ def run(
                         err = rel_error(case.run(x, config=cfg), ref)
                         ok = err < tol
                     row = Row(case.kernel if i == 0 else case.kernel + "*", K, N, M, err, ok, config=_short(cfg))
-                    row.ms = time_ms(lambda case=case, x=x, cfg=cfg: case.run(x, config=cfg), device)
+                    row.ms = time_ms(lambda case=case, x=x, cfg=cfg: case.run(x, config=cfg), device, cudagraph)
                     moved = case.weight_bytes + M * K * x.element_size() + M * N * x.element_size()
                     row.tbps = moved / (row.ms * 1e-3) / 1e12
                     row.tflops = 2.0 * M * N * K / (row.ms * 1e-3) / 1e12
@@ -337,7 +348,9 @@ def markdown(meta: dict[str, Any], rows: list[Row], targets: list[dict[str, Any]
         + (
             "DRY RUN: CPU interpreter wall-clock, the timings mean nothing; "
             if meta["dry_run"]
-            else "median of `do_bench` with L2 flushed; "
+            else "median of `do_bench_cudagraph` (replayed from a CUDA graph: GPU time, L2 not flushed); "
+            if meta.get("cudagraph")
+            else "median of `do_bench` with L2 flushed (includes Python launch overhead where it exceeds GPU time); "
         )
         + f"speedup vs `torch.matmul` ({meta['dtype']}); `kernel*` rows: fastest "
         "correct config of `--sweep`.",
@@ -422,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sweep", action="store_true", help="also time variations of each default config; 'kernel*' rows show the best"
     )
+    p.add_argument(
+        "--cudagraph",
+        action="store_true",
+        help="time each call replayed from a CUDA graph (GPU time without Python launch overhead; L2 not flushed)",
+    )
     args = p.parse_args(argv)
 
     if args.dry_run:
@@ -449,7 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ms:
         ms = tuple(int(m) for m in args.ms.split(","))
 
-    rows = run(shapes, ms, device=device, sweep=args.sweep, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.cudagraph and args.dry_run:
+        p.error("--cudagraph needs a GPU; --dry-run runs on the CPU")
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    rows = run(shapes, ms, device=device, sweep=args.sweep, log=log, cudagraph=args.cudagraph)
     targets = [] if args.dry_run else check_targets(rows)  # interpreter timings mean nothing
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU interpreter ({platform.machine()})"
     meta = {
@@ -459,10 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         "triton": triton.__version__,
         "dtype": "bfloat16" if device == "cuda" else "float16",
         "dry_run": args.dry_run,
+        "cudagraph": args.cudagraph,
     }
     md = markdown(meta, rows, targets)
     args.out.mkdir(parents=True, exist_ok=True)
-    slug = "dry_run" if args.dry_run else name.lower().replace(" ", "_")
+    slug = "dry_run" if args.dry_run else name.lower().replace(" ", "_") + ("_cudagraph" if args.cudagraph else "")
     for suffix, text in (
         (".md", md),
         (".json", json.dumps({"meta": meta, "rows": [asdict(r) for r in rows], "targets": targets}, indent=2)),
