@@ -2,12 +2,13 @@
 kernel, in two modes:
 
 - "w8a16": activations stay fp16/bf16/fp32; FP8 weights are upcast in-kernel;
-- "w8a8":  activations are quantized to e4m3 per token inside the kernel
-           (`a_scale[m] = max(amax_k |x[m, k]| / 448, 1 / (448·512))`, vLLM's dynamic
-           per-token scale and floor) or with a static per-tensor `input_scale`, then
-           FP8 x FP8 `tl.dot` with fp32 accumulation. We quantize `x / a_scale` (IEEE
-           division); vLLM's CUDA kernel multiplies by the reciprocal, which can differ
-           in the last fp32 bit and so, rarely, by one e4m3 step.
+- "w8a8":  activations are quantized to e4m3 once, before the GEMM, by
+           `quantize_per_token` (`a_scale[m] = max(amax_k |x[m, k]| / 448, 1 / (448·512))`,
+           vLLM's dynamic per-token scale and floor, or a static per-tensor `input_scale`),
+           then FP8 x FP8 `tl.dot` with fp32 accumulation, as vLLM quantizes then calls its
+           scaled GEMM. We quantize `x / a_scale` (IEEE division); vLLM's CUDA kernel
+           multiplies by the reciprocal, which can differ in the last fp32 bit and so,
+           rarely, by one e4m3 step.
 
 Operands (the compressed-tensors / vLLM orientation):
 - `x`       `(M, K)` fp16, bf16 or fp32;
@@ -17,10 +18,9 @@ Operands (the compressed-tensors / vLLM orientation):
 - `input_scale` fp32 `(1,)` static activation scale (w8a8 only) or None = dynamic.
 Result `(M, N)` in x's dtype.
 
-Rounding to e4m3 is done in fp32 arithmetic (round to nearest even, saturating at
-±448) before the cast, because the Triton interpreter's float->fp8 cast does not round
-correctly; the cast of an already representable value is exact everywhere, so the GPU
-and the interpreter run the same code.
+The activations are rounded by torch's cast (round to nearest even, after clamping to
+±448), never in the kernel: the Triton interpreter's float->fp8 cast does not round
+correctly, and rounding inside the GEMM would redo it for every output tile.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ class Fp8Config:
 def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | None = None) -> Fp8Config:
     """Default configuration on a device with `num_sms` SMs. With block scales along K
     (`scale_block_k`), BLOCK_K is shrunk to divide the scale block."""
-    # Tile sizes chosen to stay (nearly) spill-free on sm_90, checked with ptxas through
-    # `Launch.compile_for`: the in-kernel activation rounding costs registers.
+    # Tile sizes chosen to stay spill-free on sm_90, checked with ptxas through
+    # `Launch.compile_for`.
     if M <= 64:
         block_m = max(16, triton.next_power_of_2(M))
         cfg = Fp8Config(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=8 if block_m >= 64 else 4)
@@ -82,23 +82,24 @@ def _fp8_kernel(
     # pointers
     x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr,
     # sizes
-    M, N, K, scale_bn, scale_bk, min_scale,
+    M, N, K, scale_bn, scale_bk,
     # strides
     stride_xm, stride_xk,
     stride_wn, stride_wk,
     stride_wsn, stride_wsk,
     stride_os, stride_om, stride_on,
     # meta-parameters
-    W8A8: tl.constexpr, STATIC_X_SCALE: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
+    W8A8: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     FP8_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """One `(BLOCK_M, BLOCK_N)` output tile over K-blocks `pid_k, pid_k + SPLIT_K, ...`.
 
-    x `(M, K)`; w fp8 `(N, K)` read as `(BK, BN)` tiles; ws fp32 `(N/scale_bn, K/scale_bk)`
-    (per-tensor and per-channel are blocks spanning K); xs fp32 `(1,)` static activation
-    scale; out `(M, N)` or fp32 partials `(SPLIT_K, M, N)`.
+    x `(M, K)`: e4m3 codes (W8A8) or fp16/bf16/fp32 (W8A16); w fp8 `(N, K)` read as
+    `(BK, BN)` tiles; ws fp32 `(N/scale_bn, K/scale_bk)` (per-tensor and per-channel are
+    blocks spanning K); xs fp32 `(M,)` activation scales (W8A8); out `(M, N)` or fp32
+    partials `(SPLIT_K, M, N)`.
     SCALE_IN_LOOP: the weight scale changes along K (block scales), applied per K-block.
     """
     pid = tl.program_id(0)
@@ -111,19 +112,6 @@ def _fp8_kernel(
     mask_n = offs_n < N
     num_kb = (K + BLOCK_K - 1) // BLOCK_K
 
-    if W8A8:
-        if STATIC_X_SCALE:
-            a_scale = tl.full((BLOCK_M,), 0.0, tl.float32) + tl.load(xs_ptr)
-        else:
-            # Dynamic per-token scale: a first pass over the row's K for amax.
-            amax = tl.full((BLOCK_M,), 0.0, tl.float32)
-            for kb in range(0, num_kb):
-                offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                            mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)
-                amax = tl.maximum(amax, tl.reduce(tl.abs(x.to(tl.float32)), 1, tl.standard._elementwise_max))
-            a_scale = tl.maximum(amax / 448.0, min_scale)  # (BM,)
-
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for kb in range(pid_k, num_kb, SPLIT_K):
         offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -133,23 +121,10 @@ def _fp8_kernel(
         w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=mask_k[:, None] & mask_n[None, :], other=0.0)  # (BK, BN) fp8
         if W8A8:
-            # Round x / a_scale to e4m3 (nearest even, saturating) in fp32 arithmetic.
-            v = tl.div_rn(x.to(tl.float32), a_scale[:, None])  # IEEE division, as torch
-            v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-            mag = tl.abs(v)
-            exp = ((mag.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-            exp = tl.maximum(exp, -6)  # e4m3 subnormals share the quantum 2^-9
-            quantum = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 2^(exp-3)
-            y = mag / quantum  # exact: division by a power of two
-            f = tl.floor(y)
-            d = y - f
-            odd = f - 2.0 * tl.floor(f * 0.5)
-            r = tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, f + odd))
-            xq = tl.where(v < 0, -r * quantum, r * quantum).to(tl.float8e4nv)
             if FP8_DOT:
-                part = tl.dot(xq, w)
+                part = tl.dot(x, w)
             else:
-                part = tl.dot(xq.to(tl.float16), w.to(tl.float16))
+                part = tl.dot(x.to(tl.float16), w.to(tl.float16))
         else:
             part = tl.dot(x, w.to(x.dtype), input_precision=DOT_PRECISION)
         if SCALE_IN_LOOP:
@@ -163,7 +138,7 @@ def _fp8_kernel(
         ws = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn, mask=mask_n, other=0.0)
         acc = acc * ws[None, :]
     if W8A8:
-        acc = acc * a_scale[:, None]
+        acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
     out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
     mask_out = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K == 1:
@@ -271,29 +246,32 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         raise ValueError(f"fp8: BLOCK_K={cfg.BLOCK_K} must divide the scale block along K ({bk})")
     if cfg.BLOCK_M < 16:
         raise ValueError(f"fp8: tl.dot needs BLOCK_M >= 16, got {cfg.BLOCK_M}")
-    x = x.contiguous()
+    out_dtype = x.dtype
+    if mode == "w8a8":  # quantized once here, not per output tile in the kernel
+        x, a_scale = quantize_per_token(x, input_scale)
+        xs = a_scale.reshape(M).contiguous()
+    else:
+        x, xs = x.contiguous(), grid_s  # xs unused
     split = cfg.SPLIT_K
     if split == 1:
-        out = backend.empty_output((M, N), x.dtype, x.device)
+        out = backend.empty_output((M, N), out_dtype, x.device)
         stride_os = 0
     else:
         out = backend.empty_output((split, M, N), torch.float32, x.device)
         stride_os = out.stride(0)
     # FP8 x FP8 tl.dot needs sm_89+; older GPUs multiply the exact fp16 upcasts instead.
     fp8_dot = x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
-    xs = input_scale.float().reshape(1) if input_scale is not None else grid_s
     args = (
         x, w_fp8, grid_s, xs, out,
-        M, N, K, bn, bk, MIN_SCALE,
+        M, N, K, bn, bk,
         x.stride(0), x.stride(1),
         w_fp8.stride(0), w_fp8.stride(1),
         grid_s.stride(0), grid_s.stride(1),
         stride_os, out.stride(-2), out.stride(-1),
     )
     meta = dict(
-        W8A8=mode == "w8a8", STATIC_X_SCALE=input_scale is not None,
-        SCALE_IN_LOOP=scale_in_loop, FP8_DOT=fp8_dot,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        W8A8=mode == "w8a8", SCALE_IN_LOOP=scale_in_loop, FP8_DOT=fp8_dot,
+        DOT_PRECISION="ieee" if out_dtype == torch.float32 else "tf32",
         BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
         SPLIT_K=split, GROUP_M=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

@@ -1,11 +1,12 @@
 """FP8 Triton kernel (W8A8 dynamic/static per-token activations, W8A16) under
 TRITON_INTERPRET=1 against a float64 reference.
 
-The float64 reference quantizes activations with torch's own e4m3 cast (round to
-nearest even), independently of the kernel's in-kernel rounding. Tolerance: relative
-Frobenius error; fp32 activations 1e-5 (fp32 accumulation), fp16 2e-3 (fp16 output,
-unit roundoff 4.9e-4). Any activation rounded differently would cost ~1e-3 relative,
-so the fp32 bound also checks the kernel's rounding.
+W8A8 activations are rounded to e4m3 by torch's own cast (round to nearest even) before
+the kernel runs, as vLLM quantizes before its scaled GEMM; the float64 reference uses the
+same rounding and checks the per-token / static scales, the GEMM and the epilogue.
+Tolerance: relative Frobenius error; fp32 activations 1e-5 (fp32 accumulation), fp16 2e-3
+(fp16 output, unit roundoff 4.9e-4). Any activation rounded differently would cost ~1e-3
+relative, so the fp32 bound also checks that the kernel multiplies the codes it was given.
 """
 
 import pytest
