@@ -126,8 +126,13 @@ def _fp4_kernel(
         m = code & 1
         v2 = tl.where(e == 0, m, (2 + m) << (tl.maximum(e, 1) - 1))
         v2 = tl.where((code & 8) != 0, -v2, v2).to(tl.float32)
-        sb = tl.load(s_ptr + offs_n[None, :] * stride_sn + (offs_k // GROUP)[:, None] * stride_sg,
-                     mask=mask_w, other=0).to(tl.int32)  # (BK, BN) scale bits
+        if BLOCK_K % GROUP == 0:  # decode each group's scale once, then repeat it GROUP times
+            offs_g = kb * (BLOCK_K // GROUP) + tl.arange(0, BLOCK_K // GROUP)
+            sb = tl.load(s_ptr + offs_n[None, :] * stride_sn + offs_g[:, None] * stride_sg,
+                         mask=(offs_g < K // GROUP)[:, None] & mask_n[None, :], other=0).to(tl.int32)
+        else:
+            sb = tl.load(s_ptr + offs_n[None, :] * stride_sn + (offs_k // GROUP)[:, None] * stride_sg,
+                         mask=mask_w, other=0).to(tl.int32)  # (BK, BN) scale bits
         if IS_NVFP4:  # E4M3: s eeee mmm, bias 7; subnormal m * 2**-9
             se = (sb >> 3) & 0xF
             sm = sb & 7
@@ -135,6 +140,8 @@ def _fp4_kernel(
             s = tl.where(se == 0, sm.to(tl.float32) * 0.001953125, normal) / gs
         else:  # E8M0: 2 ** (u - 127); u = 0 is the fp32 subnormal 2**-127
             s = tl.where(sb == 0, 1 << 22, sb << 23).to(tl.float32, bitcast=True)
+        if BLOCK_K % GROUP == 0:  # (BK/GROUP, BN) -> (BK, BN)
+            s = tl.reshape(tl.broadcast_to(s[:, None, :], (BLOCK_K // GROUP, GROUP, BLOCK_N)), (BLOCK_K, BLOCK_N))
         w = (v2 * (0.5 * s)).to(x.dtype)  # (BK, BN), value * s_eff rounded like the reference
         acc += tl.dot(x, w, input_precision=DOT_PRECISION)
 
