@@ -39,3 +39,41 @@ def test_no_benchmark_script_shadows_an_installed_module():
         f.stem for f in sorted(scripts.glob("*.py")) if importlib.machinery.PathFinder.find_spec(f.stem, clean)
     ]
     assert shadowing == []
+
+
+GPU_CHECK = SCRIPT.with_name("gpu_check.py")
+
+
+def _gpu_check(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = importlib.util.spec_from_file_location("bench_gpu_check", GPU_CHECK)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu_check", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_dry_run_checks_every_kernel_family(tmp_path, monkeypatch):
+    """The GPU run's correctness step, rehearsed on the interpreter at M = 1: every kernel
+    family is checked and passes against the float64 product built from the codes."""
+    mod = _gpu_check(monkeypatch)
+    rc = mod.main(["--dry-run", "--out", str(tmp_path), "--steps", "correct", "--correct-only", "M1 float32"])
+    assert rc == 0
+    rows = json.loads((tmp_path / "correct.json").read_text())["rows"]
+    families = {r["case"].split(" K")[0] for r in rows}
+    assert {"w4a16 asym act-order g32", "fp8 w8a8 static per-block", "fp8 w8a16 per-channel"} <= families
+    assert {"nvfp4-a16", "mxfp4-a16"} <= families
+    assert all(r["ok"] and r["rel_err"] < 2e-5 for r in rows)
+
+
+def test_gpu_check_fails_a_kernel_that_is_off(tmp_path, monkeypatch):
+    """A kernel off by one part in 10^4 fails the fp32 bound, and the run exits 1."""
+    import infer_tool.kernels.fp4 as fp4
+
+    mod = _gpu_check(monkeypatch)
+    real = fp4.fp4_matmul
+    monkeypatch.setattr(fp4, "fp4_matmul", lambda *a, **k: real(*a, **k) * (1 + 1e-4))
+    rc = mod.main(["--dry-run", "--out", str(tmp_path), "--steps", "correct", "--correct-only", "fp4-a16&M1 float32"])
+    assert rc == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())["correct"]
+    assert summary["failed"] and all("fp4-a16" in name for name in summary["failed"])
