@@ -123,7 +123,8 @@ def _e2m1_table(torch: Any, device: Any) -> Any:
 
 
 def correctness_cases(device: str, dry: bool) -> list[tuple[str, Any]]:
-    """(name, thunk) pairs; a thunk returns (out, float64 reference, dtype name)."""
+    """(name, thunk) pairs; a thunk runs one kernel call and returns (out, float64 reference).
+    The name ends with the activations' dtype."""
     import torch
 
     from infer_tool.kernels.fp4 import fp4_matmul
@@ -256,21 +257,24 @@ def step_correct(out: Path, device: str, dry: bool, clock: Clock, cap: float, on
     def poisoned(shape: Any, dtype: Any, dev: Any) -> Any:
         return torch.full(shape, float("nan"), dtype=dtype, device=dev)
 
-    backend.empty_output = poisoned  # an unwritten output element fails the check
-    rows, failed, t0 = [], [], time.monotonic()
-    cases = [c for c in correctness_cases(device, dry) if only is None or all(w in c[0] for w in only.split("&"))]
-    for name, run in cases:
-        if clock.left() < 5 or time.monotonic() - t0 > cap:
-            log(f"correct: out of time after {len(rows)} of {len(cases)} cases")
-            break
-        res, ref = run()
-        dtype = name.rsplit(" ", 1)[1]
-        err = _rel(res, ref) if torch.isfinite(res).all() else float("inf")
-        ok = err < REL_TOL[dtype]
-        rows.append({"case": name, "rel_err": err, "tol": REL_TOL[dtype], "ok": ok})
-        if not ok:
-            failed.append(name)
-            log(f"correct: FAIL {name}: rel err {err:.3e} >= {REL_TOL[dtype]}")
+    real_empty, backend.empty_output = backend.empty_output, poisoned  # unwritten outputs fail the check
+    try:
+        rows, failed, t0 = [], [], time.monotonic()
+        cases = [c for c in correctness_cases(device, dry) if only is None or all(w in c[0] for w in only.split("&"))]
+        for name, run in cases:
+            if clock.left() < 5 or time.monotonic() - t0 > cap:
+                log(f"correct: out of time after {len(rows)} of {len(cases)} cases")
+                break
+            res, ref = run()
+            dtype = name.rsplit(" ", 1)[1]
+            err = _rel(res, ref) if torch.isfinite(res).all() else float("inf")
+            ok = err < REL_TOL[dtype]
+            rows.append({"case": name, "rel_err": err, "tol": REL_TOL[dtype], "ok": ok})
+            if not ok:
+                failed.append(name)
+                log(f"correct: FAIL {name}: rel err {err:.3e} >= {REL_TOL[dtype]}")
+    finally:
+        backend.empty_output = real_empty
     seconds = time.monotonic() - t0
     worst: dict[str, float] = {}
     for r in rows:
