@@ -469,8 +469,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cudagraph and args.dry_run:
         p.error("--cudagraph needs a GPU; --dry-run runs on the CPU")
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    rows = run(shapes, ms, device=device, sweep=args.sweep, log=log, cudagraph=args.cudagraph)
+    rows = run(
+        shapes,
+        ms,
+        device=device,
+        sweep=args.sweep,
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+        cudagraph=args.cudagraph,
+    )
     targets = [] if args.dry_run else check_targets(rows)  # interpreter timings mean nothing
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU interpreter ({platform.machine()})"
     meta = {
