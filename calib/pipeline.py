@@ -13,7 +13,8 @@ for each decoder layer measure / solve / propagate, and the entry points.
    read no activations (`Needs.data_free`) get only those sequences, or none at all when
    no layer error is asked for (`quantize --no-layer-error`). A quantizer that
    trains toward the fp model (`Needs.fp_chain`) also gets the fp layer's outputs on the
-   fp model's own activations (the fp chain, carried beside Ŷ from layer to layer).
+   fp model's own activations (the fp chain, carried beside Ŷ from layer to layer), and
+   with `Needs.fp_inputs` every linear group's inputs in that fp pass.
 4. `collect_stats` runs the same loop without quantizing (for `calibrate --out`): every
    layer's statistics are then measured on fp inputs. `quantize_from_stats` quantizes
    from saved statistics with no forward pass at all (`LayerLoop.run_without_data`).
@@ -44,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -68,6 +69,7 @@ from infer_tool.calib.moe import MoeCalibration, moe_layer, unfuse_experts
 from infer_tool.calib.quantizers import quantizer_for
 from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer
 from infer_tool.calib.result import LayerError, PipelineResult
+from infer_tool.calib.spill import chunk_store
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
@@ -157,6 +159,7 @@ class LayerLoop:
     io: LayerIO = field(default_factory=LayerIO)
     progress: Progress = no_progress
     fp_chain: bool = False
+    fp_inputs: bool = False
 
     def capture(self, ids: torch.Tensor, batch_size: int, shard: Shard, t0: float) -> Captured:
         """This process's chunks through the embeddings; the samples each process runs, and the
@@ -175,6 +178,7 @@ class LayerLoop:
         X: list[torch.Tensor],
         calls: list[LayerCall],
         Y_fp: list[torch.Tensor] | None = None,
+        fp_inputs: dict[str, Any] | None = None,
     ) -> LayerContext:
         """Layer `prefix`'s context: the table's entry as it applies to it, and its MoE block."""
         return LayerContext(
@@ -190,6 +194,7 @@ class LayerLoop:
             moe=moe_layer(layer, self.arch, self.moe),
             spill=self.spill,
             Y_fp=Y_fp,
+            fp_inputs=fp_inputs,
         )
 
     def run(self, captured: Captured, step: LayerStep) -> None:
@@ -208,9 +213,10 @@ class LayerLoop:
             layer, prefix = self._load(layers, i)
             X, X_fp = (carried[: len(carried) // 2], carried[len(carried) // 2 :]) if self.fp_chain else (carried, None)
             del carried
-            Y_fp = run_layer(layer, X_fp, calls[i]) if X_fp is not None else None
+            Y_fp, fp_inputs = self._fp_layer(layer, X_fp, calls[i])
             del X_fp
-            Y, Y_hat = step(self.context(layer, prefix, X, calls[i], Y_fp))
+            Y, Y_hat = step(self.context(layer, prefix, X, calls[i], Y_fp, fp_inputs))
+            del fp_inputs
             del X
             fail_for_test(i)
             err = relative_error(Y_hat[: len(Y)], Y)
@@ -221,6 +227,21 @@ class LayerLoop:
             self.io.done(i, layer, carried, self.result)
             self.progress(self.task, i + 1, len(layers), rel_err=err)
         self.result.seconds["layers"] = time.perf_counter() - t_layers
+
+    def _fp_layer(
+        self, layer: nn.Module, X_fp: list[torch.Tensor] | None, calls: list[LayerCall]
+    ) -> tuple[list[torch.Tensor] | None, dict[str, Any] | None]:
+        """The fp layer on the fp chain: its outputs, and with `fp_inputs` every linear
+        group's inputs, kept per chunk (in files under `spill` on a CPU run)."""
+        if X_fp is None:
+            return None, None
+        if not self.fp_inputs:
+            return run_layer(layer, X_fp, calls), None
+        heads = group_modules(layer, self.arch.for_layer(layer))
+        keep = {k: chunk_store(self.spill, X_fp[0].device) for k in heads}
+        with capturing_inputs(heads, keep=keep, keep_chunks=len(X_fp)):
+            Y_fp = run_layer(layer, X_fp, calls)
+        return Y_fp, keep
 
     def run_without_data(self, step: Callable[[nn.Module, str], None]) -> None:
         """Every layer through `step(layer, prefix)`, with no activations at all."""
@@ -275,10 +296,12 @@ def quantize_model(
     with flushed_denormals():
         t0 = time.perf_counter()
         arch, names = plan(model, scheme, ignore)
+        needs = quantizer.needs(scheme)
+        if needs.fp_inputs and arch.moe is not None:
+            raise BadInput("--gptaq does not cover mixture-of-experts models yet: their experts see routed rows")
         result = PipelineResult(ignored=sorted(set(linear_shapes(model, arch)) - set(names)))
         model.eval()
         search_chunks, error_chunks = chunk_count(search_samples, bs), chunk_count(ERROR_SAMPLES, bs)
-        needs = quantizer.needs(scheme)
         ids = input_ids[: error_chunks * bs] if needs.data_free else input_ids
         result.tokens = int(ids.numel())
         shard = plan_shard(int(ids.shape[0]), bs, not needs.data_free, search_chunks if needs.live_blocks else 0)
@@ -295,7 +318,8 @@ def quantize_model(
             spill=spill,
             io=layer_io or LayerIO(),
             progress=progress or no_progress,
-            fp_chain=needs.fp_chain,
+            fp_chain=needs.fp_chain or needs.fp_inputs,
+            fp_inputs=needs.fp_inputs,
         )
         with sharding(shard):
             loop.run(loop.capture(ids, bs, shard, t0), lambda ctx: quantizer.quantize_layer(ctx, scheme))

@@ -156,6 +156,14 @@ class QuantizeOptions:
         str,
         scheme="observer",
     )
+    gptaq: float | None = option(
+        None,
+        "GPTQ toward the fp model's output (GPTAQ's asymmetric calibration): round each linear toward "
+        "W + alpha W dXX^T H^-1, with the fp model's own inputs beside the quantized chain's; alpha in (0, 1], "
+        "0.25 the paper's; INT gptq and awq+gptq. Off when not given.",
+        float,
+        scheme="gptaq",
+    )
     int8_activations: str | None = option(
         None,
         "INT8 activations (W8A8; 8-bit symmetric per-channel weights, gptq or rtn): none, dynamic (per token at "

@@ -139,6 +139,46 @@ class StatsAccumulator:
         )
 
 
+class CrossAccumulator:
+    """GPTAQ's dXXᵀ (K, K) = 2·Σ (x̃ − x)·xᵀ / T for one linear input: x from the quantized
+    chain, x̃ the fp model's input on the same token (`packers/gptq.gptaq_target`).
+
+    `add(x_fp, x)` with both (..., K), the chunks in StatsAccumulator's order; summed as its
+    Hessian is (fp32 products within a piece, fp64 pairwise over the chunk index), over every
+    column (dXXᵀ is not symmetric)."""
+
+    def __init__(self, in_features: int, chunk_tokens: int = 8192) -> None:
+        self.in_features = in_features
+        self.chunk_tokens = chunk_tokens
+        self.sum = TreeSum()
+        self.tokens = 0
+        self.calls = 0
+        self.device: torch.device | None = None
+
+    @torch.no_grad()
+    def add(self, x_fp: torch.Tensor, x: torch.Tensor) -> None:
+        K = self.in_features
+        x, x_fp = x.reshape(-1, x.shape[-1]), x_fp.reshape(-1, x_fp.shape[-1])
+        if x.shape != x_fp.shape or x.shape[1] != K:
+            raise ValueError(f"paired inputs {tuple(x_fp.shape)} and {tuple(x.shape)}: expected the same (T, {K})")
+        self.device = x.device
+        leaf = self.sum.at(current_chunk(self.calls), lambda: torch.zeros(K, K, dtype=torch.float64, device=x.device))
+        self.calls += 1
+        for start in range(0, x.shape[0], self.chunk_tokens):
+            xc = x[start : start + self.chunk_tokens].float()
+            d = x_fp[start : start + self.chunk_tokens].float().to(xc.device) - xc
+            leaf += (d.T @ xc).double()
+        self.tokens += int(x.shape[0])
+
+    def result(self) -> torch.Tensor:
+        """dXXᵀ (K, K) fp32 on the CPU, over every process's tokens (a collective under several)."""
+        tokens = int(all_sum(torch.tensor([self.tokens]))[0])
+        K = self.in_features
+        dev = self.device or (torch.device("cuda", torch.cuda.current_device()) if _nccl() else torch.device("cpu"))
+        total = self.sum.total(torch.zeros(K, K, dtype=torch.float64, device=dev))
+        return (2.0 * total / max(tokens, 1)).float().cpu()
+
+
 def _nccl() -> bool:
     import torch.distributed as dist
 

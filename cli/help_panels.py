@@ -35,6 +35,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
             "--group-size",
             "--damp",
             "--observer",
+            "--gptaq",
             "--awq-search",
             "--ignore",
         ),

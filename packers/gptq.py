@@ -48,6 +48,32 @@ def inverse_hessian_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor | Non
     return U
 
 
+def gptaq_target(
+    W: torch.Tensor, H: torch.Tensor, dXXT: torch.Tensor, alpha: float, damp: float
+) -> torch.Tensor | None:
+    """The weights GPTQ rounds toward under asymmetric calibration (GPTAQ, Li et al. 2025):
+    W* = W + α·W·dXXᵀ·H_d⁻¹, with dXXᵀ = 2(X̃ − X)Xᵀ/T.
+
+    X (K, T) are the inputs through the quantized layers before this one, X̃ the fp model's
+    own; H = 2XXᵀ/T. At α = 1 (and no damping) W* is the least-squares fit of the fp output
+    WX̃ from X, and ‖QX − WX̃‖² = ‖(Q − W*)X‖² + const: GPTQ on W* with H minimises the
+    error against the fp model's output. α < 1 shrinks toward W (the paper's 0.25).
+    W (N, K), H, dXXT (K, K) fp32; H_d = H + damp·mean(diag H)·I, dead columns pinned as in
+    `prepare`. None when H_d does not factorise (the caller keeps W).
+    """
+    Hd = H.detach().double().clone()
+    dead = torch.diag(Hd) == 0
+    Hd[dead, dead] = 1
+    idx = torch.arange(Hd.shape[0], device=Hd.device)
+    Hd[idx, idx] += damp * torch.mean(torch.diag(Hd))
+    L, info = torch.linalg.cholesky_ex(Hd)
+    if int(info) != 0:
+        return None
+    B = W.detach().double() @ dXXT.double().to(W.device)  # (N, K)
+    shift = torch.cholesky_solve(B.T, L).T  # B·H_d⁻¹ (H_d symmetric)
+    return (W.double() + alpha * shift).to(W.dtype)
+
+
 class _GroupParams:
     """The scale and zero point (N,) of the group of each column GPTQ reaches.
 

@@ -132,10 +132,16 @@ class Fp4GPTQScheme(Fp4Scheme):
     act_order: bool = GPTQScheme.act_order
     damp_retries: int = GPTQScheme.damp_retries
     damp_growth: float = GPTQScheme.damp_growth
+    gptaq: float | None = GPTQScheme.gptaq
 
     def __post_init__(self) -> None:
         super().__post_init__()
         GPTQScheme(**_method_options(self, Fp4GPTQScheme))  # GPTQ's own checks, raising its BadInput
+        if self.gptaq is not None:
+            raise BadInput(
+                f"--gptaq {self.gptaq} works with INT weights only: FP4's global scales come from the weights "
+                "before the solve; drop --gptaq or --fp4"
+            )
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,9 @@ class GPTQScheme(QuantScheme):
     observer: how each group's scale and zero point are chosen: "minmax" (the group's range)
         or "mse" (llm-compressor's MSE observer: the shrink of the range minimising the
         group's |error|^2.4; `packers/rtn.py`), on the weights GPTQ groups them by.
+    gptaq: asymmetric calibration's α (GPTAQ, Li et al. 2025: round toward the fp model's
+        output from the quantized chain's inputs, `packers/gptq.gptaq_target`), in (0, 1];
+        None: off (GPTQ's own target, the layer's output on the same inputs).
     """
 
     method: ClassVar[str] = "gptq"
@@ -167,10 +170,20 @@ class GPTQScheme(QuantScheme):
     damp_retries: int = 3
     damp_growth: float = 10.0
     observer: str = "minmax"
+    gptaq: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_observer(self.observer)
+        if self.gptaq is not None and (isinstance(self.gptaq, bool) or not 0.0 < self.gptaq <= 1.0):
+            raise BadInput(
+                f"--gptaq {self.gptaq} is not supported; use a strength in (0, 1] such as 0.25 (the paper's)"
+            )
+        if self.gptaq is not None and self.smoothquant is not None:
+            raise BadInput(
+                f"--gptaq {self.gptaq} does not go with --smoothquant: the fp model's inputs are taken before "
+                "the smoothing; drop one of them"
+            )
         if not self.damp > 0:
             raise BadInput(f"damp={self.damp} is not supported; use a positive fraction such as 0.01")
         if self.block_size <= 0:

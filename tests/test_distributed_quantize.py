@@ -34,6 +34,8 @@ CALIB = ("--num-samples", "40", "--seq-len", "256", "--device", "cpu", "--no-pro
 CASES = {
     "rtn": ("--method", "rtn", "--group-size", "32"),
     "gptq-act-order": ("--method", "gptq", "--act-order", "--group-size", "32"),
+    # the fp chain's inputs pair with each process's own chunks; dXX^T is reduced as H is
+    "gptq-gptaq": ("--method", "gptq", "--act-order", "--group-size", "32", "--gptaq", "0.25"),
     "awq": ("--method", "awq", "--group-size", "32"),
     # batches of two chunks: a step's two units may sit on different processes (their gradients are summed in order)
     "autoround": ("--method", "autoround", "--group-size", "32", "--iters", "6", "--batch", "16"),

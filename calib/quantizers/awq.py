@@ -81,6 +81,7 @@ class Folded:
         str, torch.Tensor | None
     ]  # per linear group: its kept search inputs (t, K) divided by s; None off process 0
     experts: ExpertsAWQ | None  # the MoE block's AWQ state (its scales folded), or None
+    s: dict[str, torch.Tensor]  # per linear group (its first linear): the scale (K,) its inputs are now divided by
 
 
 @register_quantizer(AWQScheme)
@@ -170,14 +171,16 @@ class AWQQuantizer(LayerQuantizer[AWQScheme]):
                 found.append((m, s))
         if experts:
             experts.search(self.search_mapping, icalls, iouts, entries)
+        divided: dict[str, torch.Tensor] = {}
         for m, s in found:
             fold_scales(get_submodule(layer, m.smooth), [get_submodule(layer, b) for b in m.balance], s, m, arch)
             key = group_of(arch, m.balance[0])
+            divided[key] = s
             if x_sub[key] is not None:
                 x_sub[key] = x_sub[key] / s.to(x_sub[key].device).view(1, -1)
         if experts:
             experts.fold()
-        return Folded(Y, x_sub, experts)
+        return Folded(Y, x_sub, experts, divided)
 
     def clip_and_quantize(self, ctx: LayerContext, scheme: AWQScheme, folded: Folded) -> None:
         """The clip search, then RTN, of every target linear of a folded layer."""

@@ -53,6 +53,7 @@ class Needs:
     live_blocks: bool = False  # block outputs on live activations (cannot come from saved statistics)
     layer_pass: bool = False  # one more pass over the quantized layer (e.g. KV-cache amax)
     fp_chain: bool = False  # the fp layer's outputs on the fp model's own inputs (`LayerContext.Y_fp`)
+    fp_inputs: bool = False  # with fp_chain: each linear group's inputs there too (`LayerContext.fp_inputs`)
     channel_max: bool = False  # max |x_j| per input channel (SmoothQuant); saved statistics need it stored
 
     @property
@@ -64,6 +65,7 @@ class Needs:
             or self.live_blocks
             or self.layer_pass
             or self.fp_chain
+            or self.fp_inputs
             or self.channel_max
         )
 
@@ -97,6 +99,9 @@ class LayerContext:
     # inputs (the fp chain, which never went through a quantized layer), the targets a
     # method can train the quantized layer toward (AutoRound); None otherwise.
     Y_fp: list[torch.Tensor] | None = None
+    # With `Needs.fp_inputs`: {first linear of each group: its inputs per chunk (b, T, K) in that
+    # fp pass}, each store read back once in chunk order (`calib/spill.drain`); None otherwise.
+    fp_inputs: dict[str, Any] | None = None
     rtn: Callable[[torch.Tensor, str], Any] | None = None  # (W, full name) -> the method's RTN weight; None: INT RTN
 
     @property

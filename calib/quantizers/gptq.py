@@ -29,11 +29,12 @@ measured on.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from infer_tool.calib.distributed import chunks
-from infer_tool.calib.layers import capturing_inputs, run_layer, run_until, weight_nk
+from infer_tool.calib.layers import capturing_inputs, run_layer, run_until, set_weight_nk, weight_nk
 from infer_tool.calib.moe import Routing, capturing_routing, run_until_down
 from infer_tool.calib.quantizers import register_quantizer
 from infer_tool.calib.quantizers.base import (
@@ -50,8 +51,8 @@ from infer_tool.calib.quantizers.fp8 import expert_stats
 from infer_tool.calib.quantizers.smoothquant import SmoothsSavedStats, smooth_layer, smoothed_groups
 from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
-from infer_tool.calib.stats import LayerStats, StatsAccumulator
-from infer_tool.packers.gptq import part_info, part_rows, quantize_gptq
+from infer_tool.calib.stats import CrossAccumulator, LayerStats, StatsAccumulator
+from infer_tool.packers.gptq import gptaq_target, part_info, part_rows, quantize_gptq
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.schemes.integer import GPTQScheme
 
@@ -62,7 +63,12 @@ SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the s
 class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
     def needs(self, scheme: GPTQScheme) -> Needs:
         smooth = self.smoothing(scheme) is not None
-        return Needs(hessian=True, activation_stats=smooth, channel_max=smooth)
+        return Needs(hessian=True, activation_stats=smooth, channel_max=smooth, fp_inputs=scheme.gptaq is not None)
+
+    def stats_refusal(self, scheme: GPTQScheme) -> str | None:
+        if scheme.gptaq is not None:
+            return "--gptaq pairs each layer's live inputs with the fp model's: it cannot run from --stats"
+        return None
 
     def smoothing(self, scheme: GPTQScheme) -> float | None:
         """SmoothQuant's α before the solve, or None (a number format without it overrides this)."""
@@ -91,18 +97,27 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
         for g, group in enumerate(arch.groups):
             todo = [n for n in group if ctx.is_target(n)]
             if not todo:
+                if ctx.fp_inputs is not None:
+                    for _ in drain(ctx.fp_inputs.pop(group[0])):
+                        pass
                 continue
             head = ctx.module(group[0])
-            acc = {group[0]: StatsAccumulator(weight_nk(head, arch.conv1d).shape[1], hessian=True)}
+            K = int(weight_nk(head, arch.conv1d).shape[1])
+            acc = StatsAccumulator(K, hessian=True)
+            paired = _Paired(acc, K, ctx.fp_inputs.pop(group[0])) if ctx.fp_inputs is not None else None
             keep = {group[0]: chunk_store(ctx.spill, X[0].device)} if g in points else None
             with (
                 replaying(points, cached),
-                capturing_inputs({group[0]: head}, accs=acc, keep=keep, keep_chunks=len(X), stop=True),
+                capturing_inputs(
+                    {group[0]: head}, accs={group[0]: paired or acc}, keep=keep, keep_chunks=len(X), stop=True
+                ),
             ):
                 run_until(layer, X, calls, head)
-            stats = acc[group[0]].result()
+            stats = acc.result()
             for n in group:
                 ctx.result.stats[ctx.full(n)] = stats
+            if paired is not None:
+                self._toward_fp(ctx, todo, stats, paired.result(), scheme)
             if len(todo) > 1:  # q/k/v, gate/up: one solve of the stacked rows, each linear's own bits
                 self._solve_together(ctx, todo, stats, scheme)
             else:
@@ -120,6 +135,19 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
         with replaying(points, cached):
             Y_hat = run_layer(layer, X, calls)
         return LayerOutputs(Y, Y_hat)
+
+    def _toward_fp(
+        self, ctx: LayerContext, names: list[str], stats: LayerStats, dXXT: torch.Tensor, scheme: GPTQScheme
+    ) -> None:
+        """Asymmetric calibration (`scheme.gptaq`): each linear's weights become GPTQ's target
+        W* (`packers/gptq.gptaq_target`) before the solve; a Hessian that does not factorise
+        keeps W (the solve then retries with more damping, as always)."""
+        for n in names:
+            m = ctx.module(n)
+            W = weight_nk(m, ctx.arch.conv1d).detach()
+            target = gptaq_target(W.float(), stats.H.to(W.device), dXXT.to(W.device), scheme.gptaq, scheme.damp)
+            if target is not None:
+                set_weight_nk(m, target.to(W.dtype), ctx.arch.conv1d)
 
     def _quantize_experts(self, ctx: LayerContext, scheme: GPTQScheme, routing: Routing) -> None:
         """Gate/up of the shared expert and of every expert, then every down (see above)."""
@@ -180,6 +208,26 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
                     zero=None if solved.zero is None else solved.zero[rows],
                 )
                 record(ctx.result, ctx.full(n), m, one, ctx.arch, stats)
+
+
+class _Paired:
+    """The Hessian accumulator of one group's live inputs, with GPTAQ's dXXᵀ of the same
+    inputs against the fp model's, read in chunk order from `fp` (the pipeline's store)."""
+
+    def __init__(self, acc: StatsAccumulator, K: int, fp: Any) -> None:
+        self.acc, self.cross, self.fp = acc, CrossAccumulator(K), drain(fp)
+
+    def add(self, x: torch.Tensor) -> None:
+        x_fp = next(self.fp, None)
+        if x_fp is None:
+            raise RuntimeError("the fp chain has fewer chunks than the quantized chain")
+        self.acc.add(x)
+        self.cross.add(x_fp, x)
+
+    def result(self) -> torch.Tensor:
+        if next(self.fp, None) is not None:
+            raise RuntimeError("the fp chain has more chunks than the quantized chain")
+        return self.cross.result()
 
 
 def _hessian(rows: list[torch.Tensor], gate: torch.nn.Module) -> LayerStats:
