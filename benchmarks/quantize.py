@@ -18,8 +18,13 @@ under that interpreter (llm-compressor pins other transformers / compressed-tens
 versions than ours, so it lives in its own venv: `pip install torch==2.13.0
 llmcompressor==0.14.0.1`); its checkpoint is evaluated by our `eval ppl` as ours are.
 GPTQ rows of both sides use static act-order (llm-compressor's default). A second table
-puts each row beside llm-compressor's of the same name: ppl increase, KL divergence and
-quantize seconds as ratios, ours over theirs.
+puts each row beside llm-compressor's of the same name, or of the longest name it extends
+("GPTQ asym gptaq" beside "llmc GPTQ asym"): ppl increase, KL divergence and quantize
+seconds as ratios, ours over theirs. The `gptaq` rows run `--gptaq 0.25` (GPTQ toward the fp
+model's output):
+
+    python benchmarks/quantize.py --llmcompressor PYTHON --no-plain \
+        --only "GPTQ asym gptaq" "GPTQ sym gptaq" "llmc GPTQ asym" "llmc GPTQ sym"
 
 `--autoround PYTHON` adds the PyPI auto-round's rows (`benchmarks/autoround_pypi.py` under
 that interpreter: auto-round 0.16.x in its own venv) on the same calibration token ids, the
@@ -114,6 +119,12 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
             ("AWQ+GPTQ sym", ["--method", "awq+gptq", "--sym"]),
             ("AWQ+GPTQ asym", ["--method", "awq+gptq", "--asym"]),
         )
+    },
+    **{  # GPTQ toward the fp model's output (GPTAQ's asymmetric calibration, its alpha 0.25)
+        f"{label} {kind} gptaq{tag}": (INT4, [*flags, f"--{kind}", "--gptaq", "0.25", *more], [])
+        for label, flags in (("GPTQ", ["--method", "gptq", "--act-order"]), ("AWQ+GPTQ", ["--method", "awq+gptq"]))
+        for kind in ("sym", "asym")
+        for tag, more in (("", []), (" mse", ["--observer", "mse"]))
     },
     "AutoRound sym": (INT4, ["--method", "autoround", "--sym", "--iters", "200", "--batch", "8"], []),
     "AutoRound asym": (INT4, ["--method", "autoround", "--asym", "--iters", "200", "--batch", "8"], []),
@@ -520,20 +531,25 @@ def moe_table(rows: list[dict], dense_file: str | None) -> None:
 
 
 def llmc_table(rows: list[dict]) -> None:
-    """Each row of ours beside llm-compressor's of the same name ("X" and "llmc X"): the
-    issues' goals are ratios to it (ppl increase, KL divergence, quantize seconds)."""
+    """Each row of ours beside llm-compressor's of the same name ("X" and "llmc X"), or of the
+    longest name it extends ("X mse", "X gptaq" beside "llmc X"): the issues' goals are
+    ratios to it (ppl increase, KL divergence, quantize seconds)."""
     by = {r["config"]: r for r in rows}
-    pairs = [(by[c], by[f"llmc {c}"]) for c in by if f"llmc {c}" in by]
+    pairs = []
+    for c in by:
+        names = [n for n in by if n.startswith("llmc ") and (c == n[5:] or c.startswith(n[5:] + " "))]
+        if names and not c.startswith("llmc "):
+            pairs.append((by[c], by[max(names, key=len)]))
     if not pairs:
         return
     print()
-    print("| config | ppl increase, ours / llmc | KLD mean, ours / llmc | quantize s, ours / llmc |")
+    print("| rows, ours / llmc | ppl increase, ours / llmc | KLD mean, ours / llmc | quantize s, ours / llmc |")
     print("|---|---:|---:|---:|")
     for ours, theirs in pairs:
         ppl = f"{(ours['ratio'] - 1) / (theirs['ratio'] - 1):.3f}" if theirs["ratio"] > 1 else ""
         kld = f"{ours['kld'] / theirs['kld']:.3f}" if "kld" in ours and "kld" in theirs and theirs["kld"] > 0 else ""
         secs = f"{ours['quantize_s'] / theirs['quantize_s']:.2f}"
-        print(f"| {ours['config']} | {ppl} | {kld} | {secs} |")
+        print(f"| {ours['config']} / {theirs['config']} | {ppl} | {kld} | {secs} |")
 
 
 def int8_table(rows: list[dict]) -> None:
