@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -215,11 +216,26 @@ def _assign(slot: Slot, t: torch.Tensor) -> None:
             module._buffers[attr] = t
 
 
-def trim_heap() -> None:
+def resident_bytes() -> int | None:
+    """The process's resident set size now (Linux's /proc/self/statm); None where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def trim_heap(above: int | None = None) -> None:
     """Give freed heap memory back to the OS (glibc's malloc_trim; a no-op elsewhere). glibc
     serves allocations below its adaptive mmap threshold (up to 32 MB: most weights) from its
     heap and keeps them there once freed, fragmented, where they count in RSS: without this,
-    a streamed run's RSS creeps up by about one layer's tensors per layer."""
+    a streamed run's RSS creeps up by about one layer's tensors per layer. With `above`
+    (bytes), only while the resident set exceeds it: every trim makes the next layer's
+    allocations fault their pages in again."""
+    if above is not None:
+        rss = resident_bytes()
+        if rss is not None and rss <= above:
+            return
     global _LIBC
     if _LIBC is None:
         import ctypes

@@ -78,11 +78,15 @@ class LayerStream(LayerIO):
         weights: StreamedWeights | None,
         evals: EvalStreams | None,
         deployed: Callable[[nn.Module, str, Any], AbstractContextManager],
+        trim_above: int | None = None,
     ) -> None:
         """part_tensors(prefix or None, {linear: weight}) -> a part's checkpoint tensors;
         read_part(tensors) -> {linear: weight} (the format's reader); deployed(layer, prefix,
-        result) -> the context in which the quantized layer runs as deployed."""
+        result) -> the context in which the quantized layer runs as deployed; trim_above: the
+        resident bytes above which a streamed layer's freed memory goes back to the OS
+        (`streaming.trim_heap`; None: after every layer)."""
         super().__init__()
+        self.trim_above = trim_above
         self.model, self.layers_path, self.run, self.part_tensors = model, layers_path, run, part_tensors
         self.read_part, self.weights, self.evals, self.deployed = read_part, weights, evals, deployed
         self.seconds_spent: dict[str, float] = {}  # load, write, eval_layers
@@ -167,7 +171,7 @@ class LayerStream(LayerIO):
             from infer_tool.calib.streaming import trim_heap
 
             self.weights.release(self.weights.names(prefix, self.layers_path))
-            trim_heap()
+            trim_heap(self.trim_above)
 
 
 class _Replay(nn.Module):

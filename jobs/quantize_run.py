@@ -480,6 +480,7 @@ def run_layers(job: QuantizeJob) -> LayersRun:
         weights=weights,
         evals=evals,
         deployed=deployed,
+        trim_above=job.estimate.host,  # the memory the run was planned with
     )
     stream.write_rest()
     t = time.perf_counter()
