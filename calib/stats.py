@@ -107,8 +107,8 @@ class StatsAccumulator:
             self.abs_max_channel = m if self.abs_max_channel is None else torch.maximum(self.abs_max_channel, m)
             if self.hessian:
                 leaf = self.xx.at(index, lambda: torch.zeros(K, K, dtype=torch.float64, device=x.device))
-                for i in range(0, K, b):
-                    leaf[i : i + b, i:] += (xc[:, i : i + b].T @ xc[:, i:]).double()
+                for i in range(0, K, b):  # fp32 products, added into fp64 without an fp64 copy
+                    leaf[i : i + b, i:].add_(xc[:, i : i + b].T @ xc[:, i:])
         self.tokens += int(x.shape[0])
 
     def result(self, empty_ok: bool = False) -> LayerStats | None:
@@ -167,7 +167,7 @@ class CrossAccumulator:
         for start in range(0, x.shape[0], self.chunk_tokens):
             xc = x[start : start + self.chunk_tokens].float()
             d = x_fp[start : start + self.chunk_tokens].float().to(xc.device) - xc
-            leaf += (d.T @ xc).double()
+            leaf.add_(d.T @ xc)
         self.tokens += int(x.shape[0])
 
     def result(self) -> torch.Tensor:
@@ -190,11 +190,11 @@ def relative_output_error(W: torch.Tensor, W_hat: torch.Tensor, H: torch.Tensor)
 
     W, W_hat (N, K); H (K, K). Exact for the inputs H was measured on: ‖AX‖² = tr(A XXᵀ Aᵀ).
     """
-    Hd = H.double()
-    W = W.double()
-    D = W_hat.double() - W
-    num = ((D @ Hd) * D).sum()
-    den = ((W @ Hd) * W).sum()
+    H = H.float()
+    W = W.float()
+    D = W_hat.float() - W
+    num = ((D @ H) * D).sum(dtype=torch.float64)  # fp32 products, fp64 sums: a reported figure
+    den = ((W @ H) * W).sum(dtype=torch.float64)
     return float((num.clamp_min(0) / den.clamp_min(1e-30)).sqrt())
 
 

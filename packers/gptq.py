@@ -223,7 +223,6 @@ def solve_columns(
         W1 = W[:, i1:i2].clone()
         Q1 = torch.zeros_like(W1)
         Err1 = torch.zeros_like(W1)
-        Losses1 = torch.zeros_like(W1)
         Hinv1 = Hinv[i1:i2, i1:i2]
 
         for i in range(count):
@@ -231,13 +230,12 @@ def solve_columns(
             d = Hinv1[i, i]
             q, deq = quantize_column(i1 + i, W1, i, W, i2)  # (N,)
             Q1[:, i] = q
-            Losses1[:, i] = (w - deq) ** 2 / d**2
             err1 = (w - deq) / d
             W1[:, i:] -= err1.unsqueeze(1).matmul(Hinv1[i, i:].unsqueeze(0))
             Err1[:, i] = err1
 
         Q[:, i1:i2] = Q1
-        Losses[:, i1:i2] = Losses1 / 2
+        Losses[:, i1:i2] = Err1**2 / 2  # (w - q)² / Hinv_ii² / 2, once per block
         for rows in bounds:  # §3 Step 2: propagate the block's error to later columns
             W[rows, i2:] -= Err1[rows].matmul(Hinv[i1:i2, i2:])
 
