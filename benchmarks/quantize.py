@@ -41,7 +41,8 @@ Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ, AWQ and AWQ+GPTQ
 (`--fp4 ... --fp4-activations ...`, the groups the format fixes), two with the MSE observer,
 and llm-compressor's presets of the same names (`llmc NVFP4A16`: its QuantizationModifier;
-`llmc NVFP4A16 GPTQ` / `AWQ`, `llmc MXFP4A16 GPTQ` / `AWQ`: its GPTQModifier / AWQModifier on that preset):
+`llmc NVFP4A16 GPTQ` / `AWQ` and likewise for NVFP4, MXFP4A16 and MXFP4: its GPTQModifier /
+AWQModifier on that preset); `... RTN data-free` rows pass `--no-layer-error` (NVFP4A16, MXFP4A16, MXFP4):
 
     python benchmarks/quantize.py --llmcompressor PYTHON --only "NVFP4A16 RTN" "llmc NVFP4A16" ...
 
@@ -161,10 +162,18 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     **{
         f"{preset} RTN data-free": (
             FP4,
-            ["--method", "rtn", "--fp4", preset[:5].lower(), "--fp4-activations", "none", "--no-layer-error"],
+            [
+                "--method",
+                "rtn",
+                "--fp4",
+                preset[:5].lower(),
+                "--fp4-activations",
+                "none" if preset.endswith("A16") else "fp4",
+                "--no-layer-error",
+            ],
             [],
         )
-        for preset in ("NVFP4A16", "MXFP4A16")
+        for preset in ("NVFP4A16", "MXFP4A16", "MXFP4")  # MXFP4's activation scales are dynamic
     },
     "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--observer", "mse"], []),
     "NVFP4A16 GPTQ mse": (FP4, ["--method", "gptq", "--fp4", "nvfp4", "--observer", "mse"], []),
@@ -188,11 +197,11 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "auto-round asym 50": (AR, ["--asym", "--iters", "50", "--batch", "8"], []),
     **{
         f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
-        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16")
+        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
     },
     **{
         f"llmc {preset} {method.upper()}": (LLMC, ["--scheme", preset, "--method", method], [])
-        for preset in ("NVFP4A16", "MXFP4A16")
+        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
         for method in ("gptq", "awq")
     },
     "llmc W8A8 GPTQ": (LLMC, ["--method", "w8a8"], []),
