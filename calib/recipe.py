@@ -104,6 +104,14 @@ class QuantizeOptions:
         str,
         scheme="search",
     )
+    awq_clip: bool | None = option(
+        None,
+        "AWQ: after the scales, search each group's clip threshold minimising the linear's output error "
+        "(AutoAWQ's; q/k skipped). MXFP4 leaves it off unless --awq-clip is given.",
+        bool,
+        flag="--awq-clip/--no-awq-clip",
+        scheme="clip",
+    )
     iters: int | None = option(
         None, "autoround: descent steps per block; fewer is faster on a CPU (e.g. 50).", int, scheme="iters"
     )

@@ -148,7 +148,9 @@ class Fp4GPTQScheme(Fp4Scheme):
 class Fp4AWQScheme(Fp4Scheme):
     """AWQ with its scale and clip searches scored by the FP4 quantizer (fused shards with one
     global scale), then the observer's scales. The options and their defaults are
-    AWQScheme's (`schemes/integer.py`)."""
+    AWQScheme's (`schemes/integer.py`), but for `clip`: None means on for NVFP4 and off for
+    MXFP4, whose per-group clip search (E8M0 scales) raised the demo model's perplexity
+    where it lowered NVFP4's (docs/results.md, "The AWQ clip search on FP4")."""
 
     method: ClassVar[str] = "awq"
     grid: int = AWQScheme.grid
@@ -156,13 +158,15 @@ class Fp4AWQScheme(Fp4Scheme):
     search_step: int = AWQScheme.search_step
     screen_margin: float = AWQScheme.screen_margin
     duo_scaling: bool = AWQScheme.duo_scaling
-    clip: bool = AWQScheme.clip
+    clip: bool | None = None  # resolved in __post_init__: the format's default when not given
     clip_grid: int = AWQScheme.clip_grid
     max_shrink: float = AWQScheme.max_shrink
     clip_tokens: int = AWQScheme.clip_tokens
     clip_batch: int = AWQScheme.clip_batch
 
     def __post_init__(self) -> None:
+        if self.clip is None:
+            object.__setattr__(self, "clip", self.fp4 != "mxfp4")
         super().__post_init__()
         AWQScheme(**_method_options(self, Fp4AWQScheme))  # AWQ's own checks, raising its BadInput
 

@@ -115,6 +115,56 @@ def test_method_picks_the_fp4_class_with_the_int_methods_defaults() -> None:
         make_scheme("gptq", fp4="nvfp4", bits=4)
 
 
+def test_awq_clip_search_defaults_to_off_for_mxfp4_only() -> None:
+    """INT and NVFP4 AWQ search the clip by default, MXFP4 does not; `clip` given wins for both."""
+    assert make_scheme("awq").clip and make_scheme("awq", fp4="nvfp4").clip
+    assert make_scheme("awq", fp4="mxfp4").clip is False
+    assert make_scheme("awq", fp4="mxfp4", clip=True).clip is True
+    assert make_scheme("awq", fp4="nvfp4", clip=False).clip is False
+    assert make_scheme("awq", fp4="mxfp4") == make_scheme("awq", fp4="mxfp4", clip=False)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "flags", "searched"),
+    [("mxfp4", (), False), ("mxfp4", ("--awq-clip",), True), ("nvfp4", (), True), ("nvfp4", ("--no-awq-clip",), False)],
+)
+def test_the_clip_search_runs_as_the_format_and_flag_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, flags: tuple[str, ...], searched: bool
+) -> None:
+    import infer_tool.calib.quantizers.fp4 as fp4_quantizers
+
+    calls = []
+    search = fp4_quantizers.awq_search_clip
+    monkeypatch.setattr(fp4_quantizers, "awq_search_clip", lambda *a, **k: calls.append(a[0].shape) or search(*a, **k))
+    (tmp_path / "corpus.txt").write_text(TEXT)
+    save_tiny_llama(tmp_path / "model")
+    out = tmp_path / "out"
+    code, text = invoke(
+        "quantize",
+        tmp_path / "model",
+        "--calib",
+        tmp_path / "corpus.txt",
+        "--out",
+        out,
+        "--method",
+        "awq",
+        "--fp4",
+        fmt,
+        *flags,
+        *TINY,
+    )
+    assert code == 0, text
+    assert bool(calls) is searched, calls
+
+
+def test_awq_clip_flags_are_refused_by_other_methods(tmp_path: Path) -> None:
+    code, text = invoke(
+        "quantize", tmp_path / "no-model", "--out", tmp_path / "out", "--method", "gptq", "--no-awq-clip"
+    )
+    assert code == 2 and "--awq-clip does not apply to --method gptq (only to --method awq)" in text
+    assert "Traceback" not in text and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
