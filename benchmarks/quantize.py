@@ -99,7 +99,14 @@ LLMC = "llmc"
 AR = "auto-round"  # the PyPI package, under --autoround PYTHON
 SMOOTHQUANT_SWEEP = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
+
 # label -> (kind, quantize flags, eval flags)
+def fp4_flags(preset: str, method: str) -> list[str]:
+    """Our quantize flags for llm-compressor's FP4 preset name (NVFP4A16, NVFP4, MXFP4A16, MXFP4)."""
+    activations = "none" if preset.endswith("A16") else "fp4"
+    return ["--method", method, "--fp4", preset[:5].lower(), "--fp4-activations", activations]
+
+
 ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "RTN sym": (INT4, ["--method", "rtn", "--sym"], []),
     "RTN asym": (INT4, ["--method", "rtn", "--asym"], []),
@@ -143,36 +150,13 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--kv-cache-dtype", "fp8"],
     ),
     **{
-        f"{preset} {method.upper()}": (
-            FP4,
-            [
-                "--method",
-                method,
-                "--fp4",
-                preset[:5].lower(),
-                "--fp4-activations",
-                "none" if preset.endswith("A16") else "fp4",
-            ],
-            [],
-        )
+        f"{preset} {method.upper()}": (FP4, fp4_flags(preset, method), [])
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
         for method in ("rtn", "gptq", "awq", "awq+gptq")
     },
     # data-free: no calibration text read, no layer errors (llm-compressor's DataFreePipeline does neither)
     **{
-        f"{preset} RTN data-free": (
-            FP4,
-            [
-                "--method",
-                "rtn",
-                "--fp4",
-                preset[:5].lower(),
-                "--fp4-activations",
-                "none" if preset.endswith("A16") else "fp4",
-                "--no-layer-error",
-            ],
-            [],
-        )
+        f"{preset} RTN data-free": (FP4, [*fp4_flags(preset, "rtn"), "--no-layer-error"], [])
         for preset in ("NVFP4A16", "MXFP4A16", "MXFP4")  # MXFP4's activation scales are dynamic
     },
     "NVFP4A16 RTN mse": (FP4, ["--method", "rtn", "--fp4", "nvfp4", "--observer", "mse"], []),
