@@ -76,12 +76,33 @@ def e2m1_index(x: torch.Tensor) -> torch.Tensor:
 
 def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     """Nearest E2M1 value of every element (float, x's dtype); negative values that round
-    to zero give -0.0."""
-    key = (x.dtype, x.device)
-    if key not in _VALUES:
-        _VALUES[key] = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)
-    mag = _VALUES[key][_index(x)]
+    to zero give -0.0. A large float32 / float16 / bfloat16 tensor takes `_round_binades`
+    (a few passes), the rest a lookup of `_index` (the two agree on every value)."""
+    if x.numel() > SEARCH_MAX and x.dtype in _BINADE_DTYPES:
+        mag = _round_binades(x)
+    else:
+        key = (x.dtype, x.device)
+        if key not in _VALUES:
+            _VALUES[key] = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)
+        mag = _VALUES[key][_index(x)]
     return torch.where(x < 0, -mag, mag)
+
+
+_BINADE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
+_EXPONENT = 0x7F800000  # float32 exponent field
+_ONE_BINADE = 1 << 23  # one step of that field
+
+
+def _round_binades(x: torch.Tensor) -> torch.Tensor:
+    """|x| rounded to E2M1 magnitudes in float32, then x's dtype: |x| clamped to 6 and
+    rounded (half to even) to a multiple of its binade's step: 0.5 below 2, 1 in [2, 4), 2
+    from 4 (step = max(0.5, 2^(floor(log2 |x|) - 1)), read off the exponent bits). Scaling
+    by a power of two is exact, so this is the rounding of the thresholds in `_UP`, ties to
+    the even mantissa included; NaN gives 0."""
+    a = x.float().abs() if x.dtype != torch.float32 else x.abs()
+    a = a.clamp_(max=E2M1_MAX)
+    step = ((a.view(torch.int32) & _EXPONENT) - _ONE_BINADE).view(torch.float32).clamp_(min=0.5)
+    return a.div_(step).round_().mul_(step).nan_to_num_(nan=0.0).to(x.dtype)
 
 
 def mxfp4_group_scales(amax_g: torch.Tensor) -> torch.Tensor:

@@ -155,6 +155,25 @@ def test_round_to_e2m1_small_and_large_tensors_round_alike_in_every_dtype(dtype:
     assert fp4.e2m1_index(nan).tolist() == [0] * 3 and fp4.e2m1_index(nan.repeat(2000)).unique().tolist() == [0]
 
 
+def test_round_to_e2m1_over_a_sweep_of_float32_bit_patterns():
+    """The large-tensor path (rounding within binades, from the exponent bits) against the
+    brute-force nearest grid point on about a million float32 bit patterns spread over all
+    of them (every sign, binade and mantissa region: subnormals, infinities, NaN), and
+    against the lookup path on the same values in small pieces. NaN gives +0."""
+    from infer_tool.kernels.fp4_act import SEARCH_MAX
+
+    bits = torch.arange(0, 1 << 32, 4093, dtype=torch.int64)
+    bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32), torch.tensor([float("nan"), -float("nan"), float("inf"), -0.0])])
+    got = fp4.round_to_e2m1(x)
+    nan = torch.isnan(x)
+    want = nearest_e2m1(torch.where(nan, 0.0, x).clamp(-6.0, 6.0)).float()  # beyond 6 (inf too): 6
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit: the sign of zero too
+    assert nan.sum() > 1000 and not torch.signbit(got[nan]).any()
+    pieces = torch.cat([fp4.round_to_e2m1(c) for c in x.split(SEARCH_MAX)[:64]])
+    assert torch.equal(pieces.view(torch.int32), got[: pieces.numel()].view(torch.int32))
+
+
 def test_round_to_e2m1_matches_compressed_tensors_with_the_sign_of_zero():
     x = grid_inputs().clamp(-6, 6)  # cast_to_fp4 runs after the clamp to the FP4 range
     ref = cast_to_fp4(x.clone())
