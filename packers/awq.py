@@ -335,6 +335,7 @@ def awq_search_clip(
         b = w.shape[0]
         org_max = w.abs().amax(dim=-1, keepdim=True)  # (b, G, 1)
         org_out = torch.bmm(xs, w.permute(1, 2, 0))  # (G, t, b): per-group partial outputs
+        out = torch.empty_like(org_out)  # every candidate's partial outputs, then its squared error, in place
         best = org_max.clone()
         min_err = torch.full_like(org_max, float("inf"))
         for i in range(n_shrink):
@@ -345,11 +346,12 @@ def awq_search_clip(
             else:
                 q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype)
                 q = q.reshape(b, G, g)
-            err = (torch.bmm(xs, q.permute(1, 2, 0)) - org_out).pow(2).mean(dim=1)  # (G, b)
+            d = torch.bmm(xs, q.permute(1, 2, 0), out=out).sub_(org_out)
+            err = d.mul_(d).mean(dim=1)  # (G, b)
             err = err.transpose(0, 1).unsqueeze(-1)  # (b, G, 1)
             better = err < min_err
-            min_err[better] = err[better]
-            best[better] = t[better]
+            min_err = torch.where(better, err, min_err)
+            best = torch.where(better, t, best)
         best_max[b0 : b0 + scheme.clip_batch] = best.reshape(-1, G)
     return best_max
 
