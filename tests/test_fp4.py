@@ -128,8 +128,9 @@ def test_round_to_e2m1_is_the_nearest_grid_point_ties_to_even():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_round_to_e2m1_small_and_large_tensors_round_alike_in_every_dtype(dtype: torch.dtype) -> None:
     """A tensor of at most `SEARCH_MAX` elements (a GPTQ column) takes the binary search over
-    exclusive bounds, a larger one the pass per threshold: both give the nearest grid point
-    (ties to even) on the ties and their neighbours in `dtype`, and a NaN gives code 0."""
+    exclusive bounds, a larger one the rounding within binades (float64: the pass per
+    threshold; codes: always the lookup): all give the nearest grid point (ties to even) on
+    the ties and their neighbours in `dtype`, and a NaN gives code 0."""
     from infer_tool.kernels.fp4_act import SEARCH_MAX
 
     ties = torch.tensor(TIES, dtype=dtype)
