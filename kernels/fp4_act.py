@@ -34,6 +34,9 @@ MX_ELEM_EMAX = 2  # floor(log2(E2M1_MAX)): the E8M0 exponent offset
 _UP = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
+_BINADE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
+_EXPONENT = 0x7F800000  # float32 exponent field
+_ONE_BINADE = 1 << 23  # one step of that field
 _BOUNDS: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # (dtype, device) -> exclusive bounds
 _VALUES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # (dtype, device) -> E2M1_VALUES
 
@@ -86,11 +89,6 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
             _VALUES[key] = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)
         mag = _VALUES[key][_index(x)]
     return torch.where(x < 0, -mag, mag)
-
-
-_BINADE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # exact in float32
-_EXPONENT = 0x7F800000  # float32 exponent field
-_ONE_BINADE = 1 << 23  # one step of that field
 
 
 def _round_binades(x: torch.Tensor) -> torch.Tensor:
