@@ -82,23 +82,23 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
     to zero give -0.0. A large float32 / float16 / bfloat16 tensor takes `_round_binades`
     (a few passes), the rest a lookup of `_index` (the two agree on every value)."""
     if x.numel() > SEARCH_MAX and x.dtype in _BINADE_DTYPES:
-        mag = _round_binades(x)
-    else:
-        key = (x.dtype, x.device)
-        if key not in _VALUES:
-            _VALUES[key] = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)
-        mag = _VALUES[key][_index(x)]
+        return _round_binades(x)
+    key = (x.dtype, x.device)
+    if key not in _VALUES:
+        _VALUES[key] = torch.tensor(E2M1_VALUES, dtype=x.dtype, device=x.device)
+    mag = _VALUES[key][_index(x)]
     return torch.where(x < 0, -mag, mag)
 
 
 def _round_binades(x: torch.Tensor) -> torch.Tensor:
-    """|x| rounded to E2M1 magnitudes in float32, then x's dtype: |x| clamped to 6 and
-    rounded (half to even) to a multiple of its binade's step: 0.5 below 2, 1 in [2, 4), 2
-    from 4 (step = max(0.5, 2^(floor(log2 |x|) - 1)), read off the exponent bits). Scaling
-    by a power of two is exact, so this is the rounding of the thresholds in `_UP`, ties to
-    the even mantissa included; NaN gives 0."""
-    a = x.float().abs() if x.dtype != torch.float32 else x.abs()
-    a = a.clamp_(max=E2M1_MAX)
+    """`round_to_e2m1` in float32, then x's dtype: x clamped to ±6 and rounded (half to
+    even, symmetric in the sign) to a multiple of its binade's step: 0.5 below 2 in
+    magnitude, 1 in [2, 4), 2 from 4 (step = max(0.5, 2^(floor(log2 |x|) - 1)), read off
+    the exponent bits). Scaling by a power of two is exact, so this is the rounding of the
+    thresholds in `_UP`, ties to the even mantissa included; a negative x that rounds to 0
+    gives -0.0, while -0.0 itself becomes +0.0 (the `+ 0.0`), as does NaN."""
+    a = (x.float() if x.dtype != torch.float32 else x) + 0.0
+    a = a.clamp_(-E2M1_MAX, E2M1_MAX)
     step = ((a.view(torch.int32) & _EXPONENT) - _ONE_BINADE).view(torch.float32).clamp_(min=0.5)
     return a.div_(step).round_().mul_(step).nan_to_num_(nan=0.0).to(x.dtype)
 
