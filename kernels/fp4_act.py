@@ -97,7 +97,7 @@ def _round_binades(x: torch.Tensor) -> torch.Tensor:
     the exponent bits). Scaling by a power of two is exact, so this is the rounding of the
     thresholds in `_UP`, ties to the even mantissa included; a negative x that rounds to 0
     gives -0.0, while -0.0 itself becomes +0.0 (the `+ 0.0`), as does NaN."""
-    a = (x.float() if x.dtype != torch.float32 else x) + 0.0
+    a = x.float() + 0.0  # a new float32 tensor (x.float() is x itself for float32)
     a = a.clamp_(-E2M1_MAX, E2M1_MAX)
     step = ((a.view(torch.int32) & _EXPONENT) - _ONE_BINADE).view(torch.float32).clamp_(min=0.5)
     return a.div_(step).round_().mul_(step).nan_to_num_(nan=0.0).to(x.dtype)
