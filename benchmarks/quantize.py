@@ -38,6 +38,14 @@ unquantized (what their rounding costs); `--no-plain` leaves that out.
 
 Checks: GPTQ and AWQ each beat RTN of the same symmetry (exit 1 otherwise).
 
+`--repeat N` runs every row's quantize process N times, in rounds over the selected rows (so
+ours and llm-compressor's alternate, and a drift in the machine's speed reaches both); the
+times in both tables are then the medians, with their range, and the script says whether
+every run of a row wrote the same checkpoint bytes. ppl and KL divergence are the first run's:
+
+    python benchmarks/quantize.py --llmcompressor PYTHON --no-kld --repeat 3 \
+        --only "NVFP4A16 GPTQ" "llmc NVFP4A16 GPTQ"
+
 FP4 rows (issue 28): NVFP4A16, NVFP4 (W4A4), MXFP4A16 and MXFP4 with RTN, GPTQ, AWQ and AWQ+GPTQ
 (`--fp4 ... --fp4-activations ...`, the groups the format fixes), two with the MSE observer,
 and llm-compressor's presets of the same names (`llmc NVFP4A16`: its QuantizationModifier;
@@ -83,8 +91,11 @@ llm-compressor's MoE rows calibrate every expert on every token (its
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -346,9 +357,53 @@ def dir_mib(path: Path) -> float:
     return sum(p.stat().st_size for p in path.glob("*.safetensors")) / 2**20
 
 
-def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: Path, model_dir: str) -> dict:
-    kind, flags, eval_flags = ROWS[label]
-    out = workdir / label.replace(" ", "-").replace("+", "").replace("(", "").replace(")", "").lower()
+def checkpoint_digest(path: Path) -> str:
+    """sha256 over a checkpoint's safetensors files (name and bytes, in name order)."""
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def repeat_rows(rows: list[dict], args: argparse.Namespace, workdir: Path, ids_file: Path, model_dir: str) -> None:
+    """Runs 2..--repeat of every row's quantize process, in rounds over the rows (ours and
+    llm-compressor's interleaved, so a drift in the machine's speed reaches both); each row's
+    `quantize_s` / `process_s` become the medians of its runs, and `same_bytes` says whether
+    every run wrote the first run's checkpoint bytes."""
+    for k in range(2, args.repeat + 1):
+        for row in rows:
+            out = out_dir(row["config"], workdir).with_name(f"{out_dir(row['config'], workdir).name}-run{k}")
+            q = run_quantize(row["config"], args, out, ids_file, model_dir)
+            row["quantize_s_runs"].append(q["quantize_s"])
+            row["process_s_runs"].append(q["process_s"])
+            row["same_bytes"] = row.get("same_bytes", True) and checkpoint_digest(out) == row["checkpoint_sha256"]
+            shutil.rmtree(out)
+            progress = {"config": row["config"], "run": k, **{n: v for n, v in q.items() if n != "report"}}
+            print(json.dumps(progress), file=sys.stderr, flush=True)
+    for row in rows:
+        row["quantize_s"] = statistics.median(row["quantize_s_runs"])
+        row["process_s"] = statistics.median(row["process_s_runs"])
+
+
+def seconds_cell(r: dict) -> str:
+    """Quantize seconds: one run's, or the median of several with their range."""
+    runs = r.get("quantize_s_runs") or [r["quantize_s"]]
+    if len(runs) == 1:
+        return f"{r['quantize_s']:.0f}"
+    return f"{r['quantize_s']:.0f} ({min(runs):.0f}-{max(runs):.0f})"
+
+
+def out_dir(label: str, workdir: Path) -> Path:
+    return workdir / label.replace(" ", "-").replace("+", "").replace("(", "").replace(")", "").lower()
+
+
+def run_quantize(label: str, args: argparse.Namespace, out: Path, ids_file: Path, model_dir: str) -> dict:
+    """One quantize process of row `label` writing `out`: its report (`report`), the process
+    wall time, the quantize seconds, peak RSS and mean layer error (ours only)."""
+    kind, flags, _ = ROWS[label]
     flags = with_iters(flags, args.iters)
     if kind == AR:
         cmd = [
@@ -403,18 +458,29 @@ def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: 
         method = {FP8: ["--method", "fp8"], FP4: [], INT8: []}.get(kind, ["--group-size", str(args.group_size)])
         r, wall = run_json([cli(), "quantize", args.model, *method, *flags, *common], label)
         quantize_s, rss, err = r["seconds"]["quantize"], r["memory"]["peak_rss_mib"], r["layer_error_mean"]
+    return {"report": r, "process_s": wall, "quantize_s": quantize_s, "peak_rss_mib": rss, "layer_error_mean": err}
+
+
+def quantize_row(label: str, args: argparse.Namespace, workdir: Path, ids_file: Path, model_dir: str) -> dict:
+    _, _, eval_flags = ROWS[label]
+    out = out_dir(label, workdir)
+    q = run_quantize(label, args, out, ids_file, model_dir)
+    r = q["report"]
     ev = eval_ppl(str(out), args, eval_flags)
     row = {
         "config": label,
         "ppl": ev["ppl"],
         "tokens": ev["tokens"],
-        "quantize_s": quantize_s,
-        "process_s": wall,
-        "peak_rss_mib": rss,
+        "quantize_s": q["quantize_s"],
+        "process_s": q["process_s"],
+        "peak_rss_mib": q["peak_rss_mib"],
         "checkpoint_mib": dir_mib(out),
-        "layer_error_mean": err,
+        "layer_error_mean": q["layer_error_mean"],
         "num_samples": args.num_samples,
         "activations": ev.get("activations", ""),
+        "quantize_s_runs": [q["quantize_s"]],
+        "process_s_runs": [q["process_s"]],
+        "checkpoint_sha256": checkpoint_digest(out),
     }
     if args.plain and ev.get("activations", "unquantized") != "unquantized":  # what the activations' rounding costs
         row["ppl_activations_unquantized"] = eval_ppl(str(out), args, ["--activations", "none"])["ppl"]
@@ -622,10 +688,18 @@ def main() -> None:
     )
     p.add_argument("--vllm", metavar="PYTHON", help="vLLM's interpreter (.venv-vllm): score every row in vLLM too")
     p.add_argument("--vllm-timeout", type=float, default=3600, help="seconds one vLLM scoring may take")
-    p.add_argument("--json", help="append each row to this JSON-lines file as it finishes")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every row's quantize N times (rounds over the rows); times are the medians",
+    )
+    p.add_argument("--json", help="append each row to this JSON-lines file as it finishes (with --repeat: at the end)")
     p.add_argument("--dense", metavar="JSONL", help="rows of a dense run (--json): compare each method's ppl increase")
     args = p.parse_args()
 
+    if args.repeat < 1:
+        p.error(f"--repeat {args.repeat}: expected 1 or more")
     unknown = [r for r in args.only or () if r not in ROWS]
     if unknown:
         p.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
@@ -654,9 +728,14 @@ def main() -> None:
             row["ratio"] = row["ppl"] / fp32["ppl"]
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-            if args.json:
+            if args.json and args.repeat == 1:
                 with open(args.json, "a") as f:
                     f.write(json.dumps(row) + "\n")
+        if args.repeat > 1:
+            repeat_rows(rows, args, Path(tmp), ids_file, model_dir)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in rows)
 
     print(
         f"{args.model}, group {args.group_size}, calibration {args.num_samples} x {args.seq_len} tokens "
@@ -681,8 +760,14 @@ def main() -> None:
         )
         plain = f"{r['ppl_activations_unquantized']:.4f}" if "ppl_activations_unquantized" in r else ""
         print(
-            f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {r['quantize_s']:.0f} | "
+            f"| {r['config']} | {r['ppl']:.4f} | {r['ratio']:.4f}x | {kld} | {seconds_cell(r)} | "
             f"{r['peak_rss_mib']:.0f} | {r['checkpoint_mib']:.1f} | {err} | {r.get('activations', '')} | {plain} |"
+        )
+    if args.repeat > 1:
+        differ = [r["config"] for r in rows if not r.get("same_bytes", True)]
+        print(
+            f"quantize s: the median of {args.repeat} runs (min-max), in rounds over the rows; checkpoints "
+            + (f"differ between runs: {', '.join(differ)}" if differ else "the same bytes in every run of every row")
         )
     llmc_table(rows)
     int8_table(rows)
