@@ -375,7 +375,8 @@ def repeat_rows(rows: list[dict], args: argparse.Namespace, workdir: Path, ids_f
     every run wrote the first run's checkpoint bytes."""
     for k in range(2, args.repeat + 1):
         for row in rows:
-            out = out_dir(row["config"], workdir).with_name(f"{out_dir(row['config'], workdir).name}-run{k}")
+            first = out_dir(row["config"], workdir)
+            out = first.with_name(f"{first.name}-run{k}")
             q = run_quantize(row["config"], args, out, ids_file, model_dir)
             row["quantize_s_runs"].append(q["quantize_s"])
             row["process_s_runs"].append(q["process_s"])
