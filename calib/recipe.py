@@ -88,6 +88,15 @@ class QuantizeOptions:
     symmetric: bool | None = option(
         None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric"
     )
+    full_range: bool | None = option(
+        None,
+        "Symmetric INT groups on the full-range grid: the larger side of each group at -2^(bits-1), all 2^bits "
+        "levels, signed scales (llama.cpp's Q4_0, auto-round's default) instead of +-(2^(bits-1)-1). Off when "
+        "not given.",
+        bool,
+        flag="--full-range/--no-full-range",
+        scheme="full_range",
+    )
     act_order: bool | None = option(
         None,
         "GPTQ: columns by decreasing Hessian diagonal, static groups (g_idx stays trivial).",

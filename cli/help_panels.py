@@ -39,7 +39,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
             "--awq-search",
             "--ignore",
         ),
-        "Method switches": ("--sym", "--act-order", "--fp8-clip-search"),
+        "Method switches": ("--sym", "--full-range", "--act-order", "--fp8-clip-search"),
         "AutoRound": ("--iters", "--lr", "--batch", "--batch-seed", "--tune-dtype"),
         "INT8": ("--int8-activations", "--smoothquant"),
         "FP8": ("--fp8-granularity", "--fp8-activations", "--kv-cache"),

@@ -9,12 +9,13 @@ w_max = max(W_group, 0) of the fp weight (fixed), and ⌊·⌉ rounding to neare
 taken as 1, the straight-through estimator):
 - asymmetric: s = (β·w_max − α·w_min) / (2^b − 1), z = ⌊−α·w_min / s⌉,
   q = clamp(⌊W/s + V⌉ + z, 0, 2^b − 1), Ŵ = s·(q − z);
-- symmetric: s = max(−α·w_min, β·w_max) / (2^(b−1) − 1), z = 2^(b−1), same q and Ŵ.
+- symmetric: s = max(−α·w_min, β·w_max) / (2^(b−1) − 1), z = 2^(b−1), same q and Ŵ;
+- symmetric, full range (`full_range`, auto-round's own `int_sym` grid):
+  s = ±max(−α·w_min, β·w_max) / 2^(b−1), negative when β·w_max ≥ −α·w_min, so that the
+  larger side reaches the level −2^(b−1) (all 2^b levels, negative scales where it is the
+  positive side).
 s is rounded to the checkpoint's scale dtype (straight through) and a zero scale is 1, as in
-`packers/rtn.qparams`: at V = 0, α = β = 1 this is exactly RTN. auto-round's own symmetric
-grid differs: s = ±max(...)/2^(b−1), signed so that the larger side reaches −2^(b−1) (all 16
-levels at 4 bits, a finer step, negative scales); ours stores positive scales with the larger
-magnitude at ±(2^(b−1) − 1), the grid every format we write and its readers share.
+`packers/rtn.qparams`: at V = 0, α = β = 1 this is exactly RTN on the same grid.
 
 Shapes: W, V (N, K); α, β (N, G) with G = K / g. This module knows no model and no file.
 """
@@ -98,12 +99,15 @@ def _grid(W: Grouped, p: Rounding, scheme: QuantScheme) -> tuple[torch.Tensor, t
     """(q (N, G, g), s (N, G, 1), z (N, G, 1)), differentiable in p (module docstring)."""
     w, lo, hi = W.w, W.lo, W.hi
     maxq = (1 << scheme.bits) - 1
-    if scheme.symmetric:
+    if scheme.symmetric and scheme.full_range:
+        neg, pos = -lo * p.alpha, hi * p.beta
+        s = torch.where(pos < neg, neg, -pos) / (1 << (scheme.bits - 1))
+    elif scheme.symmetric:
         s = torch.maximum(-lo * p.alpha, hi * p.beta) / ((1 << (scheme.bits - 1)) - 1)
     else:
         s = (hi * p.beta - lo * p.alpha) / maxq
     s = s + (_storable(s.detach(), scheme.torch_scale_dtype) - s.detach())  # the stored scale, straight through
-    s = torch.where(s > 0, s, torch.ones_like(s))
+    s = torch.where(s != 0, s, torch.ones_like(s))
     if scheme.symmetric:
         z = torch.full_like(s, float(1 << (scheme.bits - 1)))
     else:

@@ -220,7 +220,14 @@ def awq_search_scale(
             return [(q / s).to(w.dtype) for w, q in zip(weights, qdq([w.float() * s for w in weights]))]
         return [
             (
-                fake_quantize(w.float() * s, scheme.bits, scheme.group_size, scheme.symmetric, scheme.torch_scale_dtype)
+                fake_quantize(
+                    w.float() * s,
+                    scheme.bits,
+                    scheme.group_size,
+                    scheme.symmetric,
+                    scheme.torch_scale_dtype,
+                    full_range=scheme.full_range,
+                )
                 / s
             ).to(w.dtype)
             for w in weights
@@ -344,7 +351,14 @@ def awq_search_clip(
             if qdq_rows is not None:
                 q = qdq_rows(cur.reshape(b, K)).float().reshape(b, G, g)
             else:
-                q = fake_quantize(cur.reshape(b, K), scheme.bits, g, scheme.symmetric, scheme.torch_scale_dtype)
+                q = fake_quantize(
+                    cur.reshape(b, K),
+                    scheme.bits,
+                    g,
+                    scheme.symmetric,
+                    scheme.torch_scale_dtype,
+                    full_range=scheme.full_range,
+                )
                 q = q.reshape(b, G, g)
             d = torch.bmm(xs, q.permute(1, 2, 0), out=out).sub_(org_out)
             err = d.mul_(d).mean(dim=1)  # (G, b)

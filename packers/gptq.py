@@ -88,7 +88,7 @@ class _GroupParams:
         N, K = W.shape
         self.g = scheme.group_for(K)
         self.bits, self.sym, self.scale_dtype = scheme.bits, scheme.symmetric, scheme.torch_scale_dtype
-        self.observer = scheme.observer
+        self.observer, self.full_range = scheme.observer, scheme.full_range
         self.static = scheme.act_order and scheme.static_groups
         self.col_group = None  # group of each permuted column (static groups only)
         if self.static:
@@ -100,7 +100,7 @@ class _GroupParams:
             self.zero = torch.zeros(N, K // self.g, device=W.device)
 
     def _qparams(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return observed_qparams(w, self.bits, self.sym, self.scale_dtype, self.observer)
+        return observed_qparams(w, self.bits, self.sym, self.scale_dtype, self.observer, full_range=self.full_range)
 
     def at(self, col: int, W1: torch.Tensor, i: int, W: torch.Tensor, i2: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale, zero) for permuted column `col`, which is column i of the current block

@@ -5,7 +5,12 @@ Conventions (per group of columns):
 - asymmetric: the range [min(w, 0), max(w, 0)] (zero always representable, as in GPTQ and
   compressed-tensors), scale = (max - min) / (2^b - 1), zero = round(-min / scale);
 - symmetric: scale = absmax / (2^(b-1) - 1), zero = 2^(b-1) (AutoAWQ's convention: the
-  largest magnitude is not clipped and already-representable weights round-trip exactly).
+  largest magnitude is not clipped and already-representable weights round-trip exactly);
+- symmetric, full range (`full_range`, llama.cpp's Q4_0 grid and auto-round's `int_sym`):
+  scale = ±max(-min(w, 0), max(w, 0)) / 2^(b-1), signed so that the larger side of the group
+  lands on code 0 (the level -2^(b-1)): every one of the 2^b levels is used, a step 7/8 of the
+  restricted one at 4 bits; the smaller side clips at (2^(b-1) - 1)·|scale|. The scale is
+  negative where the group's positive side is the larger (or the sides tie, as auto-round).
 A group of all zeros gets scale 1 (any scale dequantizes it to zero).
 
 Observers (how a group's range is chosen): "minmax" is the range above; "mse" shrinks it,
@@ -28,15 +33,27 @@ MSE_DEFAULTS = {"grid": 100.0, "maxshrink": 0.2, "norm": 2.4, "patience": 5}  # 
 
 
 def qparams(
-    w: torch.Tensor, bits: int, symmetric: bool, scale_dtype: torch.dtype = torch.float32
+    w: torch.Tensor,
+    bits: int,
+    symmetric: bool,
+    scale_dtype: torch.dtype = torch.float32,
+    *,
+    full_range: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point reducing over the last dim: w (..., c) -> scale (...), zero (...).
 
     Both returned as float32; zero holds integers in 0 .. 2^bits - 1; every scale is a
     value of `scale_dtype` (the checkpoint's), rounded before the zero point is derived.
+    `full_range` (symmetric only): the signed full-range grid (module docstring).
     """
     w = w.float()
     maxq = (1 << bits) - 1
+    if symmetric and full_range:
+        neg, pos = -w.amin(dim=-1).clamp(max=0.0), w.amax(dim=-1).clamp(min=0.0)
+        signed = torch.where(pos < neg, neg, -pos)
+        scale = _storable(signed / (1 << (bits - 1)), scale_dtype)
+        zero = torch.full_like(scale, float(1 << (bits - 1)))
+        return torch.where(scale != 0, scale, torch.ones_like(scale)), zero
     if symmetric:
         scale = _storable(w.abs().amax(dim=-1) / ((1 << (bits - 1)) - 1), scale_dtype)
         zero = torch.full_like(scale, float(1 << (bits - 1)))
@@ -88,6 +105,7 @@ def mse_qparams(
     scale_dtype: torch.dtype = torch.float32,
     *,
     norm: float = MSE_DEFAULTS["norm"],
+    full_range: bool = False,
     **search: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`qparams` of the shrunk range minimising the group's error (module doc, "mse"):
@@ -97,7 +115,9 @@ def mse_qparams(
     lo, hi = w.amin(dim=-1).clamp(max=0.0), w.amax(dim=-1).clamp(min=0.0)
 
     def evaluate(p: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        scale, zero = qparams(torch.stack([lo * p, hi * p], dim=-1), bits, symmetric, scale_dtype)
+        scale, zero = qparams(
+            torch.stack([lo * p, hi * p], dim=-1), bits, symmetric, scale_dtype, full_range=full_range
+        )
         s, z = scale.unsqueeze(-1), zero.unsqueeze(-1)
         return ((quantize_codes(w, s, z, bits) - z) * s - w).abs().pow(norm).sum(dim=-1), (scale, zero)
 
@@ -106,14 +126,14 @@ def mse_qparams(
 
 
 def observed_qparams(
-    w: torch.Tensor, bits: int, symmetric: bool, scale_dtype: torch.dtype, observer: str
+    w: torch.Tensor, bits: int, symmetric: bool, scale_dtype: torch.dtype, observer: str, *, full_range: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`qparams` ("minmax") or `mse_qparams` ("mse") of w (..., c)."""
     if observer == "mse":
-        return mse_qparams(w, bits, symmetric, scale_dtype)
+        return mse_qparams(w, bits, symmetric, scale_dtype, full_range=full_range)
     if observer != "minmax":
         raise ValueError(f"observer {observer!r}: expected minmax or mse")
-    return qparams(w, bits, symmetric, scale_dtype)
+    return qparams(w, bits, symmetric, scale_dtype, full_range=full_range)
 
 
 def _storable(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -129,7 +149,13 @@ def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bit
 
 
 def fake_quantize(
-    weight: torch.Tensor, bits: int, group_size: int, symmetric: bool, scale_dtype: torch.dtype = torch.float32
+    weight: torch.Tensor,
+    bits: int,
+    group_size: int,
+    symmetric: bool,
+    scale_dtype: torch.dtype = torch.float32,
+    *,
+    full_range: bool = False,
 ) -> torch.Tensor:
     """Quantize-dequantize (N, K) with contiguous groups of `group_size` columns (-1: per row).
 
@@ -139,7 +165,7 @@ def fake_quantize(
     n, k = weight.shape
     g = k if group_size == -1 else group_size
     w = weight.float().reshape(n, k // g, g)  # (N, G, g)
-    scale, zero = qparams(w, bits, symmetric, scale_dtype)  # (N, G)
+    scale, zero = qparams(w, bits, symmetric, scale_dtype, full_range=full_range)  # (N, G)
     scale, zero = scale.unsqueeze(-1), zero.unsqueeze(-1)
     q = quantize_codes(w, scale, zero, bits)
     return ((q - zero) * scale).reshape(n, k)
@@ -165,7 +191,12 @@ def quantize_rtn(
     observer = getattr(scheme, "observer", "minmax")
     if g_idx is None:
         scale, zero = observed_qparams(
-            w.reshape(n, k // g, g), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype, observer
+            w.reshape(n, k // g, g),
+            scheme.bits,
+            scheme.symmetric,
+            scheme.torch_scale_dtype,
+            observer,
+            full_range=scheme.full_range,
         )  # (N, G)
         cols = torch.arange(k, device=w.device) // g
     else:
@@ -176,7 +207,13 @@ def quantize_rtn(
         idx = cols.expand(n, k)
         lo = torch.zeros(n, num_groups, device=w.device).scatter_reduce(1, idx, w, "amin", include_self=True)
         hi = torch.zeros(n, num_groups, device=w.device).scatter_reduce(1, idx, w, "amax", include_self=True)
-        scale, zero = qparams(torch.stack([lo, hi], dim=-1), scheme.bits, scheme.symmetric, scheme.torch_scale_dtype)
+        scale, zero = qparams(
+            torch.stack([lo, hi], dim=-1),
+            scheme.bits,
+            scheme.symmetric,
+            scheme.torch_scale_dtype,
+            full_range=scheme.full_range,
+        )
     q = quantize_codes(w, scale[:, cols], zero[:, cols], scheme.bits)
     return QuantizedWeight(
         q=q.to(torch.uint8),

@@ -54,6 +54,9 @@ class QuantScheme(Scheme):
         linear); either needs 8-bit symmetric per-channel weights (what vLLM's W8A8 kernels take).
     `smoothquant`: the migration strength α in [0, 1] of SmoothQuant before quantizing, or
         None (off).
+    `full_range`: symmetric groups on the signed full-range grid (llama.cpp's Q4_0,
+        auto-round's `int_sym`: the larger side of a group at level −2^(bits−1), all 2^bits
+        levels, negative scales; `packers/rtn.qparams`) instead of ±(2^(bits−1) − 1); weights only.
     """
 
     method: ClassVar[str] = "rtn"
@@ -63,6 +66,7 @@ class QuantScheme(Scheme):
     scale_dtype: str = "float32"
     int8_activations: str = "none"
     smoothquant: float | None = None
+    full_range: bool = False
 
     def __post_init__(self) -> None:
         if not 2 <= self.bits <= 8:
@@ -82,6 +86,17 @@ class QuantScheme(Scheme):
             raise BadInput(
                 f"--smoothquant {self.smoothquant} is not supported; use a migration strength in [0, 1] "
                 "such as 0.5 (the paper's) or 0.8 (llm-compressor's examples)"
+            )
+        if self.full_range and not self.symmetric:
+            raise BadInput(
+                "--full-range is a grid of symmetric groups; drop --asym (an asymmetric group already uses every "
+                "level) or --full-range"
+            )
+        if self.full_range and self.int8_activations != "none":
+            raise BadInput(
+                f"--full-range does not go with int8 activations ({self.int8_activations}): it is a grid for "
+                "weight-only groups, W8A8 keeps the per-channel -127..127 weights llm-compressor writes; "
+                "drop --full-range"
             )
         if self.scale_dtype not in SCALE_DTYPES:
             raise BadInput(f"scale dtype {self.scale_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
@@ -123,6 +138,8 @@ class QuantScheme(Scheme):
             text += f", int8 {self.int8_activations} activations"
         if self.smoothquant is not None:
             text += f", smoothquant {self.smoothquant:g}"
+        if self.full_range:
+            text += ", full-range"
         if getattr(self, "observer", "minmax") != "minmax":
             text += f", {self.observer} scales"
         return text

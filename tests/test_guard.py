@@ -146,6 +146,30 @@ TINY_RUNS["autoround-asym-awq"] = (
     "awq",
 )
 TINY_RUNS["awq+gptq-asym"] = ("--method", "awq+gptq", "--asym", "--group-size", "32")
+# the signed full-range grid (negative scales) through GPTQ's solver and AutoRound's descent
+TINY_RUNS["gptq-actorder-sym-full-range"] = (
+    "--method",
+    "gptq",
+    "--act-order",
+    "--sym",
+    "--full-range",
+    "--group-size",
+    "32",
+)
+TINY_RUNS["autoround-sym-full-range-gptq"] = (
+    "--method",
+    "autoround",
+    "--sym",
+    "--full-range",
+    "--group-size",
+    "32",
+    "--iters",
+    "5",
+    "--batch",
+    "4",
+    "--format",
+    "gptq",
+)
 # From saved statistics (calibrate first): the key names the quantize arguments.
 STATS_RUNS: dict[str, tuple[str, ...]] = {
     "stats-gptq-sym": ("--method", "gptq", "--no-act-order", "--sym", "--group-size", "32"),

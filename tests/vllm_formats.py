@@ -227,6 +227,19 @@ INT4_ROWS = (
     Row("ct-int4-asym", "compressed-tensors INT4 asym (pack-quantized)", (*INT4, "--asym"), **INT4_AVX2),
     Row("awq-gemm", "AWQ GEMM (asym)", (*INT4, "--asym", "--format", "awq"), **INT4_AVX2),
     Row("gptq-v1", "GPTQ v1 (sym)", (*INT4, "--sym", "--format", "gptq"), **INT4_AVX2),
+    # the full-range grid: negative scales wherever a group's positive side is the larger
+    Row(
+        "ct-int4-sym-full",
+        "compressed-tensors INT4 sym, full range (signed scales)",
+        (*INT4, "--sym", "--full-range"),
+        **INT4_AVX2,
+    ),
+    Row(
+        "gptq-v1-full",
+        "GPTQ v1 (sym), full range (signed scales)",
+        (*INT4, "--sym", "--full-range", "--format", "gptq"),
+        **INT4_AVX2,
+    ),
 )
 ROWS = (
     *INT4_ROWS,
