@@ -27,12 +27,15 @@ def interpreter(monkeypatch):
     monkeypatch.setattr(backend, "empty_output", poisoned)
 
 
-def make_problem(M, K, N, group_size, *, asym, act_order, seed):
-    """Random INT4 operands and the float64 product computed without our code."""
+def make_problem(M, K, N, group_size, *, asym, act_order, seed, signed=False):
+    """Random INT4 operands and the float64 product computed without our code; `signed`:
+    scales of either sign (the full-range grid's checkpoints, `quantize --full-range`)."""
     g = torch.Generator().manual_seed(seed)
     G = -(-K // group_size)
     q = torch.randint(0, 16, (K, N), generator=g, dtype=torch.uint8)  # (K, N)
     s = torch.rand(G, N, generator=g, dtype=torch.float64) * 0.02 + 0.005  # never zero
+    if signed:
+        s = torch.where(torch.rand(G, N, generator=g) < 0.5, -s, s)
     z = torch.randint(0, 16, (G, N), generator=g, dtype=torch.uint8) if asym else None
     if act_order:  # every group used, channels in a random order
         g_idx = (torch.arange(K) // group_size)[torch.randperm(K, generator=g)].to(torch.int32)
@@ -49,10 +52,11 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-VARIANTS = {  # name: (group_size, asym, act_order)
-    "sym-g64": (64, False, False),  # one scale row per 64-wide K-block on the dot paths
-    "asym-g32": (32, True, False),  # per-element scale gather
-    "actorder-g32": (32, True, True),
+VARIANTS = {  # name: (group_size, asym, act_order, signed scales)
+    "sym-g64": (64, False, False, False),  # one scale row per 64-wide K-block on the dot paths
+    "sym-g64-signed": (64, False, False, True),  # --full-range: negative scales too
+    "asym-g32": (32, True, False, False),  # per-element scale gather
+    "actorder-g32": (32, True, True, False),
 }
 
 
@@ -60,9 +64,9 @@ VARIANTS = {  # name: (group_size, asym, act_order)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("M", [1, 3, 16, 64])
 def test_matches_float64_reference(M, dtype, variant):
-    group_size, asym, act_order = VARIANTS[variant]
+    group_size, asym, act_order, signed = VARIANTS[variant]
     x, qw, s, z, g_idx, ref = make_problem(
-        M, K, N, group_size, asym=asym, act_order=act_order, seed=M * 7 + len(variant)
+        M, K, N, group_size, asym=asym, act_order=act_order, seed=M * 7 + len(variant), signed=signed
     )
     out = w4a16_matmul(x.to(dtype), qw, s.to(dtype), z, g_idx, group_size)
     assert out.dtype == dtype and out.shape == (M, N)
