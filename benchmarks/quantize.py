@@ -149,6 +149,18 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "AutoRound asym": (INT4, ["--method", "autoround", "--asym", "--iters", "200", "--batch", "8"], []),
     "AutoRound sym 50": (INT4, ["--method", "autoround", "--sym", "--iters", "50", "--batch", "8"], []),
     "AutoRound asym 50": (INT4, ["--method", "autoround", "--asym", "--iters", "50", "--batch", "8"], []),
+    **{  # the signed full-range grid for symmetric groups (llama.cpp's Q4_0, auto-round's default)
+        f"{label} full": (INT4, [*flags, "--full-range"], [])
+        for label, flags in (
+            ("RTN sym", ["--method", "rtn", "--sym"]),
+            ("GPTQ sym", ["--method", "gptq", "--sym", "--act-order"]),
+            ("GPTQ sym gptaq", ["--method", "gptq", "--sym", "--act-order", "--gptaq", "0.25"]),
+            ("AWQ sym", ["--method", "awq", "--sym"]),
+            ("AWQ+GPTQ sym", ["--method", "awq+gptq", "--sym"]),
+            ("AutoRound sym 50", ["--method", "autoround", "--sym", "--iters", "50", "--batch", "8"]),
+            ("AutoRound sym", ["--method", "autoround", "--sym", "--iters", "200", "--batch", "8"]),
+        )
+    },
     "FP8 tensor": (FP8, ["--fp8-granularity", "tensor"], []),
     "FP8 channel": (FP8, ["--fp8-granularity", "channel"], []),
     "FP8 block": (FP8, ["--fp8-granularity", "block"], []),
