@@ -131,20 +131,9 @@ TINY_RUNS["fp8-clip"] = ("--method", "fp8", "--fp8-clip-search")
 TINY_RUNS["rtn-g-1"] = ("--method", "rtn", "--group-size", "-1")
 TINY_RUNS["gptq-ignore-down"] = ("--method", "gptq", "--act-order", "--group-size", "32", "--ignore", "*.down_proj")
 TINY_RUNS["awq-bf16"] = ("--method", "awq", "--group-size", "32", "--dtype", "bfloat16")
-TINY_RUNS["autoround-sym"] = ("--method", "autoround", "--sym", "--group-size", "32", "--iters", "5", "--batch", "4")
-TINY_RUNS["autoround-asym-awq"] = (
-    "--method",
-    "autoround",
-    "--asym",
-    "--group-size",
-    "32",
-    "--iters",
-    "5",
-    "--batch",
-    "4",
-    "--format",
-    "awq",
-)
+AUTOROUND_FEW = ("--method", "autoround", "--group-size", "32", "--iters", "5", "--batch", "4")
+TINY_RUNS["autoround-sym"] = (*AUTOROUND_FEW, "--sym")
+TINY_RUNS["autoround-asym-awq"] = (*AUTOROUND_FEW, "--asym", "--format", "awq")
 TINY_RUNS["awq+gptq-asym"] = ("--method", "awq+gptq", "--asym", "--group-size", "32")
 # the signed full-range grid (negative scales) through GPTQ's solver and AutoRound's descent
 TINY_RUNS["gptq-actorder-sym-full-range"] = (
@@ -156,20 +145,7 @@ TINY_RUNS["gptq-actorder-sym-full-range"] = (
     "--group-size",
     "32",
 )
-TINY_RUNS["autoround-sym-full-range-gptq"] = (
-    "--method",
-    "autoround",
-    "--sym",
-    "--full-range",
-    "--group-size",
-    "32",
-    "--iters",
-    "5",
-    "--batch",
-    "4",
-    "--format",
-    "gptq",
-)
+TINY_RUNS["autoround-sym-full-range-gptq"] = (*AUTOROUND_FEW, "--sym", "--full-range", "--format", "gptq")
 # From saved statistics (calibrate first): the key names the quantize arguments.
 STATS_RUNS: dict[str, tuple[str, ...]] = {
     "stats-gptq-sym": ("--method", "gptq", "--no-act-order", "--sym", "--group-size", "32"),
