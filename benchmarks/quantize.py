@@ -145,9 +145,18 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         for kind in ("sym", "asym")
         for tag, more in (("", []), (" mse", ["--observer", "mse"]))
     },
-    "AutoRound sym": (INT4, ["--method", "autoround", "--sym", "--iters", "200", "--batch", "8"], []),
+    # the +-7 grid, as these rows ran before full range became autoround's symmetric default ("... full" below)
+    "AutoRound sym": (
+        INT4,
+        ["--method", "autoround", "--sym", "--no-full-range", "--iters", "200", "--batch", "8"],
+        [],
+    ),
     "AutoRound asym": (INT4, ["--method", "autoround", "--asym", "--iters", "200", "--batch", "8"], []),
-    "AutoRound sym 50": (INT4, ["--method", "autoround", "--sym", "--iters", "50", "--batch", "8"], []),
+    "AutoRound sym 50": (
+        INT4,
+        ["--method", "autoround", "--sym", "--no-full-range", "--iters", "50", "--batch", "8"],
+        [],
+    ),
     "AutoRound asym 50": (INT4, ["--method", "autoround", "--asym", "--iters", "50", "--batch", "8"], []),
     **{  # the signed full-range grid for symmetric groups (llama.cpp's Q4_0, auto-round's default)
         f"{label} full": (INT4, [*flags, "--full-range"], [])

@@ -91,8 +91,8 @@ class QuantizeOptions:
     full_range: bool | None = option(
         None,
         "Symmetric INT groups on the full-range grid: the larger side of each group at -2^(bits-1), all 2^bits "
-        "levels, signed scales (llama.cpp's Q4_0, auto-round's default) instead of +-(2^(bits-1)-1). Off when "
-        "not given.",
+        "levels, signed scales (llama.cpp's Q4_0, auto-round's default) instead of +-(2^(bits-1)-1). When not "
+        "given: on for --method autoround with --sym (as auto-round), off otherwise.",
         bool,
         flag="--full-range/--no-full-range",
         scheme="full_range",

@@ -311,10 +311,13 @@ class AutoRoundScheme(QuantScheme):
     batch_seed: seed of the order in which sequences are drawn into batches.
     tune_dtype: dtype the block runs in while tuning ("float32" or "bfloat16"); the
         learned parameters, the targets and the final rounding stay float32.
+    full_range: None (not given) resolves to `symmetric`: symmetric groups take the
+        full-range grid, auto-round's own `int_sym`.
     Symmetric by default (auto-round's W4A16).
     """
 
     method: ClassVar[str] = "autoround"
+    full_range: bool | None = None
     iters: int = 200
     lr: float | None = None
     batch: int = 8
@@ -322,6 +325,8 @@ class AutoRoundScheme(QuantScheme):
     tune_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        if self.full_range is None:
+            object.__setattr__(self, "full_range", self.symmetric)
         super().__post_init__()
         if self.int8_activations != "none" or self.smoothquant is not None:
             raise BadInput(

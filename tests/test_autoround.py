@@ -46,8 +46,9 @@ def test_the_starting_point_is_rtn_bit_for_bit(symmetric: bool, scale_dtype: str
 def test_straight_through_gradients_are_the_chain_rule(symmetric: bool) -> None:
     """With the rounding's derivative taken as 1: ∂Ŵ/∂V = s where the code is not clamped
     (0 where it is), and ∂Ŵ/∂β of a symmetric group whose max side sets the scale is
-    Σ G·(q − z − W/s)·w_max/7 — checked against those formulas written out."""
-    scheme = make_scheme("autoround", group_size=16, symmetric=symmetric)
+    Σ G·(q − z − W/s)·w_max/7 on the ±7 grid — checked against those formulas written out
+    (the full-range grid's: tests/test_full_range.py)."""
+    scheme = make_scheme("autoround", group_size=16, symmetric=symmetric, full_range=False)
     W = weight(8, 32, seed=1)
     p = Rounding.initial(W.shape, 16)
     with torch.no_grad():

@@ -193,6 +193,27 @@ def test_awq_and_gptq_formats_carry_the_signed_scales(
         assert torch.equal(back.scale, want.scale) and bool((back.scale < 0).any()), name
 
 
+def test_autoround_takes_the_full_range_grid_by_default_for_symmetric_groups_only(
+    tiny: dict[str, Path],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """auto-round's own default: `--method autoround --sym` without the flag writes signed
+    scales; `--no-full-range` keeps ±7, `--asym` is unaffected, and no other method changes
+    its default."""
+    assert make_scheme("autoround").full_range is True
+    assert make_scheme("autoround", symmetric=False).full_range is False
+    assert make_scheme("autoround", full_range=False).full_range is False
+    assert not any(make_scheme(m).full_range for m in ("rtn", "gptq", "awq", "awq+gptq"))
+    few = ("--method", "autoround", "--iters", "2", "--batch", "2", "--group-size", "32", "--json")
+    for extra, full in ((("--sym",), True), (("--sym", "--no-full-range"), False), (("--asym",), False)):
+        out = tmp_path / "-".join(extra)
+        code, stdout, stderr = quantize(tiny, out, *few, *extra)
+        assert code == 0, stderr
+        assert json.loads(stdout)["scheme"]["full_range"] is full, extra
+        scales = torch.cat([qw.scale.flatten() for qw in read_checkpoint(out)[1].values()])
+        assert bool((scales < 0).any()) is full, extra
+
+
 def test_full_range_refusals_exit_2_before_any_work(tiny: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
     cases = [
         (["--method", "gptq", "--asym", "--full-range"], "--full-range is a grid of symmetric groups"),

@@ -131,7 +131,9 @@ TINY_RUNS["fp8-clip"] = ("--method", "fp8", "--fp8-clip-search")
 TINY_RUNS["rtn-g-1"] = ("--method", "rtn", "--group-size", "-1")
 TINY_RUNS["gptq-ignore-down"] = ("--method", "gptq", "--act-order", "--group-size", "32", "--ignore", "*.down_proj")
 TINY_RUNS["awq-bf16"] = ("--method", "awq", "--group-size", "32", "--dtype", "bfloat16")
-AUTOROUND_FEW = ("--method", "autoround", "--group-size", "32", "--iters", "5", "--batch", "4")
+# lr 0.05: at the default 1/iters the tiny model's batch losses never beat RTN (step 0), and the runs
+# would guard plain RTN instead of the descent
+AUTOROUND_FEW = ("--method", "autoround", "--group-size", "32", "--iters", "5", "--batch", "4", "--lr", "0.05")
 TINY_RUNS["autoround-sym"] = (*AUTOROUND_FEW, "--sym")
 TINY_RUNS["autoround-asym-awq"] = (*AUTOROUND_FEW, "--asym", "--format", "awq")
 TINY_RUNS["awq+gptq-asym"] = ("--method", "awq+gptq", "--asym", "--group-size", "32")
@@ -176,6 +178,7 @@ OTHER_KERNEL_RUNS = (
     "gptq-actorder-asym-compressed-tensors",
     "gptq-asym-compressed-tensors",
     "awq-asym-compressed-tensors",
+    "autoround-sym",
 )
 
 runner = CliRunner()
