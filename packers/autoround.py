@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from infer_tool.packers.quantized import QuantizedWeight
-from infer_tool.packers.rtn import _storable
+from infer_tool.packers.rtn import _storable, full_range_scale
 from infer_tool.schemes.integer import QuantScheme
 
 V_BOUND = 0.5  # |V| <= 0.5: a weight moves at most to the neighbouring level (the paper's range)
@@ -100,8 +100,7 @@ def _grid(W: Grouped, p: Rounding, scheme: QuantScheme) -> tuple[torch.Tensor, t
     w, lo, hi = W.w, W.lo, W.hi
     maxq = (1 << scheme.bits) - 1
     if scheme.symmetric and scheme.full_range:
-        neg, pos = -lo * p.alpha, hi * p.beta
-        s = torch.where(pos < neg, neg, -pos) / (1 << (scheme.bits - 1))
+        s = full_range_scale(-lo * p.alpha, hi * p.beta, scheme.bits)
     elif scheme.symmetric:
         s = torch.maximum(-lo * p.alpha, hi * p.beta) / ((1 << (scheme.bits - 1)) - 1)
     else:

@@ -49,9 +49,9 @@ def qparams(
     w = w.float()
     maxq = (1 << bits) - 1
     if symmetric and full_range:
-        neg, pos = -w.amin(dim=-1).clamp(max=0.0), w.amax(dim=-1).clamp(min=0.0)
-        signed = torch.where(pos < neg, neg, -pos)
-        scale = _storable(signed / (1 << (bits - 1)), scale_dtype)
+        scale = _storable(
+            full_range_scale(-w.amin(dim=-1).clamp(max=0.0), w.amax(dim=-1).clamp(min=0.0), bits), scale_dtype
+        )
         zero = torch.full_like(scale, float(1 << (bits - 1)))
         return torch.where(scale != 0, scale, torch.ones_like(scale)), zero
     if symmetric:
@@ -66,6 +66,13 @@ def qparams(
         zero[nz] = torch.round(-lo[nz] / scale[nz]).clamp(0, maxq)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return scale, zero
+
+
+def full_range_scale(neg: torch.Tensor, pos: torch.Tensor, bits: int) -> torch.Tensor:
+    """The signed full-range scale of groups whose sides reach −neg and pos (both ≥ 0, same
+    shape): ±max(neg, pos) / 2^(bits−1), negative when pos ≥ neg so that the larger side lands
+    on the level −2^(bits−1). Differentiable (AutoRound scales neg and pos by its clip factors)."""
+    return torch.where(pos < neg, neg, -pos) / (1 << (bits - 1))
 
 
 def shrink_search(
