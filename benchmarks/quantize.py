@@ -170,6 +170,12 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
             ("AutoRound sym", ["--method", "autoround", "--sym", "--iters", "200", "--batch", "8"]),
         )
     },
+    # tuned in bfloat16: auto-round's own default on a CPU with bfloat16 (its `amp`; "auto-round ... amp")
+    "AutoRound sym 50 full bf16": (
+        INT4,
+        ["--method", "autoround", "--sym", "--full-range", "--iters", "50", "--batch", "8", "--tune-dtype", "bfloat16"],
+        [],
+    ),
     "FP8 tensor": (FP8, ["--fp8-granularity", "tensor"], []),
     "FP8 channel": (FP8, ["--fp8-granularity", "channel"], []),
     "FP8 block": (FP8, ["--fp8-granularity", "block"], []),
@@ -211,6 +217,7 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "auto-round asym": (AR, ["--asym", "--iters", "200", "--batch", "8"], []),
     "auto-round sym 50": (AR, ["--iters", "50", "--batch", "8"], []),
     "auto-round asym 50": (AR, ["--asym", "--iters", "50", "--batch", "8"], []),
+    "auto-round sym 50 amp": (AR, ["--iters", "50", "--batch", "8", "--amp"], []),
     **{
         f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
