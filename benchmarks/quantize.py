@@ -192,6 +192,10 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
         for method in ("rtn", "gptq", "awq", "awq+gptq")
     },
+    **{  # AutoRound on the FP4 grid at the CPU-friendly iteration count
+        f"{preset} AutoRound 50": (FP4, [*fp4_flags(preset, "autoround"), "--iters", "50", "--batch", "8"], [])
+        for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
+    },
     # data-free: no calibration text read, no layer errors (llm-compressor's DataFreePipeline does neither)
     **{
         f"{preset} RTN data-free": (FP4, [*fp4_flags(preset, "rtn"), "--no-layer-error"], [])

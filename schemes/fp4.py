@@ -33,7 +33,7 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
-from infer_tool.schemes.integer import AWQ_SEARCH_FIELDS, AWQScheme, GPTQScheme, check_observer
+from infer_tool.schemes.integer import AWQ_SEARCH_FIELDS, AutoRoundScheme, AWQScheme, GPTQScheme, check_observer
 
 FP4_FORMATS = ("nvfp4", "mxfp4")
 FP4_GROUP_SIZE = {"nvfp4": 16, "mxfp4": 32}  # values per scale along K (= kernels/fp4_layout.GROUP_SIZE)
@@ -200,10 +200,51 @@ class Fp4AWQGPTQScheme(Fp4GPTQScheme):
         return Fp4GPTQScheme(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Fp4GPTQScheme)})
 
 
+@dataclass(frozen=True)
+class Fp4AutoRoundScheme(Fp4Scheme):
+    """AutoRound on the FP4 grid (auto-round's `nv_fp4` / `mx_fp4` tuning): per weight an offset
+    V in [-0.5, 0.5] added to w / s before the E2M1 rounding, per group one clip factor of max |w|
+    (E2M1 is symmetric, so one side's), learned by signed gradient descent on each block's output
+    (`packers/autoround_fp4.py`). NVFP4's global scales stay those of the fp weights (fused
+    shards share one). The options and their defaults are AutoRoundScheme's; the scales start
+    from min-max (`--observer mse` is refused: the descent tunes the clip itself)."""
+
+    method: ClassVar[str] = "autoround"
+    iters: int = AutoRoundScheme.iters
+    lr: float | None = AutoRoundScheme.lr
+    batch: int = AutoRoundScheme.batch
+    batch_seed: int = AutoRoundScheme.batch_seed
+    tune_dtype: str = AutoRoundScheme.tune_dtype
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        AutoRoundScheme(**_method_options(self, Fp4AutoRoundScheme))  # AutoRound's own checks, raising its BadInput
+        if self.observer != "minmax":
+            raise BadInput(
+                f"--observer {self.observer} does not go with --method autoround: its descent tunes each group's "
+                "clip from the min-max scale; drop --observer or use --method rtn / gptq / awq+gptq"
+            )
+
+    @property
+    def step_size(self) -> float:
+        """The initial step size: `lr`, or 1 / iters (as AutoRoundScheme)."""
+        return self.lr if self.lr is not None else 1.0 / self.iters
+
+    def describe(self) -> str:
+        """'autoround nvfp4 (NVFP4A16), minmax scales, 200 iters' for the report table."""
+        return f"{super().describe()}, {self.iters} iters"
+
+
 def _method_options(scheme: Fp4Scheme, cls: type[Fp4Scheme]) -> dict[str, object]:
     """The values of the fields `cls` adds to `Fp4Scheme` (its method's options)."""
     own = {f.name for f in dataclasses.fields(Fp4Scheme)}
     return {f.name: getattr(scheme, f.name) for f in dataclasses.fields(cls) if f.name not in own}
 
 
-FP4_SCHEMES: tuple[type[Fp4Scheme], ...] = (Fp4RTNScheme, Fp4GPTQScheme, Fp4AWQScheme, Fp4AWQGPTQScheme)
+FP4_SCHEMES: tuple[type[Fp4Scheme], ...] = (
+    Fp4RTNScheme,
+    Fp4GPTQScheme,
+    Fp4AWQScheme,
+    Fp4AWQGPTQScheme,
+    Fp4AutoRoundScheme,
+)

@@ -1,5 +1,5 @@
 """`infer-tool quantize --fp4`: the FP4 schemes (NVFP4 / MXFP4, weights only and W4A4) with
-RTN, GPTQ, AWQ and AWQ+GPTQ, on tiny random models, end to end: the registry's method x format classes,
+RTN, GPTQ, AWQ, AWQ+GPTQ and AutoRound, on tiny random models, end to end: the registry's method x format classes,
 the solvers against references, fused shards sharing one global scale (and vLLM's collapse of
 them changing nothing), W4A4 input scales, the checkpoint read back by transformers +
 compressed-tensors (logits equal ours) and by `eval ppl` (equal to `--eval`), and bad input.
@@ -34,6 +34,7 @@ from infer_tool.schemes.registry import make_scheme  # noqa: E402
 runner = CliRunner()
 TINY = ("--num-samples", "8", "--seq-len", "32", "--no-progress", "--device", "cpu", "--json")
 EVAL = ("--eval-tokens", "256", "--eval-seq-len", "64")
+AUTOROUND_FEW = ("--method", "autoround", "--iters", "5", "--batch", "4", "--lr", "0.05")
 # name -> quantize flags; every run also evaluates (--eval)
 RUNS = {
     "rtn-nvfp4-a16": ("--method", "rtn", "--fp4", "nvfp4"),
@@ -42,6 +43,9 @@ RUNS = {
     "awq-nvfp4-a16": ("--method", "awq", "--fp4", "nvfp4"),
     "awq+gptq-nvfp4-w4a4": ("--method", "awq+gptq", "--fp4", "nvfp4", "--fp4-activations", "fp4"),
     "gptq-mxfp4-w4a4-mse": ("--method", "gptq", "--fp4", "mxfp4", "--fp4-activations", "fp4", "--observer", "mse"),
+    # lr 0.05: at 1/iters the tiny model's five steps never beat RTN (tests/test_guard.py)
+    "autoround-nvfp4-w4a4": (*AUTOROUND_FEW, "--fp4", "nvfp4", "--fp4-activations", "fp4"),
+    "autoround-mxfp4-a16": (*AUTOROUND_FEW, "--fp4", "mxfp4"),
 }
 QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -174,13 +178,17 @@ def test_awq_clip_flags_are_refused_by_other_methods(tmp_path: Path) -> None:
         ),
         (
             ("--method", "fp8", "--fp4", "nvfp4"),
-            "--fp4 does not apply to --method fp8 (only to --method awq / awq+gptq / gptq / rtn)",
+            "--fp4 does not apply to --method fp8 (only to --method autoround / awq / awq+gptq / gptq / rtn)",
         ),
         (("--fp4", "nvfp8"), "--fp4 'nvfp8' is not supported; use one of nvfp4, mxfp4"),
         (("--fp4", "nvfp4", "--fp4-activations", "fp8"), "--fp4-activations 'fp8' is not supported; use none"),
         (
             ("--fp4", "nvfp4", "--observer", "percentile"),
             "--observer 'percentile' is not supported; use one of minmax, mse",
+        ),
+        (
+            ("--method", "autoround", "--fp4", "nvfp4", "--observer", "mse"),
+            "--observer mse does not go with --method autoround",
         ),
         (
             ("--fp4", "mxfp4", "--format", "awq"),
@@ -352,6 +360,14 @@ def test_gptq_beats_rtn_on_the_tiny_model(runs: dict) -> None:
     assert runs["awq+gptq-nvfp4-w4a4"]["layer_error_mean"] < 0.75 * runs["rtn-nvfp4-w4a4"]["layer_error_mean"]
 
 
+@pytest.mark.parametrize("name", ["autoround-nvfp4-w4a4", "autoround-mxfp4-a16"])
+def test_autoround_descent_lowers_every_block_loss_on_the_fp4_grid(runs: dict, name: str) -> None:
+    """Each block's kept batch loss is below plain FP4 RTN's (step 0) by 10% or more."""
+    entries = runs[name]["autoround"]
+    assert len(entries) == 2 and all(e["best_loss"] < 0.9 * e["rtn_loss"] for e in entries), entries
+    assert "autoround" in runs[name]["scheme_description"] and runs[name]["scheme"]["fp4"] in name
+
+
 @pytest.mark.parametrize("name", list(RUNS))
 def test_checkpoint_layout_and_config_are_llm_compressors(runs: dict, name: str) -> None:
     root, rep = runs["root"], runs[name]
@@ -417,7 +433,9 @@ def _fused(names: list[str]) -> list[list[str]]:
     ]
 
 
-@pytest.mark.parametrize("name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "awq+gptq-nvfp4-w4a4"])
+@pytest.mark.parametrize(
+    "name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "awq+gptq-nvfp4-w4a4", "autoround-nvfp4-w4a4"]
+)
 def test_fused_shards_share_one_global_scale_so_vllms_collapse_changes_nothing(runs: dict, name: str) -> None:
     """vLLM keeps one global scale per fused q/k/v, gate/up (the shards' max,
     `CompressedTensorsW4A4Fp4.process_weights_after_loading`): dequantizing each shard with it
@@ -444,7 +462,7 @@ def test_fused_shards_share_one_global_scale_so_vllms_collapse_changes_nothing(r
     assert any(changed)
 
 
-@pytest.mark.parametrize("name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4"])
+@pytest.mark.parametrize("name", ["rtn-nvfp4-w4a4", "gptq-nvfp4-w4a4", "autoround-nvfp4-w4a4"])
 def test_w4a4_input_global_scale_is_448x6_over_the_inputs_max(runs: dict, name: str) -> None:
     """An NVFP4 W4A4 linear's input_global_scale = 448·6 / max|x| of its calibration inputs: for
     layer 0's q/k/v, the input norm of the calibration tokens' embeddings, recomputed here."""
@@ -497,7 +515,16 @@ def test_eval_ppl_of_the_checkpoint_is_the_quantizers_own(runs: dict, name: str)
 
 
 @pytest.mark.parametrize(
-    "name", ["rtn-nvfp4-a16", "gptq-nvfp4-w4a4", "awq-nvfp4-a16", "awq+gptq-nvfp4-w4a4", "gptq-mxfp4-w4a4-mse"]
+    "name",
+    [
+        "rtn-nvfp4-a16",
+        "gptq-nvfp4-w4a4",
+        "awq-nvfp4-a16",
+        "awq+gptq-nvfp4-w4a4",
+        "gptq-mxfp4-w4a4-mse",
+        "autoround-nvfp4-w4a4",
+        "autoround-mxfp4-a16",
+    ],
 )
 def test_transformers_with_compressed_tensors_gives_our_logits(runs: dict, name: str) -> None:
     """transformers + compressed-tensors decompresses the checkpoint itself (into bfloat16, the
@@ -594,9 +621,9 @@ def test_w4a4_from_saved_statistics_and_statistics_without_ranges(runs: dict, tm
     assert len(text.strip().splitlines()) == 1 and not (tmp_path / "q2").exists()
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq+gptq"])
+@pytest.mark.parametrize("method", ["gptq", "awq+gptq", "autoround"])
 def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: Path, method: str) -> None:
-    """Qwen2-MoE (a shared expert), GPTQ (and AWQ+GPTQ) NVFP4 W4A4: every expert quantized, the routers left
+    """Qwen2-MoE (a shared expert), GPTQ (AWQ+GPTQ, AutoRound) NVFP4 W4A4: every expert quantized, the routers left
     out; each expert's gate/up share one global scale (vLLM's MoE uses w1's for w13, which then
     changes nothing), every routed expert of a layer has one input global scale for gate/up and
     one for down (vLLM keeps their max), the shared expert its own; `eval ppl` of the checkpoint
@@ -614,8 +641,7 @@ def test_moe_experts_share_w1_w3_scales_and_one_input_scale_per_layer(tmp_path: 
         tmp_path / "corpus.txt",
         *EVAL,
         *TINY,
-        "--method",
-        method,
+        *(AUTOROUND_FEW if method == "autoround" else ("--method", method)),
         "--fp4",
         "nvfp4",
         "--fp4-activations",

@@ -199,25 +199,41 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
         if names:
             best, entry = self.tune(ctx, names, scheme)
             for n in names:
-                module = ctx.module(n)
-                W = weight_nk(module, ctx.arch.conv1d).detach().float()
-                record(ctx.result, ctx.full(n), module, quantize_rounding(W, best[n], scheme), ctx.arch, None)
-        Y_hat = run_counting(ctx)
+                weight = self.rounded(self.grouped(ctx, n, scheme), best[n], scheme)
+                record(ctx.result, ctx.full(n), ctx.module(n), weight, ctx.arch, None)
+        Y_hat = self.output_pass(ctx, scheme)
         if entry is not None:  # what the descent aims at: the fp model's output (the report's layer error: fp(X_q)'s)
             entry["error_vs_fp_model"] = relative_error(Y_hat[:e], ctx.Y_fp[:e])
             ctx.result.method_report.setdefault("autoround", []).append(entry)
         return LayerOutputs(Y, Y_hat)
 
+    # the grid: INT here (`packers/autoround.py`); the FP4 quantizer puts its own in
+    def grouped(self, ctx: LayerContext, n: str, scheme: AutoRoundScheme) -> Any:
+        """Linear n's fp weight as the grid's groups (`Grouped`)."""
+        return Grouped.of(weight_nk(ctx.module(n), ctx.arch.conv1d), scheme)
+
+    def fake(self, W: Any, p: Rounding, scheme: AutoRoundScheme) -> torch.Tensor:
+        """Ŵ (N, K) float32, differentiable in p."""
+        return fake_quantize_rounding(W, p, scheme)
+
+    def rounded(self, W: Any, p: Rounding, scheme: AutoRoundScheme) -> Any:
+        """The weight to record: the codes and scales of the learned rounding."""
+        return quantize_rounding(W.w.reshape(W.shape), p, scheme)
+
+    def output_pass(self, ctx: LayerContext, scheme: AutoRoundScheme) -> list[torch.Tensor]:
+        """Ŷ on every chunk: the quantized layer's outputs (the next layer's inputs)."""
+        return run_counting(ctx)
+
     def tune(self, ctx: LayerContext, names: list[str], scheme: AutoRoundScheme) -> tuple[dict[str, Rounding], dict]:
         """The descent on one block (module docstring): the best parameters per linear, and the
         block's report entry (losses at step 0 and at the best step)."""
-        layer, arch, dev = ctx.layer, ctx.arch, ctx.X[0].device if ctx.X else torch.device("cpu")
+        layer, dev = ctx.layer, ctx.X[0].device if ctx.X else torch.device("cpu")
         me = shard()
         layout = gather_terms([(me.rank, j, int(x.shape[0])) for j, x in enumerate(ctx.X)])
         units, k = units_of(layout, scheme.batch)
         batches = Batches(len(units), k, (scheme.batch_seed << 20) + layer_index(ctx.prefix))
         dtype = getattr(torch, scheme.tune_dtype)
-        weights = {n: Grouped.of(weight_nk(ctx.module(n), arch.conv1d), scheme) for n in names}
+        weights = {n: self.grouped(ctx, n, scheme) for n in names}
         params = {n: Rounding.initial(weights[n].shape, scheme.group_for(weights[n].shape[1]), dev) for n in names}
         # per unit, once: its inputs in the tuning dtype, its arguments, its targets (views)
         inputs, targets, unit_calls = {}, {}, {}
@@ -248,7 +264,7 @@ class AutoRoundQuantizer(LayerQuantizer[AutoRoundScheme]):
         with tuned(block, names, dtype) as stand_ins:
             for t in range(scheme.iters):
                 with torch.enable_grad():  # Ŵ of this step, once for every unit of the batch
-                    W_hat = [fake_quantize_rounding(weights[n], params[n], scheme) for n in names]
+                    W_hat = [self.fake(weights[n], params[n], scheme) for n in names]
                 leaves = [w.detach().to(dtype).requires_grad_(True) for w in W_hat]
                 for n, leaf in zip(names, leaves):
                     stand_ins[n].W_hat = leaf

@@ -1,4 +1,4 @@
-"""FP4 (NVFP4, MXFP4) in the pipeline: the RTN, GPTQ and AWQ quantizers of the FP4 schemes
+"""FP4 (NVFP4, MXFP4) in the pipeline: the RTN, GPTQ, AWQ and AutoRound quantizers of the FP4 schemes
 (`schemes/fp4.py`), each its INT method's driver with the FP4 solvers (`packers/fp4_solve.py`);
 AWQ+GPTQ composes the FP4 AWQ and GPTQ steps as it does the INT ones (`awq_gptq.py`).
 
@@ -30,12 +30,15 @@ from infer_tool.calib.architectures import Architecture, AWQMapping, get_submodu
 from infer_tool.calib.distributed import on_first
 from infer_tool.calib.layers import capturing_inputs, run_layer, weight_nk
 from infer_tool.calib.quantizers import register_quantizer
+from infer_tool.calib.quantizers.autoround import AutoRoundQuantizer
 from infer_tool.calib.quantizers.awq import AWQQuantizer, Folded
 from infer_tool.calib.quantizers.base import LayerContext, LayerOutputs, LayerQuantizer, Needs, record, run_counting
 from infer_tool.calib.quantizers.gptq import SOLVE_ELEMENTS, GPTQQuantizer
 from infer_tool.calib.result import PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator
 from infer_tool.packers import fp4
+from infer_tool.packers.autoround import Rounding
+from infer_tool.packers.autoround_fp4 import Fp4Grouped, fake_quantize_rounding_fp4, quantize_rounding_fp4
 from infer_tool.packers.awq import apply_awq_clip, awq_search_clip
 from infer_tool.packers.fp4_solve import (
     fake_quantize_shards,
@@ -46,7 +49,7 @@ from infer_tool.packers.fp4_solve import (
 )
 from infer_tool.packers.fp4_weight import Fp4Weight
 from infer_tool.packers.gptq import part_info, part_rows
-from infer_tool.schemes.fp4 import Fp4AWQScheme, Fp4GPTQScheme, Fp4RTNScheme, Fp4Scheme
+from infer_tool.schemes.fp4 import Fp4AutoRoundScheme, Fp4AWQScheme, Fp4GPTQScheme, Fp4RTNScheme, Fp4Scheme
 
 NO_TOKENS_AMAX = 0.0  # an input no calibration token reached: global scale 1 (`fp4.nvfp4_global_scale`)
 
@@ -330,3 +333,32 @@ class Fp4AWQQuantizer(Fp4Layer, AWQQuantizer):
         if clip is not None:
             W = apply_awq_clip(W, clip)
         record(ctx.result, ctx.full(n), module, quantize_fp4_rtn(W, None, scheme, global_scale=gs), ctx.arch, None)
+
+
+@register_quantizer(Fp4AutoRoundScheme)
+class Fp4AutoRoundQuantizer(Fp4Layer, AutoRoundQuantizer):
+    """AutoRound's descent (`autoround.py`) on the FP4 grid (`packers/autoround_fp4.py`), each
+    fused group with its global scale from the fp weights. W4A4: the block is tuned with its
+    activations unquantized, and the NVFP4 input scales come from the quantized layer's output
+    pass, as FP4 RTN's do."""
+
+    def quantize_layer(self, ctx: LayerContext, scheme: Fp4AutoRoundScheme) -> LayerOutputs:
+        self.begin(ctx, scheme)
+        return super().quantize_layer(ctx, scheme)
+
+    def grouped(self, ctx: LayerContext, n: str, scheme: Fp4AutoRoundScheme) -> Fp4Grouped:
+        W = weight_nk(ctx.module(n), ctx.arch.conv1d)
+        return Fp4Grouped.of(W, scheme, self.global_scale(ctx.full(n)))
+
+    def fake(self, W: Fp4Grouped, p: Rounding, scheme: Fp4AutoRoundScheme) -> torch.Tensor:
+        return fake_quantize_rounding_fp4(W, p, scheme)
+
+    def rounded(self, W: Fp4Grouped, p: Rounding, scheme: Fp4AutoRoundScheme) -> Fp4Weight:
+        return quantize_rounding_fp4(W, p, scheme)
+
+    def output_pass(self, ctx: LayerContext, scheme: Fp4AutoRoundScheme) -> list[torch.Tensor]:
+        if input_global_scale(0.0, scheme) is None:
+            return run_counting(ctx)
+        Y_hat, amax = measured(ctx, lambda: run_counting(ctx))
+        set_input_scales(ctx, amax, scheme)
+        return Y_hat
