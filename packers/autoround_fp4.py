@@ -27,7 +27,7 @@ from infer_tool.kernels.fp4_act import round_to_e2m1
 from infer_tool.kernels.fp4_layout import E2M1_MAX
 from infer_tool.packers import fp4
 from infer_tool.packers.autoround import Rounding
-from infer_tool.packers.fp4_solve import _amax_dtype, fp4_global_scale
+from infer_tool.packers.fp4_solve import fp4_global_scale
 from infer_tool.packers.fp4_weight import Fp4Weight
 from infer_tool.schemes.fp4 import Fp4Scheme
 
@@ -45,8 +45,8 @@ class Fp4Grouped:
         """`global_scale`: the fused shards' (NVFP4), default W's own."""
         g = scheme.group_size
         gs = global_scale if global_scale is not None else fp4_global_scale([W], scheme)
-        amax = fp4.group_amax(W.detach().to(_amax_dtype(scheme)), g)
-        return cls(fp4._grouped(W.detach().float(), g), amax, gs)
+        amax = fp4.group_amax(W.detach().to(getattr(torch, scheme.amax_dtype)), g)  # as FP4 RTN's observer
+        return cls(W.detach().float().unflatten(-1, (-1, g)), amax, gs)
 
     @property
     def shape(self) -> tuple[int, int]:
