@@ -31,6 +31,7 @@ INFER_TOOL = str(Path(sys.executable).parent / "infer-tool")
 # 40 sequences of 256 tokens: chunks of 8 on a CPU, so 5 chunks, split 3 + 2 (AWQ's 16
 # search samples and the 16 error samples are process 0's first two chunks).
 CALIB = ("--num-samples", "40", "--seq-len", "256", "--device", "cpu", "--no-progress")
+NVFP4_W4A4 = ("--fp4", "nvfp4", "--fp4-activations", "fp4")
 CASES = {
     "rtn": ("--method", "rtn", "--group-size", "32"),
     "gptq-act-order": ("--method", "gptq", "--act-order", "--group-size", "32"),
@@ -39,6 +40,8 @@ CASES = {
     "awq": ("--method", "awq", "--group-size", "32"),
     # batches of two chunks: a step's two units may sit on different processes (their gradients are summed in order)
     "autoround": ("--method", "autoround", "--group-size", "32", "--iters", "6", "--batch", "16"),
+    # the same on the FP4 grid, W4A4: each fused group's global scale and the input scales' max |x| over processes
+    "autoround-nvfp4-w4a4": ("--method", "autoround", *NVFP4_W4A4, "--iters", "6", "--batch", "16"),
     "fp8-static-kv": ("--method", "fp8", "--fp8-activations", "static", "--kv-cache", "fp8"),
     # SmoothQuant's statistics are reduced across processes before its scales are folded
     "w8a8-smoothquant-gptq": ("--scheme", "W8A8", "--smoothquant", "0.5"),
