@@ -5,19 +5,21 @@ tolerant comparison of two such forms.
 Canonical form of one checkpoint directory (`extract`): per quantized linear `L` (module
 path), in the logical layout of its weight W (N, K), whatever the file format:
 - `L:codes`  uint8 (N, K): INT4 codes q in [0, 16) (the unsigned code; signed formats + 8),
-             or the bit patterns of FP8 e4m3 weights;
-- `L:scale`  float32 (N, G) per group of K (INT4), (N, 1) per channel, (1, 1) per tensor or
+             the bit patterns of FP8 e4m3 weights, or E2M1 codes (FP4: bit 3 the sign, bits 0-2
+             the magnitude index into 0, 0.5, 1, 1.5, 2, 3, 4, 6);
+- `L:scale`  float32 (N, G) per group of K (INT4; FP4: the effective scale, NVFP4's E4M3 over
+             its global scale or MXFP4's 2^(u-127)), (N, 1) per channel, (1, 1) per tensor or
              (N, ceil(K/128)) per 128 x 128 block (FP8; each block row repeated for its rows);
 - `L:zero`   uint8 (N, G) unsigned zero points (asymmetric INT4 only);
 - `L:g_idx`  int32 (K,) group of every input channel (GPTQ v1 only);
 and every other tensor (norms, embeddings, input / k / v scales, statistics) as float32
 under its own name. W is dequantized from these (`dequantize`): (q - zero)·scale for INT4
-(zero = 8 when symmetric), fp8(q)·scale for FP8. The reference keeps only some rows of each
+(zero = 8 when symmetric), fp8(q)·scale for FP8, e2m1(q)·scale for FP4. The reference keeps only some rows of each
 tensor (`extract(rows=...)`: evenly spaced along dim 0), so that it stays small.
 
 The readers here are written from the format descriptions (compressed-tensors
-pack-quantized and float-quantized, AWQ GEMM, GPTQ v1, native fp8) and share no code with
-the writers they check.
+pack-quantized, float-quantized and nvfp4/mxfp4-pack-quantized, AWQ GEMM, GPTQ v1, native
+fp8) and share no code with the writers they check.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ KERNEL_ENV = (
     "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE",
 )  # fmt: skip
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # FP4 magnitudes by the code's low three bits
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble i of a word holds output column 8j + AWQ_ORDER[i]
 FP8_BLOCK = 128
 
@@ -177,6 +180,20 @@ def _linear_int4(method: str, t: dict[str, torch.Tensor], name: str) -> dict[str
     raise ValueError(f"{name}: unknown INT4 format {method!r}")
 
 
+def _linear_fp4(t: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    """compressed-tensors nvfp4/mxfp4-pack-quantized: weight_packed (N, K/2) uint8 holding
+    column 2j in the low nibble and 2j+1 in the high; weight_scale (N, K/g) float8_e4m3fn with a
+    float32 weight_global_scale (NVFP4: scale / global), or uint8 E8M0 exponents (MXFP4)."""
+    packed = t.pop(f"{name}.weight_packed")
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+    s = t.pop(f"{name}.weight_scale")
+    if s.dtype == torch.float8_e4m3fn:
+        scale = s.float() / t.pop(f"{name}.weight_global_scale").float()
+    else:
+        scale = torch.exp2(s.float() - 127.0)
+    return {"fp4": codes, "scale": scale}
+
+
 def extract(directory: Path, rows: int | None = None) -> dict[str, torch.Tensor]:
     """The canonical form of a checkpoint (see the module docstring). rows: keep only about
     that many rows of each tensor (dim 0 of its logical layout, every ceil(N / rows)-th);
@@ -187,11 +204,13 @@ def extract(directory: Path, rows: int | None = None) -> dict[str, torch.Tensor]
     qc = json.loads(config.read_text()).get("quantization_config", {}) if config.is_file() else {}
     out: dict[str, torch.Tensor] = {}
     int4 = {"weight_packed": "compressed-tensors", "qweight": qc.get("quant_method", "")}
+    fp4 = str(qc.get("format", "")).endswith("fp4-pack-quantized")
     for key in sorted(t):
         suffix = key.rsplit(".", 1)[-1]
         if suffix in int4 and key in t:
             name = key[: -len(suffix) - 1]
-            for part, v in _linear_int4(int4[suffix], t, name).items():
+            parts = _linear_fp4(t, name) if fp4 else _linear_int4(int4[suffix], t, name)
+            for part, v in parts.items():
                 out[f"{name}:{part}"] = v
     for key in sorted(t):
         if key in t and key.endswith(".weight") and t[key].dtype == torch.float8_e4m3fn:
@@ -215,7 +234,7 @@ def extract(directory: Path, rows: int | None = None) -> dict[str, torch.Tensor]
 
 
 def linears(c: Mapping[str, torch.Tensor]) -> list[str]:
-    return sorted(k.rsplit(":", 1)[0] for k in c if k.endswith((":q4", ":fp8")))
+    return sorted(k.rsplit(":", 1)[0] for k in c if k.endswith((":q4", ":fp8", ":fp4")))
 
 
 def dequantize(c: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -229,6 +248,11 @@ def dequantize(c: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
         k = q.shape[1]
         groups = g_idx.long() if g_idx is not None else torch.arange(k) // (k // scale.shape[1])
         return (q - z[:, groups]) * scale[:, groups]
+    if f"{name}:fp4" in c:
+        q = c[f"{name}:fp4"].long()
+        value = torch.tensor(E2M1, dtype=torch.float64)[q & 7] * (1 - 2 * (q >> 3)).double()
+        k = q.shape[1]
+        return value * scale[:, torch.arange(k) // (k // scale.shape[1])]
     w = c[f"{name}:fp8"].view(torch.float8_e4m3fn).double()
     if scale.shape[1] == 1:
         return w * scale
@@ -256,7 +280,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def differences(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """How far two canonical forms of one run are apart:
-    code_flips: fraction of INT4 / FP8 codes, zero points and g_idx entries that differ;
+    code_flips: fraction of INT4 / FP8 / FP4 codes, zero points and g_idx entries that differ;
     scale_rel: ||Δ|| / || || of all the run's scales together (float64);
     weight_rel: ||Δ|| / || || of all the run's dequantized weights together;
     float_rel: the largest ||Δ|| / || || of any other tensor (norms, embeddings, statistics,
@@ -278,7 +302,7 @@ def differences(got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor
     names = linears(want)
     parts = set()
     for name in names:
-        for part in ("q4", "fp8", "zero", "g_idx"):
+        for part in ("q4", "fp8", "fp4", "zero", "g_idx"):
             key = f"{name}:{part}"
             if key in want:
                 parts.add(key)
@@ -338,7 +362,7 @@ def save_reference(path: Path, forms: Mapping[str, Mapping[str, torch.Tensor]]) 
     for run in sorted(forms):
         index[run] = {}
         for name, t in sorted(forms[run].items()):
-            q4 = name.endswith((":q4", ":zero"))
+            q4 = name.endswith((":q4", ":fp4", ":zero"))
             data = _pack_q4(t) if q4 else t.contiguous()
             key = hashlib.sha256(str((data.dtype, list(t.shape), q4)).encode() + data.numpy().tobytes()).hexdigest()[
                 :20

@@ -1,7 +1,7 @@
 """The restructure guard: the checkpoints `quantize` and `calibrate` write do not change.
 
 A matrix of runs (every method x symmetry x format, FP8 granularities, static activations
-with KV scales, `calibrate` + `--stats`) on a tiny random Llama, and GPTQ / AWQ on the
+with KV scales, NVFP4 / MXFP4 by four methods, `calibrate` + `--stats`) on a tiny random Llama, and GPTQ / AWQ on the
 demo model at small settings, each checked two ways:
 
 - Byte-exact, where it can hold. Float reductions round differently on another CPU's
@@ -13,11 +13,11 @@ demo model at small settings, each checked two ways:
   torch's thread count) in tests/guard_hashes.json. They are compared only where the
   running fingerprint equals a recorded one.
 - Tolerant, on every machine: each checkpoint is read back into a canonical, format-free
-  form (`guard_reference.extract`: INT4 codes, FP8 bit patterns, scales, zero points, g_idx
+  form (`guard_reference.extract`: INT4 / FP4 codes, FP8 bit patterns, scales, zero points, g_idx
   in the weight's logical layout; every other tensor as float) and compared with the
   committed reference tests/guard_reference.safetensors.gz (every 2nd-4th row of each tiny
   tensor, about DEMO_ROWS rows of each demo tensor) by `guard_reference.differences`,
-  within `guard_reference.TOLERANCES` per run on: code_flips (the fraction of INT4 / FP8
+  within `guard_reference.TOLERANCES` per run on: code_flips (the fraction of INT4 / FP8 / FP4
   codes, zero points and g_idx entries that differ), scale_rel (||Δ|| / || || of all the
   run's scales), weight_rel (the same of the dequantized weights) and float_rel (the worst
   other tensor: norms after the AWQ fold, statistics, input and KV scales).
@@ -37,7 +37,7 @@ this guard compared across machines before does not survive a kernel change (it 
 tiny and demo runs under the overrides above, as it would have on the AMX machine), and on
 packed int32 words it weighs a code by its nibble's position (2^28 for the high one).
 
-`test_guard_passes_under_other_kernels` reruns three of the most rounding-sensitive runs in
+`test_guard_passes_under_other_kernels` reruns some of the most rounding-sensitive runs in
 a subprocess under those overrides: its fingerprint differs (no byte-exact record applies)
 and the tolerant check must pass. `test_solver_change_fails_tolerant_guard` shows each
 deliberate solver change failing it.
@@ -136,6 +136,11 @@ TINY_RUNS["awq-bf16"] = ("--method", "awq", "--group-size", "32", "--dtype", "bf
 AUTOROUND_FEW = ("--method", "autoround", "--group-size", "32", "--iters", "5", "--batch", "4", "--lr", "0.05")
 TINY_RUNS["autoround-sym"] = (*AUTOROUND_FEW, "--sym")
 TINY_RUNS["autoround-asym-awq"] = (*AUTOROUND_FEW, "--asym", "--format", "awq")
+# FP4 (compressed-tensors nvfp4/mxfp4-pack-quantized): the format fixes its groups
+TINY_RUNS["rtn-nvfp4-w4a4"] = ("--method", "rtn", "--fp4", "nvfp4", "--fp4-activations", "fp4")
+TINY_RUNS["gptq-mxfp4"] = ("--method", "gptq", "--fp4", "mxfp4")
+TINY_RUNS["awq-nvfp4"] = ("--method", "awq", "--fp4", "nvfp4")
+TINY_RUNS["autoround-nvfp4"] = (*AUTOROUND_FEW[:2], *AUTOROUND_FEW[4:], "--fp4", "nvfp4")
 TINY_RUNS["awq+gptq-asym"] = ("--method", "awq+gptq", "--asym", "--group-size", "32")
 # the signed full-range grid (negative scales) through GPTQ's solver and AutoRound's descent
 TINY_RUNS["gptq-actorder-sym-full-range"] = (
@@ -179,6 +184,8 @@ OTHER_KERNEL_RUNS = (
     "gptq-asym-compressed-tensors",
     "awq-asym-compressed-tensors",
     "autoround-sym",
+    "gptq-mxfp4",
+    "autoround-nvfp4",
 )
 
 runner = CliRunner()
@@ -448,6 +455,8 @@ SOLVER_CHANGES = {  # name -> (guard run, extra quantize flags, what it changes)
     "awq-grid-10": ("awq-sym-compressed-tensors", (), "grid"),
     "awq-no-fold": ("awq-asym-compressed-tensors", (), "fold"),
     "autoround-iters-4": ("autoround-sym", ("--iters", "4"), None),
+    "gptq-fp4-damp-0.02": ("gptq-mxfp4", ("--damp", "0.02"), None),
+    "autoround-fp4-iters-4": ("autoround-nvfp4", ("--iters", "4"), None),
 }
 
 
@@ -456,9 +465,9 @@ def test_solver_change_fails_tolerant_guard(
     tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     """A deliberate one-line change to a solver: GPTQ damping 1% -> 2% of mean diag(H) (the
-    --damp flag), AWQ's ratio grid 20 -> 10 points (the scheme's `grid` field), AWQ without
-    folding 1/s into the previous norm or linear, AutoRound stopped one descent step early.
-    Each moves its run past the tolerances."""
+    --damp flag; INT4 and MXFP4), AWQ's ratio grid 20 -> 10 points (the scheme's `grid` field),
+    AWQ without folding 1/s into the previous norm or linear, AutoRound stopped one descent step
+    early (INT4 and NVFP4). Each moves its run past the tolerances."""
     name, flags, patch = SOLVER_CHANGES[change]
     if patch == "grid":
         cls = _awq_scheme()
