@@ -23,6 +23,20 @@ def weight(n: int = 12, k: int = 64, seed: int = 0) -> torch.Tensor:
     return W
 
 
+def learned(
+    fmt: str, n: int, seed: int, beta: tuple[float, float]
+) -> tuple[torch.Tensor, Fp4AutoRoundScheme, Fp4Grouped, Rounding]:
+    """W (n, 64), the scheme, its groups, and parameters as a descent leaves them: V uniform in
+    [−0.5, 0.5], β uniform in `beta`."""
+    W = weight(n, 64, seed=seed)
+    scheme = Fp4AutoRoundScheme(fp4=fmt)
+    p = Rounding.initial(W.shape, scheme.group_size)
+    with torch.no_grad():
+        p.V.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(seed + 1))
+        p.beta.uniform_(*beta, generator=torch.Generator().manual_seed(seed + 2))
+    return W, scheme, Fp4Grouped.of(W, scheme), p
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("amax_dtype", ["float32", "bfloat16"])
 def test_the_starting_point_is_fp4_rtn_bit_for_bit(fmt: str, amax_dtype: str) -> None:
@@ -46,13 +60,7 @@ def test_straight_through_gradients_are_the_chain_rule(fmt: str) -> None:
     """With the roundings' derivatives taken as 1: ∂Ŵ/∂V = s where |W/s + V| < 6 (0 where the
     clamp saturates), and ∂Ŵ/∂β = Σ G·(q − x_in)·a/6 over the group, x_in = W/s + V inside the
     clamp (the clamped value's own term vanishes), s the exact effective scale."""
-    W = weight(8, 64, seed=1)
-    scheme = Fp4AutoRoundScheme(fp4=fmt)
-    G = Fp4Grouped.of(W, scheme)
-    p = Rounding.initial(W.shape, scheme.group_size)
-    with torch.no_grad():
-        p.V.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(2))
-        p.beta.fill_(0.8)
+    W, scheme, G, p = learned(fmt, 8, seed=1, beta=(0.8, 0.8))
     Gr = torch.randn(W.shape, generator=torch.Generator().manual_seed(3))
     (fake_quantize_rounding_fp4(G, p, scheme) * Gr).sum().backward()
     g = scheme.group_size
@@ -73,13 +81,7 @@ def test_straight_through_gradients_are_the_chain_rule(fmt: str) -> None:
 def test_the_written_rounding_is_the_one_evaluated(fmt: str) -> None:
     """At learned (random) V and β the checkpoint's codes and scales dequantize to exactly the
     Ŵ the descent scored, and the scales are those RTN stores for the clipped group maxima."""
-    W = weight(16, 64, seed=4)
-    scheme = Fp4AutoRoundScheme(fp4=fmt)
-    G = Fp4Grouped.of(W, scheme)
-    p = Rounding.initial(W.shape, scheme.group_size)
-    with torch.no_grad():
-        p.V.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(5))
-        p.beta.uniform_(0.7, 1.0, generator=torch.Generator().manual_seed(6))
+    W, scheme, G, p = learned(fmt, 16, seed=4, beta=(0.7, 1.0))
     got = quantize_rounding_fp4(G, p, scheme)
     assert torch.equal(got.dequantize(), fake_quantize_rounding_fp4(G, p, scheme).detach())
     clipped = G.amax * p.beta.detach()
