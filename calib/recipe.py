@@ -338,10 +338,12 @@ NUMBER_LIMITS = {
 }
 
 
-def flag(name: str) -> str:
-    """The command-line spelling of option `name` (the first of a two-way flag)."""
+def flag(name: str, value: object = None) -> str:
+    """The command-line spelling of option `name`: of a two-way flag the side `value` picks
+    (the second for False, else the first)."""
     declared = OPTIONS[name].metadata["flag"]
-    return (declared or f"--{name.replace('_', '-')}").split("/")[0]
+    sides = (declared or f"--{name.replace('_', '-')}").split("/")
+    return sides[-1] if value is False else sides[0]
 
 
 def _aliases() -> dict[str, tuple[str, bool]]:
@@ -477,8 +479,9 @@ def with_preset(values: dict[str, Any]) -> dict[str, Any]:
     elif method in SCHEMES:
         foreign = [t for t in preset.options if t not in scheme_fields(method)]
         if foreign:
+            sets = ", ".join(flag(SCHEME_OPTIONS[t], preset.options[t]) for t in foreign)
             raise BadInput(
-                f"--scheme {preset.name} sets {', '.join(flag(SCHEME_OPTIONS[t]) for t in foreign)}, which --method "
+                f"--scheme {preset.name} sets {sets}, which --method "
                 f"{method} does not take; use --method {preset.method or DEFAULTS.method} or another preset"
             )
     return out
@@ -525,11 +528,11 @@ def scheme_from_options(opts: QuantizeOptions) -> Scheme:
         owners = sorted({m for m in SCHEMES for name in wrong if given[name] in scheme_fields(m)})
         takes = [OPTIONS[n].metadata["flag"] or flag(n) for n, f in OPTIONS.items() if f.metadata["scheme"] in accepted]
         raise BadInput(
-            f"{', '.join(flag(n) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply "
+            f"{', '.join(flag(n, getattr(opts, n)) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply "
             f"to --method {opts.method} (only to --method {' / '.join(owners)}); "
             f"--method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
         )
-    _refuse_mixed_formats(opts.method, given)
+    _refuse_mixed_formats(opts.method, {flag(name, getattr(opts, name)): target for name, target in given.items()})
     if opts.observer is not None and opts.fp4 is None and "observer" not in CLASSES[opts.method][0].option_names():
         raise BadInput(
             f"--observer applies to --method {opts.method} only with --fp4 (its INT search chooses the scales); "
@@ -539,15 +542,15 @@ def scheme_from_options(opts: QuantizeOptions) -> Scheme:
 
 
 def _refuse_mixed_formats(method: str, given: dict[str, str]) -> None:
-    """BadInput when no one class of `method` takes every given option ({option: scheme
-    field}), naming the options of the class that takes the most of them."""
+    """BadInput when no one class of `method` takes every given option ({flag as typed:
+    scheme field}), naming the options of the class that takes the most of them."""
     classes = CLASSES[method]
     if any(set(given.values()) <= set(c.option_names()) for c in classes):
         return
     best = max(classes, key=lambda c: sum(t in c.option_names() for t in given.values()))
     own = set(best.option_names()) - {t for c in classes if c is not best for t in c.option_names()}
-    mine = [flag(n) for n, t in given.items() if t not in best.option_names()]
-    theirs = [flag(n) for n, t in given.items() if t in own]
+    mine = [typed for typed, t in given.items() if t not in best.option_names()]
+    theirs = [typed for typed, t in given.items() if t in own]
     raise BadInput(
         f"{', '.join(mine)} do{'es' if len(mine) == 1 else ''} not go with {', '.join(theirs)}: they set two number "
         f"formats of --method {method} (FP4 fixes the bits, groups, symmetry and scale dtypes that INT options choose)"

@@ -165,7 +165,7 @@ def test_awq_clip_flags_are_refused_by_other_methods(tmp_path: Path) -> None:
     code, text = invoke(
         "quantize", tmp_path / "no-model", "--out", tmp_path / "out", "--method", "gptq", "--no-awq-clip"
     )
-    assert code == 2 and "--awq-clip does not apply to --method gptq (only to --method awq)" in text
+    assert code == 2 and "--no-awq-clip does not apply to --method gptq (only to --method awq)" in text  # as typed
     assert "Traceback" not in text and not (tmp_path / "out").exists()
 
 
@@ -175,6 +175,14 @@ def test_awq_clip_flags_are_refused_by_other_methods(tmp_path: Path) -> None:
         (
             ("--fp4", "nvfp4", "--group-size", "16"),
             "--fp4 does not go with --group-size: they set two number formats of --method awq",
+        ),
+        (  # a two-way flag is named as typed
+            ("--method", "autoround", "--fp4", "nvfp4", "--asym"),
+            "--fp4 does not go with --asym: they set two number formats of --method autoround",
+        ),
+        (
+            ("--method", "autoround", "--fp4", "mxfp4", "--no-full-range"),
+            "--fp4 does not go with --no-full-range: they set two number formats of --method autoround",
         ),
         (
             ("--method", "fp8", "--fp4", "nvfp4"),
