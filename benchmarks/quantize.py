@@ -176,6 +176,11 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--method", "autoround", "--sym", "--full-range", "--iters", "50", "--batch", "8", "--tune-dtype", "bfloat16"],
         [],
     ),
+    "AutoRound asym 50 bf16": (
+        INT4,
+        ["--method", "autoround", "--asym", "--iters", "50", "--batch", "8", "--tune-dtype", "bfloat16"],
+        [],
+    ),
     "FP8 tensor": (FP8, ["--fp8-granularity", "tensor"], []),
     "FP8 channel": (FP8, ["--fp8-granularity", "channel"], []),
     "FP8 block": (FP8, ["--fp8-granularity", "block"], []),
@@ -222,6 +227,7 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
     "auto-round sym 50": (AR, ["--iters", "50", "--batch", "8"], []),
     "auto-round asym 50": (AR, ["--asym", "--iters", "50", "--batch", "8"], []),
     "auto-round sym 50 amp": (AR, ["--iters", "50", "--batch", "8", "--amp"], []),
+    "auto-round asym 50 amp": (AR, ["--asym", "--iters", "50", "--batch", "8", "--amp"], []),
     **{
         f"llmc {preset}": (LLMC, ["--scheme", preset, "--method", "rtn"], [])
         for preset in ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
