@@ -6,9 +6,10 @@ the profiler gives GEMMs (with their rate), attention and the rest.
     python benchmarks/autoround_step.py --layer 15 --steps 8 --runs 5
 
 It calls the quantizer's own descent (`AutoRoundQuantizer.tune`, `--steps` iterations) on the
-block's inputs as the pipeline holds them: the model's hidden states of `--num-samples`
-windows of `sotu:calib` in chunks of `CPU_BATCH_TOKENS` tokens, with the arguments the model
-passes the block (captured), and the fp block's outputs as targets. Each step is the block's
+block's inputs as the pipeline holds them (`calib/layers.capture_inputs`, then the fp blocks
+before it): the hidden states of `--num-samples` windows of `sotu:calib` in chunks of
+`CPU_BATCH_TOKENS` tokens, with the arguments the model passes each block, and the fp block's
+outputs as targets. Each step is the block's
 forward and backward on `--batch` sequences, the chain rule through the quantizer and the signed
 step; the set-up before the first step (grouping the weights) is timed with it.
 """
@@ -19,34 +20,11 @@ import argparse
 import os
 import statistics
 import time
-from typing import Any
 
 import torch
-from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
-
-def captured_call(model: nn.Module, layer: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """The hidden states the model passes `layer` on `ids`, and its other arguments (`LayerCall`)."""
-    from infer_tool.calib.layers import LayerCall
-
-    seen: dict[str, Any] = {}
-
-    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-        seen["args"], seen["kwargs"] = args, kwargs
-        raise StopIteration  # the rest of the model is not needed
-
-    handle = layer.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(input_ids=ids, use_cache=False)  # as the pipeline captures
-    except StopIteration:
-        pass
-    finally:
-        handle.remove()
-    return seen["args"][0], LayerCall(tuple(seen["args"][1:]), dict(seen["kwargs"]))
 
 
 def main() -> None:
@@ -63,7 +41,7 @@ def main() -> None:
 
     from infer_tool.calib.architectures import architecture_for
     from infer_tool.calib.corpora import calibration_batch
-    from infer_tool.calib.layers import first
+    from infer_tool.calib.layers import capture_inputs, decoder_layers, run_layer
     from infer_tool.calib.models import load_model
     from infer_tool.calib.pipeline import CPU_BATCH_TOKENS
     from infer_tool.calib.quantizers.autoround import AutoRoundQuantizer
@@ -73,13 +51,15 @@ def main() -> None:
 
     loaded = load_model(args.model)
     model = loaded.model
-    layer, prefix = model.model.layers[args.layer], f"model.layers.{args.layer}"
+    arch = architecture_for(model.config.model_type, model.config)
+    layers = decoder_layers(model, arch)
     ids = calibration_batch(loaded.tokenizer, "sotu:calib", args.num_samples, args.seq_len, 0)
-    chunk = max(1, CPU_BATCH_TOKENS // args.seq_len)
-    X, calls = zip(*(captured_call(model, layer, ids[a : a + chunk]) for a in range(0, len(ids), chunk)))
-    with torch.no_grad():
-        Y_fp = [first(layer(x, *c.args, **c.kwargs)) for x, c in zip(X, calls)]
-    arch = architecture_for(model.config.model_type, model.config).for_layer(layer)
+    X, calls_per_layer = capture_inputs(model, arch, ids, max(1, CPU_BATCH_TOKENS // args.seq_len), torch.device("cpu"))
+    for i in range(args.layer):  # the fp model's inputs of block `--layer`
+        X = run_layer(layers[i], X, calls_per_layer[i])
+    layer, prefix, calls = layers[args.layer], f"model.layers.{args.layer}", calls_per_layer[args.layer]
+    Y_fp = run_layer(layer, X, calls)
+    arch = arch.for_layer(layer)
     targets = {f"{prefix}.{n}" for n in arch.linears}
     quantizer = AutoRoundQuantizer()
 
@@ -88,8 +68,8 @@ def main() -> None:
         ctx = LayerContext(
             layer,
             prefix,
-            list(X),
-            list(calls),
+            X,
+            calls,
             arch=arch,
             targets=targets,
             result=PipelineResult(),
