@@ -130,13 +130,13 @@ def parse_limits(text: str | None) -> tuple[int | None, int | None]:
     """--max-memory HOST[,DEVICE] -> (host bytes, device bytes), None where not given."""
     if text is None:
         return None, None
-    from infer_tool.packers.shards import parse_size
+    from infer_tool.common.sizes import parse_size
 
     parts = [p.strip() for p in str(text).split(",")]
     if len(parts) > 2 or not all(parts):
         raise BadInput(f"--max-memory {text!r}: use HOST or HOST,DEVICE, e.g. 20GiB or 20GiB,70GiB")
-    host = parse_size(parts[0], "--max-memory")
-    return host, parse_size(parts[1], "--max-memory") if len(parts) == 2 else None
+    host = parse_size(parts[0], "--max-memory", minimum=2**20)
+    return host, parse_size(parts[1], "--max-memory", minimum=2**20) if len(parts) == 2 else None
 
 
 def host_available() -> int | None:

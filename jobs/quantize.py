@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFormat]:
     """Every option checked before any model is loaded or text tokenized: (scheme, format)."""
     from infer_tool.calib.stats import saved_version  # these four import torch
+    from infer_tool.common.sizes import parse_size
     from infer_tool.jobs.run_dir import check_progress
     from infer_tool.packers.checkpoint import REPORT_NAME, get_format
-    from infer_tool.packers.shards import parse_size
 
     scheme = scheme_from_options(opts)
     fmt = get_format(opts.format, scheme.kind)

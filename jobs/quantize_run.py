@@ -42,6 +42,7 @@ from infer_tool.common.device import pick_device
 from infer_tool.common.errors import BadInput
 from infer_tool.common.jsonout import to_json
 from infer_tool.common.progress import Progress
+from infer_tool.common.sizes import parse_size
 from infer_tool.evals.ppl import PplResult, make_windows
 from infer_tool.evals.ppl_cache import CacheUse, has_hidden, hidden_path, load_hidden, store_hidden, stored
 from infer_tool.jobs import preflight
@@ -62,7 +63,6 @@ from infer_tool.packers.checkpoint import REPORT_NAME, CheckpointFormat, checkpo
 from infer_tool.packers.checkpoint_parts import write_from_parts
 from infer_tool.packers.fp8 import scale_from_amax
 from infer_tool.packers.fp8_formats import kv_scale_tensors
-from infer_tool.packers.shards import parse_size
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
 from infer_tool.schemes.integer import W8A8_KIND
 

@@ -17,45 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
 
-from infer_tool.common.errors import BadInput
 from infer_tool.packers.safetensors_stream import DTYPE_OF_NAME, TensorSpec, read_tensors, spec_of, write_streamed
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 METADATA = {"format": "pt"}
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
-
-def parse_size(text: str | int, what: str = "size") -> int:
-    """'5GB' -> 5_000_000_000, '512MiB' -> 536_870_912, '1000' -> 1000 bytes; BadInput otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-        if m is None or m.group(2).upper() not in _UNITS:
-            raise BadInput(f"{what} {text!r} is not a size; use e.g. 5GB, 500MB, 2GiB or a byte count")
-        value, unit = float(m.group(1)), m.group(2).upper()
-    size = int(value * _UNITS[unit])
-    if size < 1:
-        raise BadInput(f"{what} {text!r} must be at least 1 byte")
-    return size
 
 
 def plan_shards(specs: Iterable[TensorSpec], max_shard_bytes: int) -> list[list[TensorSpec]]:

@@ -1,6 +1,5 @@
-"""Parse the sizes and counts users type: memory (`80GiB`, `80GB`, `1.5G`, bytes) and
-token / sequence counts (`32k`, lists `4k,8k`, ranges `4k..128k` doubling or
-`1..64:8` stepped)."""
+"""Parse the counts users type: token / sequence counts (`32k`, lists `4k,8k`, ranges `4k..128k` doubling or
+`1..64:8` stepped). Memory sizes: `common/sizes.py`."""
 
 from __future__ import annotations
 
@@ -8,38 +7,9 @@ import re
 
 from infer_tool.common.errors import BadInput
 
-_MEM_UNITS = {
-    "": 2**30,  # a bare number is GiB
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "kb": 10**3,
-    "m": 2**20,
-    "mib": 2**20,
-    "mb": 10**6,
-    "g": 2**30,
-    "gib": 2**30,
-    "gb": 10**9,
-    "t": 2**40,
-    "tib": 2**40,
-    "tb": 10**12,
-}
 _COUNT_SUFFIX = {"": 1, "k": 1024, "m": 1024**2}
 _MAX_ITEMS = 64
 _MAX_COUNT = 2**40  # tokens or sequences; anything larger is a typo
-
-
-def parse_bytes(text: str, what: str, *, allow_zero: bool = False) -> int:
-    """`80GiB` / `80GB` / `80G` / `85899345920B` / `80` (GiB) -> bytes (> 0, or >= 0
-    with `allow_zero`)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _MEM_UNITS:
-        raise BadInput(f"{what} {text!r} is not a size; accepted: e.g. 80GiB, 80GB, 24G, 1.5GiB, 1073741824B")
-    value = int(float(m.group(1)) * _MEM_UNITS[unit])
-    if value < 0 or (value == 0 and not allow_zero):
-        raise BadInput(f"{what} {text!r} must be greater than zero")
-    return value
 
 
 def parse_count(text: str, what: str) -> int:

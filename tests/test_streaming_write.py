@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from infer_tool.common.errors import BadInput
+from infer_tool.common.sizes import parse_size
 from infer_tool.packers.safetensors_stream import DTYPE_ORDER, spec_of, write_streamed
-from infer_tool.packers.shards import PartFiles, in_memory, parse_size, plan_shards, write_shards
+from infer_tool.packers.shards import PartFiles, in_memory, plan_shards, write_shards
 
 
 def _random_tensors(rng: random.Random) -> dict[str, torch.Tensor]:
@@ -96,7 +97,7 @@ def test_one_shard_is_model_safetensors_without_index(tmp_path):
     ],
 )
 def test_parse_size(text, expected):
-    assert parse_size(text) == expected
+    assert parse_size(text, "--max-shard-size") == expected
 
 
 @pytest.mark.parametrize("text", ["", "5XB", "-1GB", "GB", "0"])

@@ -214,18 +214,19 @@ kv_budget.__doc__ = (
 
 def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """CLI option -> (PlanRequest field, parser of its text)."""
+    from infer_tool.common.sizes import parse_size
     from infer_tool.sizing import units
     from infer_tool.spec.report import parse_spec
 
     return {
-        "gpu_mem": ("gpu_mem_bytes", lambda t: units.parse_bytes(t, "--gpu-mem")),
-        "weights_memory": ("weights_per_gpu_bytes", lambda t: units.parse_bytes(t, "--weights-memory")),
+        "gpu_mem": ("gpu_mem_bytes", lambda t: parse_size(t, "--gpu-mem", minimum=2**20)),
+        "weights_memory": ("weights_per_gpu_bytes", lambda t: parse_size(t, "--weights-memory")),
         "cudagraph_capture_sizes": (
             "cudagraph_capture_sizes",
             lambda t: tuple(units.parse_counts([t], "--cudagraph-capture-sizes")),
         ),
-        "reserve": ("reserve_bytes", lambda t: units.parse_bytes(t, "--reserve", allow_zero=True)),
-        "kv_cache_memory": ("kv_cache_memory_bytes", lambda t: units.parse_bytes(t, "--kv-cache-memory")),
+        "reserve": ("reserve_bytes", lambda t: parse_size(t, "--reserve", minimum=0)),
+        "kv_cache_memory": ("kv_cache_memory_bytes", lambda t: parse_size(t, "--kv-cache-memory")),
         "context": ("contexts", lambda v: tuple(units.parse_counts(v, "--context"))),
         "concurrency": ("concurrencies", lambda v: tuple(units.parse_counts(v, "--concurrency"))),
         "spec": ("spec", parse_spec),
