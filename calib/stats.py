@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -32,9 +33,12 @@ import torch
 
 from infer_tool.calib.distributed import TreeSum, all_max, all_sum, current_chunk
 from infer_tool.common.errors import BadInput, untrusted
-from infer_tool.common.outdir import check_out_dir, make_readable
+from infer_tool.common.outdir import check_out_dir, make_readable, replace_dir, sign
 
 STATS_INDEX = "stats_index.json"
+# A statistics directory written before owner records (common/outdir.py): its files, its index's keys.
+STATS_FILES = re.compile(r"stats\.safetensors|stats_index\.json")
+STATS_KEYS = ("version", "meta", "layers")
 STATS_VERSION = 2  # 2 adds act_abs_max_channel; version 1 files load without it
 READ_VERSIONS = (1, 2)
 
@@ -198,6 +202,13 @@ def relative_output_error(W: torch.Tensor, W_hat: torch.Tensor, H: torch.Tensor)
     return float((num.clamp_min(0) / den.clamp_min(1e-30)).sqrt())
 
 
+def check_stats_out(out: str | os.PathLike[str], *, overwrite: bool, protected: tuple[Path, ...] = ()) -> None:
+    """`check_out_dir` for a statistics directory."""
+    check_out_dir(
+        out, overwrite=overwrite, marker=STATS_INDEX, protected=protected, legacy=STATS_FILES, legacy_keys=STATS_KEYS
+    )
+
+
 def save_stats(
     stats: dict[str, LayerStats],
     out_dir: Path,
@@ -215,7 +226,7 @@ def save_stats(
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    check_out_dir(out_dir, overwrite=overwrite, marker=STATS_INDEX)
+    check_stats_out(out_dir, overwrite=overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -236,10 +247,9 @@ def save_stats(
         save_file(tensors, str(tmp / "stats.safetensors"), metadata={"format": "infer-tool-stats"})
         doc = {"version": STATS_VERSION, "meta": meta, "layers": index}
         (tmp / STATS_INDEX).write_text(json.dumps(doc, indent=2, sort_keys=True))
+        sign(tmp, "stats", STATS_INDEX)
         make_readable(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        replace_dir(tmp, out_dir, STATS_INDEX, STATS_FILES, STATS_KEYS)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -58,14 +58,13 @@ def check(opts: CalibrateOptions, overwrite: bool) -> None:
     """Every option checked before any model is loaded."""
     from infer_tool.calib.corpora import check_corpus
     from infer_tool.calib.models import classify_model_spec
-    from infer_tool.calib.stats import STATS_INDEX
+    from infer_tool.calib.stats import check_stats_out
     from infer_tool.common.device import check_device
-    from infer_tool.common.outdir import check_out_dir
 
     check_device(opts.device or "auto")
     check_corpus(opts.calib, "--calib")
     kind, path = classify_model_spec(opts.model, opts.allow_pickle)
-    check_out_dir(opts.out, overwrite=overwrite, marker=STATS_INDEX, protected=[path] if kind == "dir" else [])
+    check_stats_out(opts.out, overwrite=overwrite, protected=(path,) if kind == "dir" else ())
 
 
 def calibrate(opts: CalibrateOptions, *, overwrite: bool = False, progress: Progress | None = None) -> CalibrateReport:

@@ -23,7 +23,6 @@ from infer_tool.calib.quantizers import quantizer_for
 from infer_tool.calib.recipe import EVAL_ACTIVATIONS, QuantizeOptions, scheme_from_options
 from infer_tool.common.device import check_device
 from infer_tool.common.errors import BadInput
-from infer_tool.common.outdir import check_out_dir
 from infer_tool.common.progress import Progress, no_progress
 from infer_tool.jobs.moe_report import moe_calibration
 from infer_tool.jobs.preflight import check_processes, parse_limits
@@ -39,7 +38,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
     from infer_tool.calib.stats import saved_version  # these four import torch
     from infer_tool.common.sizes import parse_size
     from infer_tool.jobs.run_dir import check_progress
-    from infer_tool.packers.checkpoint import REPORT_NAME, get_format
+    from infer_tool.packers.checkpoint import check_checkpoint_out, get_format
 
     scheme = scheme_from_options(opts)
     fmt = get_format(opts.format, scheme.kind)
@@ -103,7 +102,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
     if opts.eval is not None:
         check_corpus(opts.eval, "--eval")
     kind, path = classify_model_spec(opts.model, opts.allow_pickle)
-    check_out_dir(opts.out, overwrite=overwrite, marker=REPORT_NAME, protected=[path] if kind == "dir" else [])
+    check_checkpoint_out(opts.out, overwrite=overwrite, src_dir=path if kind == "dir" else None)
     parse_size(opts.max_shard_size, "--max-shard-size")
     parse_limits(opts.max_memory)
     check_progress(opts.out, opts.resume)

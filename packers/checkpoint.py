@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from infer_tool.common.errors import BadInput
-from infer_tool.common.outdir import check_out_dir, make_readable
+from infer_tool.common.outdir import check_out_dir, make_readable, replace_dir, sign
 from infer_tool.packers.shards import SAFETENSORS_INDEX, in_memory, write_shards
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # Hugging Face's default max_shard_size, "5GB"
@@ -47,6 +48,29 @@ COPIED_FILES = (
     "generation_config.json",
     "preprocessor_config.json",
 )
+# What a checkpoint directory written before owner records (common/outdir.py) holds, and
+# the keys its report has: how --overwrite recognises one of those.
+CHECKPOINT_FILES = re.compile(
+    "|".join(
+        [r"config\.json", r"model(-\d{5}-of-\d{5})?\.safetensors", re.escape(SAFETENSORS_INDEX), re.escape(REPORT_NAME)]
+        + [re.escape(n) for n in COPIED_FILES]
+    )
+)
+REPORT_KEYS = ("model", "method", "scheme", "format")
+
+
+def check_checkpoint_out(
+    out: str | os.PathLike[str], *, overwrite: bool, src_dir: str | os.PathLike[str] | None = None
+) -> None:
+    """`check_out_dir` for a checkpoint directory (`src_dir`: the source model's, never replaced)."""
+    check_out_dir(
+        out,
+        overwrite=overwrite,
+        marker=REPORT_NAME,
+        protected=[Path(src_dir)] if src_dir else [],
+        legacy=CHECKPOINT_FILES,
+        legacy_keys=REPORT_KEYS,
+    )
 
 
 def _no_check(scheme: Any, quantized: Mapping[str, Any]) -> None:
@@ -254,15 +278,11 @@ def fill_directory(
 
 
 def publish(tmp: Path, out: Path) -> None:
-    """Make `tmp` readable and rename it to `out` (an existing `out` is replaced)."""
+    """Sign `tmp` as ours, make it readable and rename it to `out` (an existing `out`, ours, is
+    replaced: `common/outdir.replace_dir`)."""
+    sign(tmp, "checkpoint", REPORT_NAME)
     make_readable(tmp)
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)
+    replace_dir(tmp, out, REPORT_NAME, CHECKPOINT_FILES, REPORT_KEYS)
 
 
 def assemble(
@@ -319,7 +339,7 @@ def write_checkpoint(
     """
     out = Path(out_dir)
     fmt_obj = get_format(fmt, scheme.kind)
-    check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
+    check_checkpoint_out(out, overwrite=overwrite, src_dir=src_dir)
     fmt_obj.check(scheme, quantized)
     ignore = ignored_linears(model, quantized, unquantized, rename)
 

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from infer_tool.common.outdir import check_out_dir
 from infer_tool.packers.checkpoint import (
     DEFAULT_SHARD_BYTES,
-    REPORT_NAME,
     assemble,
+    check_checkpoint_out,
     checkpoint_config,
     get_format,
     ignored_linears,
@@ -53,7 +52,7 @@ def write_from_parts(
     read). rename, unquantized: as for `write_checkpoint` (the parts hold the model's names)."""
     out = Path(out_dir)
     fmt_obj = get_format(fmt, scheme.kind)
-    check_out_dir(out, overwrite=overwrite, marker=REPORT_NAME, protected=[Path(src_dir)] if src_dir else [])
+    check_checkpoint_out(out, overwrite=overwrite, src_dir=src_dir)
     ignore = ignored_linears(model, quantized, unquantized, rename)
     source = PartFiles(parts)
     stored = {(rename or str)(s.name): s.name for s in source.specs()}
