@@ -214,8 +214,9 @@ def open_job(
 
 def run_job(job: QuantizeJob) -> QuantizeReport:
     """Steps 2-5: the layer loop, the report, the checkpoint (process 0 writes it); the report
-    is written again at the end with the final timings. A BadInput removes the progress (the
-    input must change); any other failure of a one-process run keeps it for --resume."""
+    is written again at the end with the final timings. A failure of a one-process run keeps
+    the finished layers for --resume and says so (a BadInput before the first layer finished
+    removes the progress: nothing in it is worth keeping)."""
     seconds, run = job.seconds, job.run
     try:
         ran = run_layers(job)
@@ -224,9 +225,11 @@ def run_job(job: QuantizeJob) -> QuantizeReport:
         t = time.perf_counter()
         if job.rank == 0:
             write_output(job, ran.result, _to_json(report))
-    except BadInput:
-        run.remove()  # the input must change: nothing to resume
-        raise
+    except BadInput as e:
+        if run.layers_done == 0 or job.world_size > 1:
+            run.remove()  # nothing finished worth keeping (or a run across processes, which does not resume)
+            raise
+        raise BadInput(f"{e}; {resume_hint(run)} once that is mended") from None
     except BaseException as e:
         if job.world_size > 1:
             run.remove()  # a run across processes does not resume

@@ -21,16 +21,28 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from infer_tool.common.errors import BadInput
+from infer_tool.common.errors import BadInput, cause
+from infer_tool.common.safetensors_header import tensor_headers
 
 STATE = "run.json"
 REST = "rest.safetensors"
+_MAX_STATE_BYTES = 64 * 2**20
+# The record's fields and their JSON types (more may follow: "baseline", "eval_fp").
+_STATE_FIELDS: dict[str, Any] = {
+    "key": str,
+    "layers": int,
+    "layers_done": int,
+    "inputs": (str, type(None)),
+    "result": (dict, type(None)),
+    "rest": bool,
+}
 
 
 def partial_dir(out: str | os.PathLike[str]) -> Path:
@@ -81,33 +93,66 @@ class RunDir:
     @classmethod
     def open(cls, out: str | os.PathLike[str], key: str, n_layers: int, resume: bool) -> tuple[RunDir, str | None]:
         """The run directory beside `out`: a new one, or with `resume` the one an earlier run
-        left (refused when its key differs). Returns (run dir, a note for the report or None)."""
+        left (refused when its key differs). Damaged parts are named and redone (see
+        `check_parts`); a record that cannot be read is refused with the parts left in place.
+        Returns (run dir, a note for the report or None)."""
         check_progress(out, resume)
         path = partial_dir(out)
-        state = _read_state(path)
-        note = None
-        if path.exists() and state is not None:
+        if path.is_dir() and (path / STATE).exists():
+            state = read_state(path, n_layers)
             if state["key"] != key:
                 raise BadInput(
                     f"--resume: {path} was made with another model, recipe or calibration text; rerun with "
                     "the options of that run, or delete the directory to start over"
                 )
-            note = (
-                f"resumed after layer {state['layers_done'] - 1} "
-                f"({state['layers_done']} of {state['layers']} were done)"
-                if state["layers_done"]
-                else None
-            )
-            return cls(path, state), note
+            run = cls(path, state)
+            return run, run.check_parts()
+        note = None
+        if path.is_dir():
+            finished = _finished_parts(path)
+            if finished:
+                raise BadInput(
+                    f"--resume: {path} holds finished parts ({', '.join(finished[:3])}) but no {STATE}, so what "
+                    "they were made with is unknown; nothing was deleted: restore it, or delete the directory to "
+                    "start over"
+                )
+            shutil.rmtree(path)  # killed before its first save: temporary files only
         if resume:
             note = "--resume: no earlier progress beside --out; started from the first layer"
-        shutil.rmtree(path, ignore_errors=True)  # a directory without run.json: killed before its first save
         path.mkdir(parents=True)
-        run = cls(
-            path, {"key": key, "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False}
-        )
+        run = cls(path, _fresh_state(key, n_layers))
         _replace_json(path / STATE, run.state)
         return run, note
+
+    def check_parts(self) -> str | None:
+        """Check every finished part the record names (its safetensors header, and its size
+        against the header). A damaged or missing `rest.safetensors` is written again; a
+        damaged or missing layer or inputs file makes the run redo the layers from the first
+        (only the last finished layer's inputs are kept, so no later layer can be started
+        without them); the files stay until each is rewritten. Returns the note saying so."""
+        k = self.layers_done
+        damaged = {}
+        if self.state["rest"] and (why := _damage(self.path / REST)):
+            damaged[REST] = why
+            self.state["rest"] = False
+        parts = [self.layer_file(i).name for i in range(k)] + ([self.state["inputs"]] if k else [])
+        for name in parts:
+            if why := _damage(self.path / name):
+                damaged[name] = why
+        if not damaged:
+            _replace_json(self.path / STATE, self.state)
+            return f"resumed after layer {k - 1} ({k} of {self.state['layers']} were done)" if k else None
+        named = "; ".join(f"{n} {why}" for n, why in list(damaged.items())[:3])
+        more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        if set(damaged) == {REST}:
+            _replace_json(self.path / STATE, self.state)
+            return f"--resume: {named}: written again; resumed after layer {k - 1} ({k} of {self.state['layers']})"
+        self.state.update(layers_done=0, inputs=None, result=None)
+        _replace_json(self.path / STATE, self.state)
+        return (
+            f"--resume: {named}{more}; only the last finished layer's inputs are kept, so the {k} finished layers "
+            "are redone from the first (their files are replaced as each is redone)"
+        )
 
     @property
     def layers_done(self) -> int:
@@ -180,23 +225,98 @@ class NoRun(RunDir):
 
 
 def check_progress(out: str | os.PathLike[str], resume: bool) -> None:
-    """Refuse to start over an interrupted run's progress without --resume."""
+    """Refuse to start over an interrupted run's progress without --resume, and a progress
+    path that is not a directory (nothing is changed)."""
     path = partial_dir(out)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise BadInput(
+            f"{path} is where the progress of --out {str(out)!r} is kept, but it is a file, not a directory this "
+            "tool wrote; nothing was changed: move it away, or name another --out"
+        )
+    if path.is_dir() and resume and (path / STATE).exists():
+        read_state(path)  # refused before any work when it cannot be read
     if path.exists() and not resume:
-        state = _read_state(path)
-        done = f"{state['layers_done']} of {state['layers']} layers done" if state else "no layer finished"
+        try:
+            state = read_state(path)
+            done = f"{state['layers_done']} of {state['layers']} layers done"
+        except BadInput:
+            done = "its progress record cannot be read"
         raise BadInput(
             f"{path} holds the progress of an interrupted run ({done}); pass --resume to continue it, "
             "or delete that directory to start over"
         )
 
 
-def _read_state(path: Path) -> dict[str, Any] | None:
+def read_state(path: Path, n_layers: int | None = None) -> dict[str, Any]:
+    """The progress record of `path` (a run directory), checked field by field; BadInput
+    naming what is wrong (the directory is left as it is)."""
+    file = path / STATE
+
+    def bad(why: str) -> BadInput:
+        return BadInput(
+            f"--resume: {file} cannot be read ({why}); nothing was deleted: restore it, rerun without changing "
+            f"anything, or delete {path} to start over"
+        )
+
     try:
-        state = json.loads((path / STATE).read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) and "key" in state else None
+        if file.stat().st_size > _MAX_STATE_BYTES:
+            raise bad(f"{file.stat().st_size:,} bytes, more than a progress record holds")
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise bad(cause(e)) from None
+    if not isinstance(state, dict):
+        raise bad("not a JSON object")
+    for field, types in _STATE_FIELDS.items():
+        if field not in state:
+            raise bad(f"no {field!r}")
+        if not isinstance(state[field], types) or isinstance(state[field], bool) is not (types is bool):
+            raise bad(f"{field!r} is {state[field]!r}")
+    layers, done = state["layers"], state["layers_done"]
+    if layers < 1 or (n_layers is not None and layers != n_layers):
+        raise bad(f"'layers' is {layers}, the model has {n_layers}")
+    if not 0 <= done <= layers:
+        raise bad(f"'layers_done' is {done}, outside 0..{layers}")
+    if (state["inputs"] is None) != (done == 0) or (done and state["inputs"] != f"inputs-{done:05d}.safetensors"):
+        raise bad(f"'inputs' is {state['inputs']!r} after {done} layers")
+    if done and not _restorable(state["result"]):
+        raise bad("its report entries ('result') are not the ones a run writes")
+    return state
+
+
+def _restorable(snap: Any) -> bool:
+    from infer_tool.calib.result import PipelineResult
+
+    try:
+        restore(PipelineResult(), snap)
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return False
+    return True
+
+
+def _damage(path: Path) -> str | None:
+    """Why the safetensors part `path` cannot be used ('missing', 'truncated: …'), or None."""
+    if not path.is_file():
+        return "is missing"
+    try:
+        headers, start = tensor_headers(path)
+        end = max((int(h["data_offsets"][1]) for h in headers.values()), default=0)
+    except (BadInput, KeyError, TypeError, ValueError, IndexError):
+        return "has no readable safetensors header"
+    size = path.stat().st_size
+    if size != start + end:
+        return f"is {size:,} bytes where its header needs {start + end:,} (truncated or damaged)"
+    return None
+
+
+def _finished_parts(path: Path) -> list[str]:
+    """The finished parts in a run directory (what must not be deleted unasked)."""
+    return sorted(
+        p.name for p in path.iterdir() if p.name == REST or re.fullmatch(r"(layer|inputs)-\d{5}\.safetensors", p.name)
+    )
+
+
+def _fresh_state(key: str, n_layers: int) -> dict[str, Any]:
+    return {"key": key, "layers": n_layers, "layers_done": 0, "inputs": None, "result": None, "rest": False}
 
 
 def snapshot(result: Any) -> dict[str, Any]:

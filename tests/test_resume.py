@@ -198,3 +198,148 @@ def test_failed_run_says_how_to_resume(work):
         len(lines) == 1 and "simulated failure" in lines[0] and "--resume" in lines[0] and "2 of 4 layers" in lines[0]
     )
     assert (work / ".out-fail.partial" / "layer-00001.safetensors").is_file()
+
+
+@pytest.fixture(scope="module")
+def killed(work: Path) -> Path:
+    """Progress of a run killed after its third layer (of 4): the source each damage test copies."""
+    out = "killed"
+    proc = _run(_args(work, out), work / "driver.py", "after-layer", 3)
+    assert proc.returncode == -9, proc.stderr
+    partial = work / f".{out}.partial"
+    state = json.loads((partial / "run.json").read_text())
+    assert state["layers_done"] == 3 and state["inputs"] == "inputs-00003.safetensors"
+    return partial
+
+
+def _damaged(work: Path, killed: Path, name: str) -> Path:
+    """A copy of `killed` beside --out `name`, for one damage."""
+    import shutil
+
+    partial = work / f".{name}.partial"
+    shutil.copytree(killed, partial)
+    return partial
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _edit_state(partial: Path, **changes: object) -> None:
+    state = json.loads((partial / "run.json").read_text())
+    state.update(changes)
+    (partial / "run.json").write_text(json.dumps(state))
+
+
+# damage -> the note the resumed run reports; each resumes to the uninterrupted run's bytes
+REDONE = {
+    "truncated-layer": (lambda p: _truncate(p / "layer-00001.safetensors"), "layer-00001.safetensors is"),
+    "missing-layer": (lambda p: (p / "layer-00002.safetensors").unlink(), "layer-00002.safetensors is missing"),
+    "truncated-inputs": (lambda p: _truncate(p / "inputs-00003.safetensors"), "inputs-00003.safetensors is"),
+    "extra-layers-claimed": (
+        lambda p: _edit_state(p, layers_done=4, inputs="inputs-00004.safetensors"),
+        "layer-00003.safetensors is missing",
+    ),
+    "garbage-layer": (
+        lambda p: (p / "layer-00000.safetensors").write_bytes(b"\xff" * 64),
+        "layer-00000.safetensors has no readable safetensors header",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(REDONE))
+def test_damaged_part_is_named_and_redone(work, reference, killed, damage):
+    """A damaged or missing finished part is named in the report's notes and the layers are
+    redone (only the last layer's inputs are kept): the checkpoint is the uninterrupted run's."""
+    out = f"out-{damage}"
+    partial = _damaged(work, killed, out)
+    harm, needle = REDONE[damage]
+    harm(partial)
+    proc = _run(_args(work, out, "--resume"))
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    assert any(needle in n and "redone from the first" in n for n in notes), notes
+    assert _digests(work / out) == reference[0]
+    assert not partial.exists()
+
+
+def test_damaged_rest_is_written_again_and_the_layers_kept(work, reference, killed):
+    out = "out-rest"
+    partial = _damaged(work, killed, out)
+    _truncate(partial / "rest.safetensors")
+    proc = _run(_args(work, out, "--resume"))
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(proc.stdout)["notes"]
+    assert any("rest.safetensors is" in n and "resumed after layer 2" in n for n in notes), notes
+    assert _digests(work / out) == reference[0]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# damage -> what the one error line says; refused with every file left as it was
+REFUSED = {
+    "record-cut-short": (lambda p: (p / "run.json").write_text((p / "run.json").read_text()[:50]), "cannot be read"),
+    "wrong-type": (lambda p: _edit_state(p, layers_done="3"), "'layers_done' is '3'"),
+    "bool-for-int": (lambda p: _edit_state(p, layers=True), "'layers' is True"),
+    "more-than-the-model": (lambda p: _edit_state(p, layers_done=9), "'layers_done' is 9, outside 0..4"),
+    "result-mangled": (lambda p: _edit_state(p, result={"layer_errors": 5}), "report entries"),
+    "no-record": (lambda p: (p / "run.json").unlink(), "holds finished parts"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(REFUSED))
+def test_unreadable_record_is_refused_and_nothing_deleted(work, killed, damage):
+    out = f"out-{damage}"
+    partial = _damaged(work, killed, out)
+    harm, needle = REFUSED[damage]
+    harm(partial)
+    before = _tree(partial)
+    proc = _run(_args(work, out, "--resume"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert needle in lines[0] and "nothing was deleted" in lines[0], lines[0]
+    assert _tree(partial) == before and not (work / out).exists()
+
+
+def test_progress_path_that_is_a_file_is_refused(work):
+    (work / ".out-file.partial").write_text("my notes")
+    for extra in ((), ("--resume",)):
+        proc = _run(_args(work, "out-file", *extra))
+        assert proc.returncode == 2 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+        assert (work / ".out-file.partial").read_text() == "my notes"
+
+
+def test_bad_input_after_finished_layers_keeps_them(work, reference, killed):
+    """A refusal once layers are finished (here: a file of the user's appears in --out while the
+    run works) keeps the progress and says so; once the user mends it, --resume finishes the run."""
+    out = "out-foreign"
+    partial = _damaged(work, killed, out)
+    driver = work / "foreign.py"
+    driver.write_text(
+        textwrap.dedent("""
+        import pathlib, sys
+        from infer_tool.jobs import quantize_run
+        real = quantize_run.write_output
+        def write_output(job, result, report_json):
+            out = pathlib.Path(job.opts.out)
+            out.mkdir()
+            (out / "thesis.tex").write_text("mine")
+            return real(job, result, report_json)
+        quantize_run.write_output = write_output
+        from infer_tool.cli.app import main
+        main(sys.argv[1:])
+    """)
+    )
+    argv = _args(work, out, "--resume", "--overwrite")
+    proc = subprocess.run([sys.executable, str(driver), *argv], capture_output=True, text=True, timeout=600)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "thesis.tex" in lines[0] and "progress is kept" in lines[0] and "4 of 4 layers" in lines[0], lines[0]
+    assert (work / out / "thesis.tex").read_text() == "mine" and (partial / "layer-00003.safetensors").is_file()
+    (work / out / "thesis.tex").unlink()
+    proc = _run(argv)
+    assert proc.returncode == 0, proc.stderr
+    assert _digests(work / out) == reference[0]
