@@ -246,7 +246,7 @@ def evaluate_kld(
     windows = make_windows(ids.numel(), seq_len, stride)
 
     def pair(i: int) -> WindowPair:
-        ref_logits, target = window_logits(reference, ids, windows[i])
+        ref_logits, target = window_logits(reference, ids, windows[i], "the reference model")
         logits, _ = window_logits(model, ids, windows[i])
         return WindowPair(ref_logits, logits.to(ref_logits.device), target)
 

@@ -93,16 +93,29 @@ def finish_distributed() -> None:
     finish()
 
 
-def window_logits(model: Any, ids: Any, window: Window) -> tuple[Any, Any]:
+def window_logits(model: Any, ids: Any, window: Window, who: str = "the model") -> tuple[Any, Any]:
     """(logits (scored, V) float32, targets (scored,)): the model's next-token logits at the
-    positions that predict the window's last `scored` tokens, and those tokens."""
+    positions that predict the window's last `scored` tokens, and those tokens. BadInput
+    naming `who` and the window when a logit is NaN or infinite (a score of them would be
+    meaningless)."""
     import torch
 
     device = next(model.parameters()).device
     x = ids[window.begin : window.end].unsqueeze(0).to(device)  # (1, L)
     with torch.inference_mode():
         logits = model(input_ids=x, use_cache=False).logits[0]  # (L, V)
-    return logits[-window.scored - 1 : -1].float(), x[0, -window.scored :]
+    logits = logits[-window.scored - 1 : -1].float()
+    finite = torch.isfinite(logits.sum(dim=1))  # (scored,): NaN and inf reach a row's sum, no (S, V) mask made
+    if not bool(finite.all()):
+        finite = torch.isfinite(logits).all(dim=1)  # a sum can also overflow from finite logits
+    if not bool(finite.all()):
+        first = int((~finite).nonzero()[0, 0])
+        raise BadInput(
+            f"{who} gives NaN or infinite logits in the window of tokens {window.begin}..{window.end} (first where "
+            f"it predicts token {window.end - window.scored + first}): its weights or activations overflow, so no "
+            "perplexity or KL divergence can be scored"
+        )
+    return logits, x[0, -window.scored :]
 
 
 def nll_sum(logits: Any, target: Any) -> float:

@@ -256,9 +256,9 @@ def kld_of_streams(
 
         def pair(i: int) -> WindowPair:
             replay.outputs, replay.next = ref_outputs, i
-            ref_logits, target = window_logits(model, on_device, windows[i])
+            ref_logits, target = window_logits(model, on_device, windows[i], "the fp model")
             replay.outputs, replay.next = outputs, i
-            logits, _ = window_logits(model, on_device, windows[i])
+            logits, _ = window_logits(model, on_device, windows[i], "the quantized model")
             ref_nll[i], nll[i] = nll_sum(ref_logits, target), nll_sum(logits, target)
             return WindowPair(ref_logits, logits, target)
 
