@@ -27,13 +27,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.presets import get_preset
+from infer_tool.schemes.presets import PRESETS, get_preset
 from infer_tool.schemes.registry import CLASSES, SCHEMES, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
@@ -360,10 +361,9 @@ def _aliases() -> dict[str, tuple[str, bool]]:
 def parse_percent(value: str | float | int) -> float:
     """'5%', '5' or 5 -> 0.05 (a percentage); BadInput for anything else."""
     text = str(value).strip()
-    try:
-        pct = float(text.removesuffix("%"))
-    except ValueError:
-        raise BadInput(f"--max-ppl-increase {value!r} is not a percentage; use e.g. 5% or 2.5") from None
+    if not re.fullmatch(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?%?|inf%?|nan%?", text, re.ASCII):
+        raise BadInput(f"--max-ppl-increase {value!r} is not a percentage; use e.g. 5% or 2.5")
+    pct = float(text.removesuffix("%"))
     if not pct >= 0 or pct == float("inf"):
         raise BadInput(f"--max-ppl-increase {value!r} must be a finite percentage >= 0")
     return pct / 100.0
@@ -511,10 +511,30 @@ def preset_option_names(name: str | None) -> set[str]:
     return {SCHEME_OPTIONS[t] for t in preset.options} | ({"method"} if preset.method else set())
 
 
+def origin(opts: QuantizeOptions, name: str, value: object = None) -> str:
+    """How the user set scheme option `name` to `value`, in their words: the flag as typed,
+    `--scheme PRESET` when the preset sets it, or `--method M's default` when nothing did."""
+    value = getattr(opts, name) if value is None else value
+    if getattr(opts, name) is None:
+        return f"--method {opts.method}'s default ({flag(name, value)})"
+    if opts.scheme is not None:
+        preset = get_preset(opts.scheme)
+        target = OPTIONS[name].metadata["scheme"]
+        if target in preset.options and preset.options[target] == value:
+            return f"--scheme {preset.name}"
+    return flag(name, value)
+
+
+def _typed(opts: QuantizeOptions, names: list[str]) -> str:
+    """`origin` of each option, each spelling once, comma-separated."""
+    return ", ".join(dict.fromkeys(origin(opts, n) for n in names))
+
+
 def scheme_from_options(opts: QuantizeOptions) -> Scheme:
     """The scheme of `opts.method` with the scheme options that were given; options of
     another method are refused, naming the methods they apply to, and options of two number
-    formats of the method (INT's --bits with FP4's --fp4) are refused together."""
+    formats of the method (INT's --bits with FP4's --fp4) are refused together. Every
+    refusal names the options as the user set them (`origin`)."""
     if opts.method not in SCHEMES:
         raise BadInput(f"--method {opts.method!r} is not supported; use one of {', '.join(SCHEMES)}")
     accepted = set(scheme_fields(opts.method))
@@ -528,32 +548,54 @@ def scheme_from_options(opts: QuantizeOptions) -> Scheme:
         owners = sorted({m for m in SCHEMES for name in wrong if given[name] in scheme_fields(m)})
         takes = [OPTIONS[n].metadata["flag"] or flag(n) for n, f in OPTIONS.items() if f.metadata["scheme"] in accepted]
         raise BadInput(
-            f"{', '.join(flag(n, getattr(opts, n)) for n in wrong)} do{'es' if len(wrong) == 1 else ''} not apply "
-            f"to --method {opts.method} (only to --method {' / '.join(owners)}); "
+            f"{_typed(opts, wrong)} do{'es' if len(wrong) == 1 else ''} not apply to --method {opts.method} "
+            f"(only to --method {' / '.join(owners)}); "
             f"--method {opts.method} takes {', '.join(takes) or 'no scheme options'}"
         )
-    _refuse_mixed_formats(opts.method, {flag(name, getattr(opts, name)): target for name, target in given.items()})
+    _refuse_mixed_formats(opts, given)
     if opts.observer is not None and opts.fp4 is None and "observer" not in CLASSES[opts.method][0].option_names():
         raise BadInput(
             f"--observer applies to --method {opts.method} only with --fp4 (its INT search chooses the scales); "
             "INT takes it with --method rtn / gptq / awq+gptq"
         )
-    return make_scheme(opts.method, **{target: getattr(opts, name) for name, target in given.items()})
+    _refuse_asymmetric_full_range(opts)
+    try:
+        return make_scheme(opts.method, **{target: getattr(opts, name) for name, target in given.items()})
+    except BadInput as e:
+        if opts.scheme is None:
+            raise
+        preset = get_preset(opts.scheme)
+        raise BadInput(f"{e} (--scheme {preset.name} stands for {' '.join(preset_flags(preset.name))})") from None
 
 
-def _refuse_mixed_formats(method: str, given: dict[str, str]) -> None:
-    """BadInput when no one class of `method` takes every given option ({flag as typed:
-    scheme field}), naming the options of the class that takes the most of them."""
-    classes = CLASSES[method]
+def _refuse_asymmetric_full_range(opts: QuantizeOptions) -> None:
+    """--full-range with asymmetric groups, naming what made them asymmetric (a flag, a
+    preset, or the method's default)."""
+    if not opts.full_range or opts.fp4 is not None:
+        return
+    default = next((f.default for f in dataclasses.fields(SCHEMES[opts.method]) if f.name == "symmetric"), True)
+    if (opts.symmetric if opts.symmetric is not None else default) is False:
+        raise BadInput(
+            f"--full-range is a grid of symmetric groups, and {origin(opts, 'symmetric', False)} makes them asymmetric "
+            "(an asymmetric group already uses every level); add --sym, or drop --full-range"
+        )
+
+
+def _refuse_mixed_formats(opts: QuantizeOptions, given: dict[str, str]) -> None:
+    """BadInput when no one class of the method takes every given option ({option name:
+    scheme field}), naming the options of the class that takes the most of them as typed."""
+    classes = CLASSES[opts.method]
     if any(set(given.values()) <= set(c.option_names()) for c in classes):
         return
     best = max(classes, key=lambda c: sum(t in c.option_names() for t in given.values()))
     own = set(best.option_names()) - {t for c in classes if c is not best for t in c.option_names()}
-    mine = [typed for typed, t in given.items() if t not in best.option_names()]
-    theirs = [typed for typed, t in given.items() if t in own]
+    mine = [name for name, t in given.items() if t not in best.option_names()]
+    theirs = [name for name, t in given.items() if t in own]
+    fp4 = [p.name for p in PRESETS if "fp4" in p.options]
     raise BadInput(
-        f"{', '.join(mine)} do{'es' if len(mine) == 1 else ''} not go with {', '.join(theirs)}: they set two number "
-        f"formats of --method {method} (FP4 fixes the bits, groups, symmetry and scale dtypes that INT options choose)"
+        f"{_typed(opts, mine)} does not go with {_typed(opts, theirs)}: they set two number formats of --method "
+        f"{opts.method} (FP4 fixes the bits, groups, symmetry and scale dtypes that INT options choose); "
+        f"FP4 alone: --fp4, or --scheme {' / '.join(fp4)}"
     )
 
 

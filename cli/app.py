@@ -68,11 +68,40 @@ def _click_exceptions() -> Any:
     return exceptions
 
 
+def _ascii_numbers(command: Any) -> None:
+    """Make every int and float option of `command` and its subcommands refuse a value that
+    is not written in ASCII digits (a usage error naming the value), before click converts it."""
+    try:
+        from typer._click import types
+    except ImportError:
+        from click import types
+
+    class Ascii(types.ParamType):
+        def __init__(self, inner: Any) -> None:
+            self.inner, self.name = inner, inner.name
+
+        def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+            # Python's int() and float() also take other scripts' digits ("١٢") and "1_000"
+            if isinstance(value, str) and (not value.isascii() or "_" in value):
+                self.fail(f"{value!r} is not a number written in ASCII digits", param, ctx)
+            return self.inner.convert(value, param, ctx)
+
+        def get_metavar(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.get_metavar(*args, **kwargs)
+
+    for param in command.params:
+        if isinstance(param.type, (types.IntParamType, types.FloatParamType)):
+            param.type = Ascii(param.type)
+    for sub in getattr(command, "commands", {}).values():
+        _ascii_numbers(sub)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point. Usage errors (an unknown flag, a value of the wrong
     type) are one line on stderr, exit 2, like every other bad input."""
     click = _click_exceptions()
     command = typer.main.get_command(app)
+    _ascii_numbers(command)
     try:
         code = command.main(args=argv, prog_name="infer-tool", standalone_mode=False)
     except click.NoArgsIsHelpError as e:

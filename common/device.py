@@ -6,6 +6,7 @@ torch is imported inside the functions: `infer-tool --help` and `kv-budget` neve
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from infer_tool.common.errors import BadInput
@@ -17,7 +18,7 @@ def check_device(device: str) -> None:
     """Refuse a device name that is not auto, cpu, cuda or cuda:N (no torch needed)."""
     if device in ("auto", "cpu", "cuda"):
         return
-    if not (device.startswith("cuda:") and device[5:].isdigit()):
+    if not re.fullmatch(r"cuda:[0-9]{1,4}", device, re.ASCII):
         raise BadInput(f"unknown --device {device!r}: expected auto, cpu, cuda or cuda:N")
 
 

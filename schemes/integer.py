@@ -106,6 +106,11 @@ class QuantScheme(Scheme):
                 "dividing the input features, or -1 for per-channel"
             )
 
+    def _activation_options(self) -> str:
+        """The activation options set, as a refusal names them."""
+        parts = [f"int8 activations ({self.int8_activations})"] if self.int8_activations != "none" else []
+        return " and ".join(parts + ([f"--smoothquant {self.smoothquant}"] if self.smoothquant is not None else []))
+
     @property
     def kind(self) -> str:  # type: ignore[override]
         """ "w8a8" with int8 activations, else "int" (weights only)."""
@@ -245,8 +250,8 @@ class AWQScheme(QuantScheme):
         super().__post_init__()
         if self.int8_activations != "none" or self.smoothquant is not None:
             raise BadInput(
-                "int8 activations and --smoothquant go with --method gptq or rtn: AWQ searches its own "
-                "scales for the weights alone"
+                f"{self._activation_options()} go{'es' if self.int8_activations == 'none' else ''} with --method "
+                "gptq or rtn: AWQ searches its own scales for the weights alone"
             )
         if self.grid < 1 or self.clip_grid < 1:
             raise BadInput(f"grid={self.grid}, clip_grid={self.clip_grid}: use at least 1 point")
@@ -325,13 +330,13 @@ class AutoRoundScheme(QuantScheme):
     tune_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.full_range is None:
-            object.__setattr__(self, "full_range", self.symmetric)
+        if self.full_range is None:  # the weight-only grid: int8 activations are refused below, not for it
+            object.__setattr__(self, "full_range", self.symmetric and self.int8_activations == "none")
         super().__post_init__()
         if self.int8_activations != "none" or self.smoothquant is not None:
             raise BadInput(
-                "int8 activations and --smoothquant go with --method gptq or rtn: autoround learns the "
-                "rounding of weight-only INT"
+                f"{self._activation_options()} go{'es' if self.int8_activations == 'none' else ''} with --method "
+                "gptq or rtn: autoround learns the rounding of weight-only INT"
             )
         if self.iters < 1:
             raise BadInput(

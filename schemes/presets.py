@@ -86,6 +86,30 @@ PRESETS: tuple[Preset, ...] = (
         "fp8 e4m3 weights per 128x128 block; fp8 activations dynamic "
         "(ours written per token, llm-compressor's per 128-channel group)",
     ),
+    Preset(
+        "NVFP4A16",
+        None,
+        {"fp4": "nvfp4", "fp4_activations": "none"},
+        "fp4 e2m1 weights, an e4m3 scale per 16 inputs and a float32 global scale; activations unquantized",
+    ),
+    Preset(
+        "NVFP4",
+        None,
+        {"fp4": "nvfp4", "fp4_activations": "fp4"},
+        "NVFP4A16's weights; fp4 activations per 16 inputs, dynamic, with a calibrated global scale",
+    ),
+    Preset(
+        "MXFP4A16",
+        None,
+        {"fp4": "mxfp4", "fp4_activations": "none"},
+        "fp4 e2m1 weights, an e8m0 (power of two) scale per 32 inputs; activations unquantized",
+    ),
+    Preset(
+        "MXFP4",
+        None,
+        {"fp4": "mxfp4", "fp4_activations": "fp4"},
+        "MXFP4A16's weights; fp4 activations per 32 inputs, dynamic",
+    ),
 )
 BY_NAME: dict[str, Preset] = {p.name.upper(): p for p in PRESETS}
 

@@ -250,6 +250,38 @@ CASES: dict[str, Case] = {
         ("kv-budget", "llama-3.1-8b", "--context", "1k..8k", "--shared-prefix", "8192"), "shared"
     ),
     "kv config a list": Case(("kv-budget", "{w}/config-list"), "config-list"),
+    # -- issue 58: ownership, progress, sizes, refusals in the user's words
+    "overwrite thesis beside a fake report": Case(
+        q()[:3] + ("{w}/thesis",) + q()[4:] + ("--overwrite",), "did not write (thesis.tex)"
+    ),
+    "overwrite a fake report alone": Case(
+        q()[:3] + ("{w}/fake-report",) + q()[4:] + ("--overwrite",), "not a document this tool wrote"
+    ),
+    "progress path is a file": Case(q("--resume")[:3] + ("{w}/pf",) + q("--resume")[4:], "is a file"),
+    "progress path is a file, no resume": Case(q()[:3] + ("{w}/pf",) + q()[4:], "is a file"),
+    "progress record cut short": Case(q("--resume")[:3] + ("{w}/pc",) + q("--resume")[4:], "cannot be read"),
+    "progress field of the wrong type": Case(
+        q("--resume")[:3] + ("{w}/pt",) + q("--resume")[4:], "'layers_done' is '3'"
+    ),
+    "max-memory bare number": Case(q("--max-memory", "20"), "'20' is 20 bytes"),
+    "max-memory not a size": Case(q("--max-memory", "20 apples"), "accepted: a number and a unit"),
+    "max-shard-size non-ASCII digit": Case(q("--max-shard-size", "²GB"), "'²GB' is not a size"),
+    "device non-ASCII digit": Case(q("--device", "cuda:²"), "cuda:²"),
+    "num-samples in Arabic-Indic digits": Case(q("--num-samples", "١٢"), "'١٢' is not a number written in ASCII"),
+    "max-ppl-increase in Arabic-Indic digits": Case(
+        q("--eval", "{w}/calib.txt", "--max-ppl-increase", "٥%"), "'٥%' is not a percentage"
+    ),
+    "W8A8 with awq names the preset": Case(q("--scheme", "W8A8", "--method", "awq"), "--scheme W8A8 stands for"),
+    "W4A16 with fp4 names the preset": Case(
+        q("--scheme", "W4A16", "--fp4", "nvfp4", "--method", "gptq"), "--scheme W4A16"
+    ),
+    "W4A16_ASYM full range names the preset": Case(
+        q("--scheme", "W4A16_ASYM", "--full-range", "--method", "gptq"), "--scheme W4A16_ASYM makes them asymmetric"
+    ),
+    "awq full range names the default": Case(q("--method", "awq", "--full-range"), "--method awq's default (--asym)"),
+    "fp4 preset with bits": Case(
+        q("--scheme", "NVFP4A16", "--bits", "4", "--method", "gptq"), "--scheme NVFP4A16 does not go with --bits"
+    ),
 }
 
 
@@ -306,6 +338,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
         + struct.pack("<IQ", 9, 2**60)
         + struct.pack("<IQ", 0, 2**62)
     )
+    (w / "thesis").mkdir()
+    (w / "thesis" / "thesis.tex").write_text("\\documentclass{article}")
+    (w / "thesis" / "quantize_report.json").write_text("notes about my report")
+    (w / "fake-report").mkdir()
+    (w / "fake-report" / "quantize_report.json").write_text("notes about my report")
+    (w / ".pf.partial").write_text("not a directory")
+    for name, record in (("pc", '{"key": "ab'), ("pt", json.dumps({"key": "ab", "layers": 2, "layers_done": "3"}))):
+        (w / f".{name}.partial").mkdir()
+        (w / f".{name}.partial" / "run.json").write_text(record)
+        (w / f".{name}.partial" / "layer-00000.safetensors").write_bytes(b"finished work")
     (w / "stats").mkdir()
     (w / "stats" / "stats_index.json").write_text(json.dumps({"version": 1, "meta": {}, "layers": {}}))
     (w / "stats-corrupt").mkdir()
