@@ -25,6 +25,8 @@ from infer_tool.sizing.defaults import (
 )
 from infer_tool.sizing.fit import Fit, FitRow
 from infer_tool.sizing.hf_config import STATE_DTYPE_BYTES
+from infer_tool.sizing.kv import ceil_div
+from infer_tool.sizing.units import human_size
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, gpu_presets
 from infer_tool.sizing.resolve import ResolvedModel, resolve_model
 from infer_tool.sizing.shape import STATE, ModelShape
@@ -269,6 +271,13 @@ def plan(req: PlanRequest) -> Report:
     release = policy(req.vllm_version)  # refuse an unknown release first
     gpu = resolve_gpu(req)
     dep = _deployment(req, gpu, req.mem_util if req.mem_util is not None else release.default_mem_util)
+    kv_fixed = req.kv_cache_memory_bytes
+    if kv_fixed is not None and kv_fixed > gpu.total_bytes:
+        raise BadInput(
+            f"--kv-cache-memory {human_size(kv_fixed)} ({kv_fixed:,} bytes) is more than the whole GPU: "
+            f"{gpu.name} has {human_size(gpu.total_bytes)} ({gpu.total_bytes:,} bytes); accepted: at most the GPU's "
+            "memory less the weights and what vLLM keeps beside them"
+        )
     resolved = resolve_model(req.model)
     contexts = req.contexts or default_contexts(resolved.shape.max_position_embeddings)
     _validate(req, contexts)
@@ -322,7 +331,14 @@ def plan(req: PlanRequest) -> Report:
     )
     if not gpu.has_speed:
         notes.append(f"no speed model for {gpu.name}: its datasheet figures are not in the presets")
-    failing = [r for r in rows if not r.fit.fits]
+    capped = [r for r in rows if r.fit.binding == "max-num-seqs"]
+    if capped:
+        most = max(r.concurrency for r in capped)
+        notes.append(
+            f"{len(capped)} row(s) ask for more sequences than max_num_seqs {fit.max_num_seqs()} per replica "
+            f"runs at once (the rest wait in the queue): give --max-num-seqs {ceil_div(most, dep.dp)} or more"
+        )
+    failing = [r for r in rows if not r.fit.fits and r.fit.binding != "max-num-seqs"]
     if failing and shape.params is not None:
         ends = {(r.context, r.concurrency) for r in (failing[0], failing[-1])}
         for c, n in sorted(ends):

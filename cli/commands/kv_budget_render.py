@@ -381,7 +381,7 @@ def _rows_table(console: Any, r: Report, planner: Any) -> None:
     t = Table(
         title=f"Memory per GPU (busiest GPU, {r.request.accounting} accounting; weights "
         f"{_size(planner.weight_bytes_per_gpu)}/GPU) and speed per replica",
-        caption="fits: yes, or what binds: weights (alone) or KV (cache at this context x seqs)",
+        caption="fits: yes, or what binds: weights (alone), KV (cache at this context x seqs) or seqs (max-num-seqs)",
     )
     cols = ["context", "seqs", "KV / GPU", "used", "fits", "headroom"]
     if speed:
@@ -390,7 +390,8 @@ def _rows_table(console: Any, r: Report, planner: Any) -> None:
         t.add_column(col, justify="right")
     for row in r.rows:
         f = row.fit
-        verdict = "[green]yes[/]" if f.fits else f"[red]{'weights' if f.binding == 'weights' else 'KV'}[/]"
+        short = {"weights": "weights", "max-num-seqs": "seqs"}.get(f.binding or "", "KV")
+        verdict = "[green]yes[/]" if f.fits else f"[red]{short}[/]"
         cells = [
             f"{row.context:,}",
             str(row.concurrency),
