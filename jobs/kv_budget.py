@@ -26,10 +26,10 @@ from infer_tool.sizing.defaults import (
 from infer_tool.sizing.fit import Fit, FitRow
 from infer_tool.sizing.hf_config import STATE_DTYPE_BYTES
 from infer_tool.sizing.kv import ceil_div
-from infer_tool.sizing.units import human_size
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, gpu_presets
 from infer_tool.sizing.resolve import ResolvedModel, resolve_model
 from infer_tool.sizing.shape import STATE, ModelShape
+from infer_tool.sizing.units import human_size
 from infer_tool.sizing.vllm_memory import MemoryProfile
 from infer_tool.sizing.vllm_versions import policy
 from infer_tool.sizing.weights import weight_bytes
