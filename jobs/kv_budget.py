@@ -174,10 +174,13 @@ def _weights(req: PlanRequest, resolved: ResolvedModel, dep: capacity.Deployment
     if req.weights is None and resolved.file_weight_bytes is not None:
         return resolved.file_weight_bytes, resolved.file_weight_note, True
     shape = resolved.shape
-    if shape.params is None:
-        raise BadInput(
-            f"cannot count {shape.name}'s parameters for --weights {req.weights or 'bf16'} "
-            f"({'; '.join(shape.notes)}); pass a directory with *.safetensors"
+    if shape.params is None:  # the KV arithmetic is still answered; what fits is an upper bound
+        missing = dict(shape.unknown).get("parameter count", "a layer width")
+        return (
+            0,
+            f"unknown: the config lacks '{missing}'; give --weights-memory SIZE (per GPU, as vLLM logs "
+            "'Model loading took') or a directory with *.safetensors",
+            False,
         )
     wb = weight_bytes(shape.params, req.weights or "bf16", req.group_size)
     return wb.total, wb.how, False
@@ -223,7 +226,7 @@ def _speed(
     context: int,
     concurrency: int,
 ) -> roofline.StepTimes | None:
-    if not gpu.has_speed or shape.params is None:
+    if not gpu.has_speed or shape.params is None or "active parameters" in dict(shape.unknown):
         return None
     target = solve.Target(context, concurrency, prompt_len=req.prompt_len, output_len=req.output_len)
     return solve.speed_of(
@@ -292,6 +295,8 @@ def plan(req: PlanRequest) -> Report:
     if limit and max(contexts) > limit:
         notes.append(f"context {max(contexts)} exceeds the model's max_position_embeddings {limit}")
     total, how, from_files = _weights(req, resolved, dep)
+    if how.startswith("unknown"):
+        notes.append(f"weights {how}: every row is sized without them, so 'fits' is an upper bound")
     engine = engine_args(req)
     fit = Fit(
         shape, dep, total, accounting=req.accounting, engine=engine, gpu=gpu, weights_per_gpu=req.weights_per_gpu_bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from infer_tool.common.errors import BadInput
+from infer_tool.sizing.class_defaults import class_defaults
 
 _MISSING = object()
 
@@ -33,8 +34,10 @@ FIELD_MAXIMUM: dict[str, int] = {
 }
 DEFAULT_MAXIMUM = 2**31 - 1  # any other integer field
 
-# Values a family's config class supplies when config.json omits the key (transformers
-# `configuration_<family>.py` defaults). Only keys that change a size are listed.
+# Facts of a family that its transformers config class does not hold as a field (Qwen2's
+# q/k/v biases, Gemma 3's every-sixth-layer-global pattern, Qwen3-Next's attention
+# interval), used after the class's own defaults (`class_defaults`). Only keys that change
+# a size are listed.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"tie_word_embeddings": False, "attention_bias": False},
     "mistral": {"tie_word_embeddings": False},
@@ -104,20 +107,34 @@ class ConfigView:
             self.model_type = {"gemma3": "gemma3_text"}.get(self.model_type, self.model_type)
         self._raw = merged
         self._defaults = FAMILY_DEFAULTS.get(self.model_type, {})
+        self.class_name, self._class = class_defaults(self.model_type)
+        self.defaulted: dict[str, Any] = {}  # field -> class default used
+        self.unknown: dict[str, str] = {}  # term -> the field nothing defaulted
 
     def has(self, *keys: str) -> bool:
         return self.get(*keys, default=None) is not None
 
     def get(self, *keys: str, default: Any = _MISSING) -> Any:
-        """First of `keys` present with a non-null value, else the family default,
-        else `default`; raises BadInput naming `keys[0]` when nothing is found."""
+        """First of `keys` the config gives a value, else the model's config class default
+        (`class_defaults`), else the family fact (`FAMILY_DEFAULTS`), else `default`;
+        raises MissingField naming `keys[0]` when nothing is found. A key the config sets
+        to null takes no default from the class (transformers keeps the null)."""
         for k in keys:
             v = self._raw.get(k)
             if v is not None:
                 return v
+        if any(k in self._raw for k in keys):  # explicitly null
+            return self._absent(keys, default)
+        for k in keys:
+            if self._class.get(k) is not None:
+                self.defaulted.setdefault(k, self._class[k])
+                return self._class[k]
         for k in keys:
             if self._defaults.get(k) is not None:
                 return self._defaults[k]
+        return self._absent(keys, default)
+
+    def _absent(self, keys: tuple[str, ...], default: Any) -> Any:
         if default is _MISSING:
             also = f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""
             raise MissingField(
@@ -126,6 +143,13 @@ class ConfigView:
                 keys[0],
             )
         return default
+
+    def defaults_note(self) -> str | None:
+        """Which missing fields took the config class's defaults (None if none did)."""
+        if not self.defaulted:
+            return None
+        fields = ", ".join(f"{k} {v!r}" for k, v in sorted(self.defaulted.items()))
+        return f"config.json omits fields; took {self.class_name}'s defaults: {fields}"
 
     def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1) -> int:
         """An integer field in [minimum, the field's maximum]; BadInput names the field and value."""

@@ -79,12 +79,24 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
         params = estimate_params(cfg, layers)
     except MissingField as e:  # weights may still come from safetensors headers
         params = None
-        notes.append(f"parameter count unknown: {e}")
+        cfg.unknown["parameter count"] = e.field
     try:
         forward = _forward_shape(cfg, layers, hidden)
     except MissingField as e:
         forward = None
-        notes.append(f"activation widths unknown ({e}); vLLM's activation peak is not modelled")
+        cfg.unknown["activation peak"] = e.field
+    for term, missing in cfg.unknown.items():
+        notes.append(
+            f"{term} unknown: the config has no '{missing}' and nothing defaults it for model_type "
+            f"'{cfg.model_type or 'unknown'}'; add it to config.json"
+            + (
+                " or give --reserve SIZE (what vLLM keeps beside weights and KV per GPU)"
+                if term == "activation peak"
+                else ""
+            )
+        )
+    if (note := cfg.defaults_note()) is not None:
+        notes.insert(0, note)
     return ModelShape(
         name=name,
         layers=layers,
@@ -97,6 +109,7 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
         model_type=cfg.model_type,
         source=source,
         notes=tuple(notes),
+        unknown=tuple(cfg.unknown.items()),
     )
 
 

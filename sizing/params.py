@@ -156,7 +156,11 @@ def _mlp(cfg: ConfigView, i: int, h: int, out: list[LinearShape]) -> tuple[int, 
         return 0, 0
     n_exp = cfg.int("n_routed_experts", "num_local_experts", "num_experts")
     inter = cfg.int("moe_intermediate_size", "intermediate_size")
-    top_k = min(n_exp, cfg.int("num_experts_per_tok", "moe_topk", default=n_exp))
+    if cfg.has("num_experts_per_tok", "moe_topk"):
+        top_k = min(n_exp, cfg.int("num_experts_per_tok", "moe_topk"))
+    else:  # memory still counts every expert; what a token multiplies by is unknown
+        cfg.unknown["active parameters"] = "num_experts_per_tok"
+        top_k = n_exp
     idle = 3 * h * inter * (n_exp - top_k)
     out += _gated(h, inter, count=n_exp)
     out.append(LinearShape(h, n_exp, quantizable=False))  # router

@@ -140,6 +140,8 @@ class ModelShape:
     model_type: str = ""  # config.json's model_type ("qwen3", "llama"); "" when the reader has none
     source: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # terms nothing could default: (term, the config field that would give it)
+    unknown: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     @property
     def num_layers(self) -> int:

@@ -67,7 +67,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from infer_tool.common.errors import BadInput
 from infer_tool.sizing.kv import ceil_div
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, ModelShape
 from infer_tool.sizing.vllm_versions import VllmPolicy
@@ -109,6 +108,7 @@ class Activation:
     where: str
     forward_bytes: int
     sampler_bytes: int
+    known: bool = True  # False: the config lacks a width (bytes is 0, an unknown)
 
 
 @dataclass(frozen=True)
@@ -360,7 +360,7 @@ def graph_estimate(
     if piecewise + full == 0:
         return CudaGraphs(0, 0, 0, 0, 0, in_budget)
     per_graph = sum(GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"] for i in layers)
-    first = forward_bytes(shape, largest, layers, tp) + per_graph
+    first = (forward_bytes(shape, largest, layers, tp) if shape.forward is not None else 0) + per_graph
     return CudaGraphs(piecewise, full, largest, first, per_graph, in_budget)
 
 
@@ -380,13 +380,16 @@ def profile(
 ) -> MemoryProfile:
     """The start-up profile of the worker holding `layers` (one pipeline stage) on one of
     `tp` ranks, with `weights` bytes of weights on it."""
-    if shape.forward is None:
-        raise BadInput(
-            f"{shape.name}: its activation widths are unknown, so vLLM's profile cannot be modelled; "
-            "give --reserve (the memory kept beside weights and KV cache per GPU)"
-        )
-    act = activation(shape, engine, layers, tp, last_stage, policy)
     parts, notes = non_torch(shape, engine, compute_capability, tp, last_stage, policy)
+    if shape.forward is None:  # the term stays unknown: the rest is still answered
+        missing = dict(shape.unknown).get("activation peak", "its layer widths")
+        act = Activation(0, f"unknown: the config lacks '{missing}' (or give --reserve)", 0, 0, known=False)
+        notes.append(
+            f"the activation peak of vLLM's profile is unknown (config lacks '{missing}'), so the available KV "
+            "memory is an upper bound: it and the CUDA graphs' activations are left out"
+        )
+    else:
+        act = activation(shape, engine, layers, tp, last_stage, policy)
     graphs = cudagraphs(shape, engine, layers, tp, compute_capability, policy)
     if graphs.estimate_bytes and not graphs.in_budget:
         who = "Model Runner V2 in vLLM" if policy.cudagraph_in_budget else "vLLM"

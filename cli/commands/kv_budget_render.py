@@ -76,8 +76,8 @@ def _memory(r: Report) -> dict[str, Any]:
         doc["stages"].append(
             {
                 "layers": [stage.start, stage.stop],
-                "weights_bytes": p.weights,
-                "activation_peak_bytes": p.activation.bytes,
+                "weights_bytes": None if r.weights_how.startswith("unknown") else p.weights,
+                "activation_peak_bytes": p.activation.bytes if p.activation.known else None,
                 "activation_peak_at": p.activation.where,
                 "forward_peak_bytes": p.activation.forward_bytes,
                 "sampler_peak_bytes": p.activation.sampler_bytes,
@@ -325,7 +325,7 @@ def _memory_table(console: Any, r: Report, mem: dict[str, Any]) -> None:
 
     def row(label: str, key: str, what: str | list[str]) -> None:
         whats = what if isinstance(what, list) else [what] * len(stages)
-        t.add_row(label, *(_size(s[key]) for s in stages), whats[0])
+        t.add_row(label, *("unknown" if s[key] is None else _size(s[key]) for s in stages), whats[0])
 
     total = mem["total_bytes"]
     t.add_row("total", *(_size(total) for _ in stages), "as CUDA reports it")
