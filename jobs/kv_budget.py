@@ -11,7 +11,9 @@ the largest failing row.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing import capacity, kv, roofline, solve, vllm_kv
@@ -383,3 +385,356 @@ def _solve(
         eff=req.efficiency,
         limit=limit,
     )
+
+
+# --- replaying a vLLM start-up log ------------------------------------------------------
+GiB = 2**30
+EXPLAIN_ABOVE = 0.02  # a difference in available KV above this share is explained term by term
+
+
+@dataclass(frozen=True)
+class LogTerm:
+    """One term of the start-up arithmetic, per GPU, in bytes (None: not logged / not modelled)."""
+
+    term: str
+    logged: float | None
+    predicted: float | None
+    why: str
+
+    @property
+    def difference(self) -> float | None:
+        if self.logged is None or self.predicted is None:
+            return None
+        return self.predicted - self.logged
+
+
+@dataclass
+class Replay:
+    """A start-up log replayed through `plan` with the log's own settings."""
+
+    log: Any
+    report: Report
+    settings: dict[str, tuple[Any, str]]  # setting -> (value, where it came from)
+    terms: list[LogTerm]
+    kv_tokens_at_logged: int | None
+    concurrency_at_logged: float | None
+    explanation: list[str]
+    notes: list[str]
+
+
+def _nearest_release(version: str | None, given: str | None) -> tuple[str, str | None]:
+    """(the modelled release to replay with, a note when it is not the logged one)."""
+    from infer_tool.sizing.vllm_versions import NEWEST, OLDEST
+
+    if given is not None:
+        return given, None if version is None else f"replayed as vLLM {given} (--vllm-version; the log says {version})"
+    if version is None:
+        return VLLM_VERSION, f"the log names no vLLM version: replayed as {VLLM_VERSION} (give --vllm-version)"
+    m = re.match(r"0\.([0-9]+)", version, re.ASCII)
+    if m is None:
+        return VLLM_VERSION, f"vLLM {version} is not a release this tool models: replayed as {VLLM_VERSION}"
+    minor = int(m.group(1))
+    near = min(max(minor, OLDEST), NEWEST)
+    if near != minor:
+        return f"0.{near}", f"vLLM {version} is not modelled: replayed as the nearest modelled release, 0.{near}"
+    if not re.fullmatch(r"0\.[0-9]+(\.[0-9]+)?(\.post[0-9]+)?", version, re.ASCII):
+        return f"0.{minor}", f"vLLM {version} (a development build) replayed as release 0.{minor}"
+    return version, None
+
+
+def _log_model(log: Any, model: str | None) -> tuple[str, str | None]:
+    """MODEL for the replay: the one given, the log's path when it is a local directory, or
+    the built-in preset of the log's hub name (nothing is downloaded)."""
+    from pathlib import Path
+
+    from infer_tool.sizing.presets import find_model_preset
+
+    if model is not None:
+        return model, None
+    named = log.model
+    if named is None:
+        raise BadInput("the log names no model: give MODEL (a directory with config.json, or a preset)")
+    if Path(named).expanduser().is_dir():
+        return named, None
+    preset = find_model_preset(named) or find_model_preset(Path(named).name)
+    if preset is None:
+        raise BadInput(
+            f"the log's model {named!r} is not a local directory nor a built-in preset, and nothing is downloaded: "
+            "give MODEL (a directory with its config.json)"
+        )
+    return preset.key, f"model config: built-in preset {preset.key} ({preset.hf_id}) for the log's {named!r}"
+
+
+def _log_gpu(log: Any, req_gpu: str | None, req_mem: int | None) -> tuple[dict[str, Any], str]:
+    """PlanRequest GPU fields, and where the total came from."""
+    from infer_tool.sizing.presets import gpu_presets
+
+    device = None
+    if log.device:
+        want = re.sub(r"[^a-z0-9]", "", log.device.lower())
+        for p in gpu_presets().values():
+            name = re.sub(r"[^a-z0-9]", "", p.name.lower())
+            if name.startswith(want) or want.startswith(name):
+                device = p
+                break
+    cc = device.compute_capability if device else ""
+    if req_mem is not None:
+        return {"gpu_mem_bytes": req_mem, "gpu_compute_capability": cc}, "--gpu-mem"
+    if req_gpu is not None:
+        return {"gpu": req_gpu}, "--gpu"
+    if log.total_gib is not None:
+        return {"gpu_mem_bytes": round(log.total_gib * GiB), "gpu_compute_capability": cc}, "the log's total"
+    if device is not None:
+        return {"gpu": device.key}, f"preset {device.key} (the log names {log.device})"
+    if log.util_pair and log.graph_estimate_gib:
+        delta = abs(log.util_pair[0] - log.util_pair[1])
+        if delta > 0:
+            total = log.graph_estimate_gib / delta
+            return (
+                {"gpu_mem_bytes": round(total * GiB), "gpu_compute_capability": cc},
+                "derived: CUDA-graph estimate / the two --gpu-memory-utilization figures' difference (about +-2%)",
+            )
+    raise BadInput("the log shows no GPU total ('Free memory on device') nor a GPU name: give --gpu or --gpu-mem")
+
+
+def replay_log(
+    text: str,
+    *,
+    model: str | None = None,
+    gpu: str | None = None,
+    gpu_mem_bytes: int | None = None,
+    vllm_version: str | None = None,
+) -> Replay:
+    """Parse a vLLM start-up log, plan with exactly its settings, and compare term by term."""
+    from infer_tool.sizing.vllm_log import parse_log
+
+    log = parse_log(text)
+    if log.recognised == 0:
+        raise BadInput("no vLLM start-up line found in the log (expected e.g. 'Available KV cache memory')")
+    notes: list[str] = []
+    version, vnote = _nearest_release(log.version, vllm_version)
+    notes += [vnote] if vnote else []
+    name, mnote = _log_model(log, model)
+    notes += [mnote] if mnote else []
+    gpu_fields, gpu_from = _log_gpu(log, gpu, gpu_mem_bytes)
+    settings: dict[str, tuple[Any, str]] = {"vllm_version": (version, "log" if not vnote else "nearest")}
+    settings["gpu_total"] = (gpu_fields.get("gpu_mem_bytes") or gpu_fields.get("gpu"), gpu_from)
+
+    def pick(key: str, *alts: Any) -> tuple[Any, str]:
+        v = log.setting(key)
+        if v is not None:
+            return v, "log"
+        for alt in alts:
+            if alt is not None:
+                return alt, "log"
+        return None, "default"
+
+    tp, _ = pick("tensor_parallel_size")
+    pp, _ = pick("pipeline_parallel_size")
+    mml, mml_from = pick("max_model_len", log.max_model_len, log.engine.get("max_seq_len"))
+    if mml is None and log.concurrency:
+        mml, mml_from = log.concurrency[0], "log"
+    if mml is None:
+        raise BadInput("the log shows no max model len ('Using max model len N'): it cannot be replayed")
+    util_logged = log.mem_util if log.mem_util is not None else (log.util_pair[0] if log.util_pair else None)
+    util, util_from = pick("gpu_memory_utilization", util_logged)
+    mnbt, mnbt_from = pick("max_num_batched_tokens", log.max_num_batched_tokens)
+    seqs, seqs_from = pick("max_num_seqs")
+    eager, _ = pick("enforce_eager")
+    kv_dtype_raw, _ = pick("kv_cache_dtype")
+    kv_dtype = {"auto": "bf16" if log.engine.get("dtype") != "float16" else "fp16", None: "bf16"}.get(
+        kv_dtype_raw, "fp8" if str(kv_dtype_raw).startswith("fp8") else str(kv_dtype_raw)
+    )
+    block, block_from = pick("block_size")
+    prefix, _ = pick("enable_prefix_caching")
+    sizes = log.engine.get("cudagraph_capture_sizes")
+    kv_fixed, _ = pick("kv_cache_memory_bytes")
+    async_arg = log.args.get("async_scheduling")
+    req = PlanRequest(
+        name,
+        **gpu_fields,
+        tp=int(tp or 1),
+        pp=int(pp or 1),
+        mem_util=float(util) if util is not None else None,
+        weights_per_gpu_bytes=round(log.weights_gib * GiB) if log.weights_gib else None,
+        kv_dtype=kv_dtype,
+        block_size=int(block or DEFAULT_BLOCK_SIZE),
+        contexts=(int(mml),),
+        concurrencies=(1,),
+        kv_cache_memory_bytes=int(kv_fixed) if kv_fixed else None,
+        vllm_version=version,
+        max_num_batched_tokens=int(mnbt) if mnbt else None,
+        max_num_seqs=int(seqs) if seqs else None,
+        enforce_eager=bool(eager),
+        cudagraph_capture_sizes=tuple(sizes) if sizes and not eager else None,
+        async_scheduling=True if (async_arg or log.async_logged) else None,
+        prefix_caching=True if prefix is None else bool(prefix),
+    )
+    for key, value, where in (
+        ("tp", req.tp, "log" if tp else "default"),
+        ("pp", req.pp, "log" if pp else "default"),
+        ("max_model_len", mml, mml_from),
+        ("gpu_memory_utilization", req.mem_util, util_from),
+        ("max_num_batched_tokens", req.max_num_batched_tokens, mnbt_from),
+        ("max_num_seqs", req.max_num_seqs, seqs_from),
+        ("enforce_eager", req.enforce_eager, "log" if eager is not None else "default"),
+        ("kv_cache_dtype", kv_dtype, "log" if kv_dtype_raw else "default"),
+        ("block_size", req.block_size, block_from),
+        ("enable_prefix_caching", req.prefix_caching, "log" if prefix is not None else "default"),
+        ("cudagraph_capture_sizes", len(sizes) if sizes else None, "log" if sizes else "default"),
+        ("weights_per_gpu", req.weights_per_gpu_bytes, "log" if log.weights_gib else "predicted"),
+    ):
+        settings[key] = (value, where)
+    report = plan(req)
+    terms, explanation = _compare(log, report, version)
+    kv_at, conc_at = None, None
+    stages = log.stage_available_gib(req.pp)
+    if stages and report.fit.layout is not None and min(stages) > 0:
+        cap = report.fit.vllm_at([round(g * GiB) for g in stages], int(mml))
+        kv_at, conc_at = cap.kv_cache_tokens, cap.max_concurrency_log
+    missing = log.missing
+    if missing:
+        notes.append("not in the log: " + ", ".join(missing))
+    kept = [n for n in report.notes if not n.startswith("no speed model")]  # the replay shows no speed
+    return Replay(log, report, settings, terms, kv_at, conc_at, explanation, notes + kept)
+
+
+def _compare(log: Any, r: Report, version: str) -> tuple[list[LogTerm], list[str]]:
+    """Logged against predicted, term by term, for the last pipeline stage's worker (the
+    one running the sampler), and which term carries the difference in available KV."""
+    rel = policy(version)
+    p = r.profiles[-1] if r.profiles else None
+    terms: list[LogTerm] = []
+
+    def gib(v: float | None) -> float | None:
+        return None if v is None else v * GiB
+
+    total_pred = r.fit.dep.gpu_memory_bytes
+    terms.append(LogTerm("GPU total", gib(log.total_gib), total_pred, "as CUDA reports it"))
+    requested = p.requested if p else r.fit.dep.usable_bytes
+    terms.append(LogTerm("requested", gib(log.requested_gib), requested, "ceil(total x gpu_memory_utilization)"))
+    weights_pred = _config_weights(r)
+    terms.append(
+        LogTerm(
+            "weights",
+            gib(log.weights_gib),
+            weights_pred,
+            "'Model loading took'; predicted from the config"
+            + (" (the replay uses the logged figure)" if log.weights_gib else ""),
+        )
+    )
+    graphs_in = p.cudagraphs.subtracted_bytes if p else 0
+    act = p.activation.bytes if p and p.activation.known else None
+    peak_pred = None if act is None else act + graphs_in
+    peak_why = "torch peak of the profile run"
+    if rel.cudagraph_in_budget:
+        peak_why += " + the CUDA-graph estimate (0.21+)"
+    non_torch = p.non_torch_bytes if p else None
+    if "consumed" in log.usage:
+        w = r.fit.planner.weight_bytes_per_gpu
+        terms.append(
+            LogTerm(
+                "consumed (weights + non-torch)",
+                gib(log.usage["consumed"]),
+                None if non_torch is None else w + non_torch,
+                "0.27+: what the process holds after the profile",
+            )
+        )
+    elif "non-torch" in log.usage:
+        terms.append(LogTerm("non-torch", gib(log.usage["non-torch"]), non_torch, "workspaces, NCCL, CUDA context"))
+    else:
+        terms.append(LogTerm("non-torch", None, non_torch, "workspaces (not broken down in the log)"))
+    terms.append(LogTerm("peak activation", gib(log.usage.get("peak activation")), peak_pred, peak_why))
+    est_pred = p.cudagraphs.estimate_bytes if p else None
+    terms.append(
+        LogTerm(
+            "CUDA-graph estimate",
+            gib(log.graph_estimate_gib),
+            est_pred,
+            "subtracted from the KV cache" if rel.cudagraph_in_budget else "computed, not subtracted (before 0.21)",
+        )
+    )
+    actual = log.usage.get("CUDA graphs", log.graph_actual_gib)
+    terms.append(
+        LogTerm(
+            "CUDA graphs captured",
+            gib(actual),
+            None,
+            "logged after the KV cache is sized; vLLM does not subtract it (outside --gpu-memory-utilization)",
+        )
+    )
+    stages = log.stage_available_gib(r.fit.dep.pp)
+    logged_avail = gib(stages[-1]) if stages else None
+    pred_avail = p.available if p else r.fit.planner.kv_budget_per_gpu
+    overhead_logged = None
+    if logged_avail is not None and log.weights_gib is not None:
+        req_logged = gib(log.requested_gib) if log.requested_gib is not None else requested
+        overhead_logged = req_logged - gib(log.weights_gib) - logged_avail
+    terms.append(
+        LogTerm(
+            "overhead (activation + non-torch + graphs)",
+            overhead_logged,
+            p.overhead if p else r.fit.planner.reserve_bytes,
+            "requested - weights - available KV, as logged",
+        )
+    )
+    terms.append(LogTerm("available KV", logged_avail, pred_avail, "'Available KV cache memory'"))
+    return terms, _explain(terms, logged_avail, pred_avail, rel, r)
+
+
+def _config_weights(r: Report) -> int | None:
+    """Weights per GPU as the config (or the files) predict them, without the log."""
+    req = replace(r.request, weights_per_gpu_bytes=None)
+    try:
+        total, how, _ = _weights(req, r.resolved, r.fit.dep)
+    except BadInput:
+        return None
+    if how.startswith("unknown"):
+        return None
+    return ceil_div(total, r.fit.dep.tp * r.fit.dep.pp)
+
+
+def _explain(terms: list[LogTerm], logged: float | None, predicted: float, rel: Any, r: Report) -> list[str]:
+    """Which term carries the difference in available KV: each logged term's share of it
+    (available = requested - weights - overhead, the replay subtracting the logged weights),
+    the overhead's unbroken rest as one term."""
+    if logged is None:
+        return ["the log has no 'Available KV cache memory' line: only the prediction is shown"]
+    by = {t.term: t for t in terms}
+    diff = predicted - logged
+    share = diff / abs(logged) if logged else float("inf")
+    out = [f"available KV: predicted {predicted / GiB:.2f} GiB, logged {logged / GiB:.2f} GiB ({share:+.1%})"]
+    if abs(share) <= EXPLAIN_ABOVE:
+        return [*out, f"within {EXPLAIN_ABOVE:.0%}: no term needs explaining"]
+    parts: dict[str, float] = {}  # term -> its contribution to predicted - logged available
+    if (d := by["requested"].difference) is not None:
+        parts["requested (the GPU total x utilization)"] = d
+    over = by["overhead (activation + non-torch + graphs)"].difference
+    if over is not None:
+        rest = -over
+        for name in ("consumed (weights + non-torch)", "non-torch", "peak activation"):
+            t = by.get(name)
+            if t is not None and t.difference is not None:
+                d = t.difference
+                parts[name] = -d
+                rest += d
+        if (est := by["CUDA-graph estimate"]).difference is not None and rel.cudagraph_in_budget:
+            if "peak activation" not in parts:  # 0.21+ folds the estimate into "peak activation"
+                parts["CUDA-graph estimate"] = -est.difference
+                rest += est.difference
+        parts["overhead not broken down in the log (activation peak, non-torch, graphs)"] = rest
+    if not parts:
+        return [*out, "the log breaks down no term and has no weights line: the difference is not attributed"]
+    name, value = max(parts.items(), key=lambda kv: abs(kv[1]))
+    out.append(
+        f"carried by {name}: {value / GiB:+.2f} GiB of the {diff / GiB:+.2f} GiB"
+        + (f" ({by[name].why})" if name in by else "")
+    )
+    if by["GPU total"].logged is None:
+        step = 0.01 * r.fit.dep.gpu_memory_bytes * r.fit.dep.mem_util
+        out.append(f"the GPU total is not in the log: each 1% of it moves the available KV by {step / GiB:.2f} GiB")
+    if not rel.cudagraph_in_budget:
+        out.append(f"vLLM {rel.version} does not subtract its CUDA graphs (captured after the KV cache is sized)")
+    if rel.nccl_in_budget and r.fit.dep.tp > 1:
+        out.append(f"vLLM {rel.version} counts NCCL buffers against the budget at TP > 1; they are not modelled")
+    return out

@@ -54,6 +54,14 @@ def kv_budget(
     model: Annotated[
         str | None, typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")
     ] = None,
+    from_log: Annotated[
+        str | None,
+        Opt(
+            "--from-log",
+            help="A vLLM start-up log (a file, or - for stdin): replay it term by term (logged vs predicted).",
+            rich_help_panel=MODEL,
+        ),
+    ] = None,
     weights: Annotated[
         str | None,
         Opt(
@@ -277,6 +285,9 @@ def _run(opts: dict[str, Any]) -> None:
 
         _print_lists(list_models, list_gpus, json_out, model_presets(), gpu_presets())
         return
+    if "from_log" in opts:
+        _replay(opts, json_out)
+        return
     if "model" not in opts:
         raise BadInput("MODEL is required (a model directory, config.json, .gguf file or a preset from --list-models)")
     request, notes = build_request(opts)
@@ -296,6 +307,62 @@ def _run(opts: dict[str, Any]) -> None:
         raise QualityGateFailed(
             f"--require-fit: {len(bad)} of {len(report.rows)} rows do not fit: {', '.join(bad[:6])}"
         )
+
+
+# options --from-log takes beside the log (the rest of the settings come from the log)
+_REPLAY_OPTIONS = {"from_log", "model", "gpu", "gpu_mem", "vllm_version"}
+
+
+def _read_log(path: str) -> str:
+    import sys
+    from pathlib import Path
+
+    from infer_tool.common.errors import BadInput
+    from infer_tool.sizing.vllm_log import MAX_LOG_BYTES
+
+    if path == "-":
+        text = sys.stdin.read(MAX_LOG_BYTES + 1)
+    else:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise BadInput(f"--from-log {path!r}: no such file (give a vLLM start-up log, or - for stdin)")
+        if p.stat().st_size > MAX_LOG_BYTES:
+            raise BadInput(f"--from-log {path!r}: {p.stat().st_size:,} bytes; at most {MAX_LOG_BYTES:,} are read")
+        with p.open("rb") as f:
+            text = f.read(MAX_LOG_BYTES + 1).decode("utf-8", errors="replace")
+    if len(text) > MAX_LOG_BYTES:
+        raise BadInput(f"--from-log {path!r}: more than {MAX_LOG_BYTES:,} bytes; give the start-up part")
+    return text
+
+
+def _replay(opts: dict[str, Any], json_out: bool) -> None:
+    from infer_tool.common.errors import BadInput
+    from infer_tool.common.sizes import parse_size
+    from infer_tool.jobs.kv_budget import replay_log
+
+    extra = sorted(k for k, v in opts.items() if k not in _REPLAY_OPTIONS and v not in (False, None))
+    if extra:
+        flags = ", ".join("--" + k.replace("_", "-") for k in extra)
+        raise BadInput(
+            f"--from-log replays the log's own settings; drop {flags} (accepted beside it: MODEL, --gpu, "
+            "--gpu-mem, --vllm-version)"
+        )
+    gpu_mem = parse_size(opts["gpu_mem"], "--gpu-mem", minimum=2**20) if "gpu_mem" in opts else None
+    rep = replay_log(
+        _read_log(opts["from_log"]),
+        model=opts.get("model"),
+        gpu=opts.get("gpu"),
+        gpu_mem_bytes=gpu_mem,
+        vllm_version=opts.get("vllm_version"),
+    )
+    from infer_tool.cli.commands import kv_budget_render as render
+
+    if json_out:
+        from infer_tool.cli.output import emit_json
+
+        emit_json(render.replay_document(rep))
+    else:
+        render.replay_human(rep)
 
 
 def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, gpu_presets: dict) -> None:

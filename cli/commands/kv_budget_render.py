@@ -489,3 +489,93 @@ def _solutions(console: Any, r: Report) -> None:
     console.print(t)
     if not r.solutions:
         console.print("[red]no deployment of up to 16 GPUs of the presets serves this target[/]")
+
+
+# --- --from-log -------------------------------------------------------------------------
+def replay_document(rep: Any) -> dict[str, Any]:
+    """The --json document of `kv-budget --from-log`."""
+    log, r = rep.log, rep.report
+    return {
+        "log": {
+            "vllm_version": log.version,
+            "model": log.model,
+            "device": log.device,
+            "lines": log.lines,
+            "lines_recognised": log.recognised,
+            "non_default_args": {
+                k: v for k, v in log.args.items() if isinstance(v, (str, int, float, bool, type(None)))
+            },
+            "missing": log.missing,
+            "kv_cache_tokens": log.kv_tokens,
+            "max_concurrency": None if log.concurrency is None else log.concurrency[1],
+        },
+        "model": r.request.model,
+        "settings": {k: {"value": v, "from": where} for k, (v, where) in rep.settings.items()},
+        "terms": [
+            {
+                "term": t.term,
+                "logged_bytes": None if t.logged is None else round(t.logged),
+                "predicted_bytes": None if t.predicted is None else round(t.predicted),
+                "difference_bytes": None if t.difference is None else round(t.difference),
+                "why": t.why,
+            }
+            for t in rep.terms
+        ],
+        "at_logged_kv": {"kv_cache_tokens": rep.kv_tokens_at_logged, "max_concurrency": rep.concurrency_at_logged},
+        "explanation": rep.explanation,
+        "notes": rep.notes,
+    }
+
+
+def replay_human(rep: Any) -> None:
+    console = out()
+    log, r = rep.log, rep.report
+    console.print(
+        f"[bold]vLLM {log.version or '(version not logged)'}[/] log of {log.model or '(model not logged)'}: "
+        f"{log.recognised:,} of {log.lines:,} lines recognised; replayed with {r.request.model} on {r.gpu.name}",
+        highlight=False,
+    )
+    t = Table(title="Settings replayed (from the log unless marked)")
+    for col in ("setting", "value", "from"):
+        t.add_column(col)
+    for key, (value, where) in rep.settings.items():
+        shown = (
+            "-"
+            if value is None
+            else (_size(value) if key in ("gpu_total", "weights_per_gpu") and isinstance(value, int) else str(value))
+        )
+        t.add_row(key, shown, where)
+    console.print(t)
+    t = Table(title="Start-up memory per GPU: logged against predicted")
+    for col in ("term", "logged", "predicted", "difference", "what"):
+        t.add_column(col, justify="left" if col in ("term", "what") else "right")
+    for term in rep.terms:
+        d = term.difference
+        t.add_row(
+            term.term,
+            "-" if term.logged is None else _size(term.logged),
+            "-" if term.predicted is None else _size(term.predicted),
+            "-" if d is None else ("0" if round(d) == 0 else ("+" if d > 0 else "-") + _size(abs(d))),
+            term.why,
+        )
+    console.print(t)
+    mml = r.request.contexts[0] if r.request.contexts else None
+    if log.kv_tokens is not None or log.concurrency is not None:
+        t = Table(title=f"KV cache at the logged KV memory, max model len {mml:,}")
+        for col in ("line", "logged", "block accounting"):
+            t.add_column(col, justify="left" if col == "line" else "right")
+        t.add_row(
+            "GPU KV cache size (tokens)",
+            "-" if log.kv_tokens is None else f"{log.kv_tokens:,}",
+            "-" if rep.kv_tokens_at_logged is None else f"{rep.kv_tokens_at_logged:,}",
+        )
+        t.add_row(
+            "maximum concurrency",
+            "-" if log.concurrency is None else f"{log.concurrency[1]:.2f}x",
+            "-" if rep.concurrency_at_logged is None else f"{rep.concurrency_at_logged:.2f}x",
+        )
+        console.print(t)
+    for line in rep.explanation:
+        console.print(line, highlight=False)
+    for note in rep.notes:
+        err().print(f"[yellow]note:[/] {note}", highlight=False)
