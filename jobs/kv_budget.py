@@ -431,8 +431,10 @@ def _nearest_release(version: str | None, given: str | None) -> tuple[str, str |
     if version is None:
         return VLLM_VERSION, f"the log names no vLLM version: replayed as {VLLM_VERSION} (give --vllm-version)"
     m = re.match(r"0\.([0-9]+)", version, re.ASCII)
-    if m is None:
-        return VLLM_VERSION, f"vLLM {version} is not a release this tool models: replayed as {VLLM_VERSION}"
+    if m is None or re.match(r"0\.1\.dev", version):  # an untagged build says 0.1.devN
+        return VLLM_VERSION, (
+            f"vLLM {version} is not a release this tool models: replayed as {VLLM_VERSION} (give --vllm-version)"
+        )
     minor = int(m.group(1))
     near = min(max(minor, OLDEST), NEWEST)
     if near != minor:
@@ -540,6 +542,10 @@ def replay_log(
     util, util_from = pick("gpu_memory_utilization", util_logged)
     mnbt, mnbt_from = pick("max_num_batched_tokens", log.max_num_batched_tokens)
     seqs, seqs_from = pick("max_num_seqs")
+    sizes = log.engine.get("cudagraph_capture_sizes")
+    if seqs is None and log.full_largest and sizes and log.full_largest in sizes and log.full_largest < max(sizes):
+        # FULL (decode) graphs stop at max_num_seqs, which vLLM adds to the capture list
+        seqs, seqs_from = log.full_largest, "log (its largest FULL CUDA graph)"
     eager, _ = pick("enforce_eager")
     kv_dtype_raw, _ = pick("kv_cache_dtype")
     kv_dtype = {"auto": "bf16" if log.engine.get("dtype") != "float16" else "fp16", None: "bf16"}.get(
@@ -547,7 +553,6 @@ def replay_log(
     )
     block, block_from = pick("block_size")
     prefix, _ = pick("enable_prefix_caching")
-    sizes = log.engine.get("cudagraph_capture_sizes")
     kv_fixed, _ = pick("kv_cache_memory_bytes")
     async_arg = log.args.get("async_scheduling")
     req = PlanRequest(
@@ -588,7 +593,7 @@ def replay_log(
     report = plan(req)
     terms, explanation = _compare(log, report, version)
     kv_at, conc_at = None, None
-    stages = log.stage_available_gib(req.pp)
+    stages = log.stage_available_gib(req.pp, req.tp)
     if stages and report.fit.layout is not None and min(stages) > 0:
         cap = report.fit.vllm_at([round(g * GiB) for g in stages], int(mml))
         kv_at, conc_at = cap.kv_cache_tokens, cap.max_concurrency_log
@@ -663,7 +668,7 @@ def _compare(log: Any, r: Report, version: str) -> tuple[list[LogTerm], list[str
             "logged after the KV cache is sized; vLLM does not subtract it (outside --gpu-memory-utilization)",
         )
     )
-    stages = log.stage_available_gib(r.fit.dep.pp)
+    stages = log.stage_available_gib(r.fit.dep.pp, r.fit.dep.tp)
     logged_avail = gib(stages[-1]) if stages else None
     pred_avail = p.available if p else r.fit.planner.kv_budget_per_gpu
     overhead_logged = None

@@ -31,7 +31,7 @@ from typing import Any
 
 MAX_LOG_BYTES = 256 * 2**20
 _NUM = r"(-?[0-9][0-9,]*(?:\.[0-9]+)?)"
-_WORKER = re.compile(r"\((Worker[^ )]*|EngineCore[^ )]*|APIServer)[^)]*\)", re.ASCII)
+_WORKER = re.compile(r"\((Worker[^ )]*|VllmWorker rank=[0-9]+|EngineCore[^ )]*|APIServer)[^)]*\)", re.ASCII)
 _PATTERNS: dict[str, re.Pattern[str]] = {
     k: re.compile(v, re.ASCII)
     for k, v in {
@@ -65,7 +65,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
         + r" GiB for peak activation, and "
         + _NUM
         + r" GiB for CUDAGraph memory",
-        "graph_counts": r"Profiling CUDA graph memory: PIECEWISE=([0-9]+) \(largest=([0-9]+)\), FULL=([0-9]+)",
+        "graph_counts": r"Profiling CUDA graph memory: PIECEWISE=([0-9]+) \(largest=([0-9]+)\), FULL=([0-9]+)"
+        r"(?: \(largest=([0-9]+)\))?",
         "graph_estimate": r"Estimated CUDA graph memory: " + _NUM + r" ?GiB",
         "graph_actual": r"Graph capturing finished in [0-9.]+ secs?, took " + _NUM + r" ?GiB",
         "device": r"device_name=([A-Za-z0-9_\-]+)",
@@ -90,6 +91,7 @@ _ENGINE_FIELDS = {
 }
 _ENGINE = {k: re.compile(v, re.ASCII) for k, v in _ENGINE_FIELDS.items()}
 _PP_RANK = re.compile(r"PP([0-9]+)", re.ASCII)
+_RANK = re.compile(r"rank=([0-9]+)", re.ASCII)
 
 
 @dataclass
@@ -113,6 +115,7 @@ class LoggedStartup:
     requested_gib: float | None = None
     usage: dict[str, float] = field(default_factory=dict)  # the "Actual usage" breakdown
     graph_counts: tuple[int, int, int] | None = None  # PIECEWISE, largest, FULL
+    full_largest: int | None = None  # the largest FULL (decode) graph: max_num_seqs when it is in the list
     graph_estimate_gib: float | None = None
     graph_actual_gib: float | None = None
     device: str | None = None  # a device name the log prints (fused-MoE config file, nvidia-smi)
@@ -143,15 +146,17 @@ class LoggedStartup:
         }
         return [k for k, v in checks.items() if v is None]
 
-    def stage_available_gib(self, pp: int) -> list[float]:
+    def stage_available_gib(self, pp: int, tp: int = 1) -> list[float]:
         """Available KV memory per pipeline stage (vLLM keeps each stage's workers apart;
-        within a stage the smallest worker's figure, as the engine does)."""
+        within a stage the smallest worker's figure, as the engine does). A worker's stage
+        is its `PPn` label, else its global rank // tp."""
         if not self.available_gib:
             return []
         by_stage: dict[int, list[float]] = {}
         for worker, gib in self.available_gib.items():
-            m = _PP_RANK.search(worker)
-            by_stage.setdefault(int(m.group(1)) if m else -1, []).append(gib)
+            m, r = _PP_RANK.search(worker), _RANK.search(worker)
+            stage = int(m.group(1)) if m else (int(r.group(1)) // max(1, tp) if r else -1)
+            by_stage.setdefault(stage, []).append(gib)
         if pp > 1 and -1 not in by_stage and len(by_stage) == pp:
             return [min(by_stage[k]) for k in sorted(by_stage)]
         values = list(dict.fromkeys(self.available_gib.values()))
@@ -253,6 +258,7 @@ def _match_line(log: LoggedStartup, line: str) -> bool:  # noqa: C901 - one bran
             log.usage = dict(zip(("consumed", "peak activation", "CUDA graphs"), map(_num, u.groups())))
     elif "Profiling CUDA graph memory" in line and (m := p["graph_counts"].search(line)):
         log.graph_counts = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        log.full_largest = int(m.group(4)) if m.group(4) else None
     elif "Estimated CUDA graph memory" in line and (m := p["graph_estimate"].search(line)):
         log.graph_estimate_gib = _num(m.group(1))
     elif "Graph capturing finished" in line and (m := p["graph_actual"].search(line)):
