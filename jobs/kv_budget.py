@@ -11,6 +11,7 @@ the largest failing row.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -270,9 +271,10 @@ def engine_args(req: PlanRequest) -> vllm_kv.EngineArgs:
     )
 
 
-def plan(req: PlanRequest) -> Report:
+def plan(req: PlanRequest, *, fixes: bool = True) -> Report:
     """Size `req.model` on the requested deployment; with `req.solve`, also list the
-    smallest deployments serving the largest requested context x concurrency."""
+    smallest deployments serving the largest requested context x concurrency. `fixes`
+    False skips the search for a deployment serving the failing rows."""
     release = policy(req.vllm_version)  # refuse an unknown release first
     gpu = resolve_gpu(req)
     dep = _deployment(req, gpu, req.mem_util if req.mem_util is not None else release.default_mem_util)
@@ -346,7 +348,7 @@ def plan(req: PlanRequest) -> Report:
             f"runs at once (the rest wait in the queue): give --max-num-seqs {ceil_div(most, dep.dp)} or more"
         )
     failing = [r for r in rows if not r.fit.fits and r.fit.binding != "max-num-seqs"]
-    if failing and shape.params is not None:
+    if failing and fixes and shape.params is not None:
         ends = {(r.context, r.concurrency) for r in (failing[0], failing[-1])}
         for c, n in sorted(ends):
             target = solve.Target(c, n, prompt_len=req.prompt_len, output_len=req.output_len)
@@ -590,7 +592,7 @@ def replay_log(
         ("weights_per_gpu", req.weights_per_gpu_bytes, "log" if log.weights_gib else "predicted"),
     ):
         settings[key] = (value, where)
-    report = plan(req)
+    report = plan(req, fixes=False)
     terms, explanation = _compare(log, report, version)
     kv_at, conc_at = None, None
     stages = log.stage_available_gib(req.pp, req.tp)
@@ -743,3 +745,129 @@ def _explain(terms: list[LogTerm], logged: float | None, predicted: float, rel: 
     if rel.nccl_in_budget and r.fit.dep.tp > 1:
         out.append(f"vLLM {rel.version} counts NCCL buffers against the budget at TP > 1; they are not modelled")
     return out
+
+
+# --- what reaches a target ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Suggestion:
+    """The engine arguments that serve `concurrency` sequences of `context` tokens on the
+    requested deployment, and what they cost. `feasible` False: not on this GPU count at
+    any utilization (`limit` then says what does fit)."""
+
+    context: int
+    concurrency: int
+    feasible: bool
+    max_model_len: int
+    max_num_seqs: int
+    kv_cache_memory_bytes: int  # per GPU, as --kv-cache-memory-bytes
+    mem_util: float | None  # the smallest --gpu-memory-utilization (two decimals) that reaches it
+    before: Report
+    after: Report | None  # the plan with the suggested --gpu-memory-utilization
+    costs: list[str]
+    limit: str = ""
+
+    def serve_flags(self) -> str:
+        """A ready-to-paste `vllm serve` flags line (the utilization form)."""
+        d = self.before.fit.dep
+        parts = [f"--max-model-len {self.max_model_len}", f"--max-num-seqs {self.max_num_seqs}"]
+        if d.tp > 1:
+            parts.insert(0, f"--tensor-parallel-size {d.tp}")
+        if d.pp > 1:
+            parts.insert(1 if d.tp > 1 else 0, f"--pipeline-parallel-size {d.pp}")
+        if d.kv.name != "bf16":
+            parts.append(f"--kv-cache-dtype {d.kv.name}")
+        if self.mem_util is not None:
+            parts.append(f"--gpu-memory-utilization {self.mem_util:.2f}")
+        return " ".join(parts)
+
+    def serve_flags_fixed_kv(self) -> str:
+        """The same with the KV cache size given directly (`--kv-cache-memory-bytes`)."""
+        base = self.serve_flags().split(" --gpu-memory-utilization")[0]
+        return f"{base} --kv-cache-memory-bytes {self.kv_cache_memory_bytes}"
+
+
+def _kv_bytes_needed(fit: Fit, context: int, concurrency: int) -> int:
+    """The smallest KV cache per GPU (each stage the same) at which `concurrency`
+    sequences of `context` tokens fit vLLM's blocks: whole blocks, plus the null block."""
+    n = ceil_div(concurrency, fit.dep.dp)
+    per_block = fit.bytes_per_block()
+    cap = fit.vllm_at([per_block * 2] * len(fit.stages), context)
+    blocks = cap.shared_blocks + n * (cap.blocks_per_request - cap.shared_blocks) + 1
+    budget = blocks * per_block
+    for _ in range(64):  # vLLM's layout may round a block more per group; step until it fits
+        if fit.vllm_at([budget] * len(fit.stages), context).fits(n):
+            return budget
+        budget += per_block
+    raise BadInput(f"no KV cache size found for {concurrency} x {context:,} tokens")  # pragma: no cover
+
+
+def reach_target(req: PlanRequest, concurrency: int | None, context: int | None) -> Suggestion:
+    """--target-concurrency / --target-context: the --max-model-len, --max-num-seqs,
+    --kv-cache-memory-bytes and --gpu-memory-utilization that serve the target on the
+    requested deployment, checked by planning with them."""
+    if req.accounting != "vllm":
+        raise BadInput("--target-concurrency / --target-context need --accounting vllm (vLLM's blocks)")
+    for flag, v in (("--target-concurrency", concurrency), ("--target-context", context)):
+        if v is not None and v < 1:
+            raise BadInput(f"{flag} {v} must be at least 1")
+    first = plan(replace(req, concurrencies=(1,)), fixes=False)
+    ctx = context or (req.contexts[-1] if req.contexts else None) or first.shape.max_position_embeddings
+    if ctx is None:
+        raise BadInput("give --target-context (or --context): the model states no max_position_embeddings")
+    conc = concurrency or 1  # a context target alone: one sequence of that length
+    before = plan(replace(req, contexts=(ctx,), concurrencies=(conc,)), fixes=False)
+    seqs = max(before.fit.max_num_seqs(), ceil_div(conc, before.fit.dep.dp))
+    sized = plan(
+        replace(req, contexts=(ctx,), concurrencies=(conc,), max_num_seqs=seqs, kv_cache_memory_bytes=None), fixes=False
+    )
+    fit = sized.fit
+    need = _kv_bytes_needed(fit, ctx, conc)
+    costs: list[str] = []
+    if fit.profiles is None:  # a flat --reserve
+        overhead, weights = fit.planner.reserve_bytes, fit.planner.weight_bytes_per_gpu
+    else:
+        worst = max(range(len(fit.profiles)), key=lambda i: fit.profiles[i].weights + fit.profiles[i].overhead)
+        overhead, weights = fit.profiles[worst].overhead, fit.profiles[worst].weights
+    total = fit.dep.gpu_memory_bytes
+    util = None
+    after = None
+    for step in range(100):
+        u = math.ceil((need + weights + overhead) / total * 100) / 100 + step / 100
+        if u > 1:
+            break
+        trial = plan(replace(sized.request, mem_util=u), fixes=False)
+        if trial.rows[0].fit.fits:
+            util, after = round(u, 2), trial
+            break
+    feasible = util is not None
+    limit = ""
+    if feasible:
+        old = before.fit.dep.mem_util
+        kept_out = total - math.ceil(total * util)
+        if util > old:
+            costs.append(
+                f"--gpu-memory-utilization {old:g} -> {util:.2f}: {human_size(kept_out)} of the GPU stays outside vLLM "
+                f"(was {human_size(total - math.ceil(total * old))}) for other processes and fragmentation"
+            )
+        else:
+            costs.append(
+                f"--gpu-memory-utilization {util:.2f} is enough (now {old:g}): "
+                f"{human_size(math.ceil(total * (old - util)))} per GPU could go elsewhere"
+            )
+        if seqs != before.fit.max_num_seqs():
+            costs.append(
+                f"--max-num-seqs {before.fit.max_num_seqs()} -> {seqs}: a larger sampler buffer and more CUDA graphs "
+                "in vLLM's profile (included above)"
+            )
+        spare = after.fit.planner.kv_budget_per_gpu - need
+        costs.append(f"the KV cache holds the target with {human_size(max(0, spare))} per GPU to spare")
+    else:
+        at_full = plan(replace(sized.request, mem_util=0.95), fixes=False)
+        mc = at_full.fit.max_concurrency(ctx)
+        mx, why = at_full.fit.max_context(conc)
+        limit = (
+            f"{conc} x {ctx:,} tokens does not fit on {fit.dep.num_gpus} x {sized.gpu.name} even at "
+            f"--gpu-memory-utilization 1.0; at 0.95 it serves {mc:,} sequences of {ctx:,} tokens, or {conc} of "
+            f"{mx:,} tokens ({why})"
+        )
+    return Suggestion(ctx, conc, feasible, ctx, seqs, need, util, before, after, costs, limit)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     pass
 
 Opt = typer.Option
-MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, OUTPUT = (
+MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, TARGET, OUTPUT = (
     "Model",
     "Deployment",
     "vLLM engine",
@@ -35,6 +35,7 @@ MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, OUTPUT = (
     "Workload",
     "Speed",
     "Solve",
+    "Target",
     "Output",
 )
 
@@ -202,6 +203,14 @@ def kv_budget(
     require_fit: Annotated[
         bool, Opt("--require-fit", help="Exit 3 when a row does not fit (a CI check).", rich_help_panel=SOLVE)
     ] = False,
+    target_concurrency: Annotated[
+        int | None,
+        Opt(help="Sequences to serve at once: the vllm serve flags that reach it.", rich_help_panel=TARGET),
+    ] = None,
+    target_context: Annotated[
+        str | None,
+        Opt(help="Tokens per sequence to serve (32k): the vllm serve flags that reach it.", rich_help_panel=TARGET),
+    ] = None,
     json_out: _in_panel(Json, OUTPUT) = False,
     list_models: Annotated[
         bool, Opt("--list-models", help="List model presets and exit.", rich_help_panel=OUTPUT)
@@ -285,14 +294,19 @@ def _run(opts: dict[str, Any]) -> None:
 
         _print_lists(list_models, list_gpus, json_out, model_presets(), gpu_presets())
         return
+    targets = _targets(opts)
     if "from_log" in opts:
-        _replay(opts, json_out)
+        _replay(opts, json_out, targets)
         return
     if "model" not in opts:
         raise BadInput("MODEL is required (a model directory, config.json, .gguf file or a preset from --list-models)")
     request, notes = build_request(opts)
     from infer_tool.cli.commands import kv_budget_render as render
     from infer_tool.jobs.kv_budget import plan
+
+    if targets is not None:
+        _suggest(request, targets, json_out)
+        return
 
     report = plan(request)
     report.notes[:0] = notes
@@ -311,6 +325,32 @@ def _run(opts: dict[str, Any]) -> None:
 
 # options --from-log takes beside the log (the rest of the settings come from the log)
 _REPLAY_OPTIONS = {"from_log", "model", "gpu", "gpu_mem", "vllm_version"}
+
+
+def _targets(opts: dict[str, Any]) -> tuple[int | None, int | None] | None:
+    """(--target-concurrency, --target-context), popped from `opts`; None if neither."""
+    from infer_tool.common.errors import BadInput
+    from infer_tool.sizing.units import parse_count
+
+    conc, ctx = opts.pop("target_concurrency", None), opts.pop("target_context", None)
+    if conc is None and ctx is None:
+        return None
+    if conc is not None and conc < 1:
+        raise BadInput(f"--target-concurrency {conc} must be at least 1")
+    return conc, (parse_count(ctx, "--target-context") if ctx is not None else None)
+
+
+def _suggest(request: Any, targets: tuple[int | None, int | None], json_out: bool) -> None:
+    from infer_tool.cli.commands import kv_budget_render as render
+    from infer_tool.jobs.kv_budget import reach_target
+
+    s = reach_target(request, *targets)
+    if json_out:
+        from infer_tool.cli.output import emit_json
+
+        emit_json(render.suggestion_document(s))
+    else:
+        render.suggestion_human(s)
 
 
 def _read_log(path: str) -> str:
@@ -335,7 +375,7 @@ def _read_log(path: str) -> str:
     return text
 
 
-def _replay(opts: dict[str, Any], json_out: bool) -> None:
+def _replay(opts: dict[str, Any], json_out: bool, targets: tuple[int | None, int | None] | None = None) -> None:
     from infer_tool.common.errors import BadInput
     from infer_tool.common.sizes import parse_size
     from infer_tool.jobs.kv_budget import replay_log
@@ -357,6 +397,18 @@ def _replay(opts: dict[str, Any], json_out: bool) -> None:
     )
     from infer_tool.cli.commands import kv_budget_render as render
 
+    if targets is not None:  # what to change on the logged server
+        from infer_tool.jobs.kv_budget import reach_target
+
+        s = reach_target(rep.report.request, *targets)
+        if json_out:
+            from infer_tool.cli.output import emit_json
+
+            emit_json({**render.replay_document(rep), "target": render.suggestion_document(s)})
+        else:
+            render.replay_human(rep)
+            render.suggestion_human(s)
+        return
     if json_out:
         from infer_tool.cli.output import emit_json
 

@@ -579,3 +579,33 @@ def replay_human(rep: Any) -> None:
         console.print(line, highlight=False)
     for note in rep.notes:
         err().print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+# --- --target-concurrency / --target-context --------------------------------------------
+def suggestion_document(s: Any) -> dict[str, Any]:
+    return {
+        "context": s.context,
+        "concurrency": s.concurrency,
+        "feasible": s.feasible,
+        "max_model_len": s.max_model_len,
+        "max_num_seqs": s.max_num_seqs,
+        "kv_cache_memory_bytes": s.kv_cache_memory_bytes,
+        "gpu_memory_utilization": s.mem_util,
+        "vllm_serve_flags": s.serve_flags() if s.feasible else None,
+        "vllm_serve_flags_fixed_kv": s.serve_flags_fixed_kv() if s.feasible else None,
+        "costs": s.costs,
+        "limit": s.limit or None,
+    }
+
+
+def suggestion_human(s: Any) -> None:
+    console = out()
+    what = f"{s.concurrency} sequence{'s' if s.concurrency > 1 else ''} of {s.context:,} tokens"
+    if not s.feasible:
+        console.print(f"[red]target {what}:[/] {s.limit}", highlight=False)
+        return
+    console.print(f"[bold]target {what}[/] on this server: KV cache {_size(s.kv_cache_memory_bytes)} per GPU")
+    console.print(f"  vllm serve MODEL {s.serve_flags()}", highlight=False, soft_wrap=True)
+    console.print(f"  or, with the KV size given: {s.serve_flags_fixed_kv()}", highlight=False, soft_wrap=True)
+    for c in s.costs:
+        console.print(f"  cost: {c}", highlight=False)
