@@ -31,7 +31,8 @@ from infer_tool.sizing.hf_config import STATE_DTYPE_BYTES
 from infer_tool.sizing.kv import ceil_div
 from infer_tool.sizing.presets import GpuPreset, gpu_preset, gpu_presets
 from infer_tool.sizing.resolve import ResolvedModel, resolve_model
-from infer_tool.sizing.shape import STATE, ModelShape
+from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, ModelShape
+from infer_tool.sizing.speculative import SpeculativeConfig
 from infer_tool.sizing.units import human_size
 from infer_tool.sizing.vllm_memory import MemoryProfile
 from infer_tool.sizing.vllm_versions import policy
@@ -78,6 +79,7 @@ class PlanRequest:
     prompt_len: int | None = None  # None: the row's context less the output
     output_len: int = DEFAULT_OUTPUT_LEN
     spec: roofline.Speculation | None = None
+    speculative_config: SpeculativeConfig | None = None  # vLLM's --speculative-config (memory)
     efficiency: roofline.Efficiency = roofline.Efficiency()
     solve: bool = False
     solve_gpus: tuple[str, ...] | None = None  # None: every preset
@@ -107,6 +109,7 @@ class Report:
     max_concurrency: dict[int, int]
     max_context: dict[int, tuple[int, str]]
     notes: list[str] = field(default_factory=list)
+    drafter: Drafter | None = None  # speculative decoding's memory, with --speculative-config
     # smallest deployment on the same GPU for the smallest and the largest failing row
     fixes: list[tuple[solve.Target, solve.Candidate | None]] = field(default_factory=list)
     solutions: list[solve.Candidate] = field(default_factory=list)
@@ -124,6 +127,97 @@ class Report:
     @property
     def all_fit(self) -> bool:
         return all(r.fit.fits for r in self.rows)
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """What --speculative-config adds per GPU: the drafter's weights, its KV layers (added
+    to the model's block tables) and the lookahead slots each request reserves."""
+
+    method: str
+    k: int
+    source: str  # where the drafter's shape came from
+    layers: int  # attention layers added to the KV cache
+    kv_bytes_per_token: int  # all GPUs of a replica together
+    weight_bytes_per_gpu: int
+    weights_how: str
+    lookahead_tokens: int
+
+
+def _drafter(
+    req: PlanRequest, resolved: ResolvedModel, shape: ModelShape, tp: int, pp: int
+) -> tuple[ModelShape, Drafter, list[str]]:
+    """The target shape with the drafter's KV layers appended, and what the drafter adds."""
+    sc = req.speculative_config
+    assert sc is not None
+    notes: list[str] = []
+    kv_kinds = (FULL, SLIDING, MLA)
+    if sc.method == "mtp":
+        if shape.mtp_layers < 1:
+            raise BadInput(
+                f"--speculative-config method 'mtp': {shape.name}'s config has no num_nextn_predict_layers / "
+                "mtp_num_hidden_layers (it carries no MTP layers)"
+            )
+        last = next(l for l in reversed(shape.layers) if l.kind in kv_kinds)
+        added = (last,) * shape.mtp_layers
+        source = f"{shape.mtp_layers} MTP layer(s) of {shape.name} (its last attention layer's shape)"
+        if resolved.file_weight_bytes is not None and req.weights is None:
+            wbytes, how = 0, "in the target's checkpoint (counted with its weights)"
+        elif shape.params is not None:
+            per_layer = (shape.params.total - shape.params.tied_head) // max(1, shape.num_layers)
+            wbytes = shape.mtp_layers * (per_layer + 2 * shape.hidden_size * shape.hidden_size) * 2
+            how = "one decoder layer + the 2h x h projection per MTP layer, 16-bit (estimated)"
+        else:
+            wbytes, how = 0, "unknown (parameter count unknown)"
+        dtp = tp
+    elif sc.method in ("ngram", "suffix", "medusa", "ngram_gpu"):
+        added, source, wbytes, how, dtp = (), f"method {sc.method!r} (no drafter KV)", 0, "none", tp
+        if sc.method == "medusa":
+            notes.append("--speculative-config medusa: the Medusa heads' weights are not counted")
+    else:
+        assert sc.model is not None
+        draft = resolve_model(sc.model)
+        added = tuple(l for l in draft.shape.layers if l.kind in kv_kinds)
+        if any(l.kind == STATE for l in draft.shape.layers):
+            notes.append("the drafter's recurrent-state layers are not added to the KV cache")
+        source = f"{sc.model} ({len(added)} attention layer(s))"
+        if draft.file_weight_bytes is not None:
+            wbytes, how = draft.file_weight_bytes, f"the drafter's files: {draft.file_weight_note}"
+        elif draft.shape.params is not None:
+            wb = weight_bytes(draft.shape.params, "bf16", req.group_size)
+            wbytes, how = wb.total, f"the drafter's config, {wb.how}"
+        else:
+            wbytes, how = 0, "unknown (the drafter's parameter count is unknown)"
+        dtp = sc.draft_tensor_parallel_size or tp
+        if dtp not in (1, tp):
+            raise BadInput(f"--speculative-config draft_tensor_parallel_size {dtp} must be 1 or --tp {tp}")
+        for l in added:
+            if l.kv_heads and l.kv_heads % dtp and dtp % l.kv_heads:
+                raise BadInput(
+                    f"draft_tensor_parallel_size {dtp} neither divides nor is a multiple of the drafter's "
+                    f"{l.kv_heads} KV heads"
+                )
+    if pp > 1 and added:
+        notes.append("the drafter's KV layers are split over the pipeline stages here; vLLM keeps them on the last")
+    from infer_tool.sizing.kv import token_bytes
+
+    kv = kv_dtype_of(req)
+    per_token = sum(token_bytes(l, kv, tp) * tp for l in added if l.kind != SLIDING)
+    notes.append(
+        f"speculative decoding ({sc.method}, k={sc.num_speculative_tokens}): the drafter's activations in vLLM's "
+        "profile run are not added"
+    )
+    out = replace(shape, layers=shape.layers + added)
+    per_gpu = ceil_div(wbytes, dtp)
+    return (
+        out,
+        Drafter(sc.method, sc.num_speculative_tokens, source, len(added), per_token, per_gpu, how, sc.lookahead_tokens),
+        notes,
+    )
+
+
+def kv_dtype_of(req: PlanRequest) -> kv.KvDtype:
+    return kv.kv_dtype(req.kv_dtype)
 
 
 def resolve_gpu(req: PlanRequest) -> GpuPreset:
@@ -257,7 +351,10 @@ def _with_ssm_dtype(shape: ModelShape, dtype: str | None) -> ModelShape:
 
 
 def engine_args(req: PlanRequest) -> vllm_kv.EngineArgs:
+    sc = req.speculative_config
     return vllm_kv.EngineArgs(
+        decode_query_len=sc.decode_query_len if sc else 1,
+        speculative_method=sc.method if sc else None,
         block_size=req.block_size,
         max_num_batched_tokens=req.max_num_batched_tokens,
         async_scheduling=req.async_scheduling,
@@ -290,6 +387,10 @@ def plan(req: PlanRequest, *, fixes: bool = True) -> Report:
     _validate(req, contexts)
     shape = _with_ssm_dtype(resolved.shape, req.mamba_ssm_cache_dtype)
     notes = list(shape.notes)
+    drafter = None
+    if req.speculative_config is not None:
+        shape, drafter, dnotes = _drafter(req, resolved, shape, dep.tp, dep.pp)
+        notes += dnotes
     if gpu.cuda_memory_bytes is None:
         notes.append(
             f"{gpu.key}: no CUDA-reported total found; planning with the driver's {gpu.memory_bytes / 2**30:.2f} "
@@ -299,6 +400,9 @@ def plan(req: PlanRequest, *, fixes: bool = True) -> Report:
     if limit and max(contexts) > limit:
         notes.append(f"context {max(contexts)} exceeds the model's max_position_embeddings {limit}")
     total, how, from_files = _weights(req, resolved, dep)
+    if drafter is not None and drafter.weight_bytes_per_gpu:
+        total += drafter.weight_bytes_per_gpu * dep.tp * dep.pp
+        how += f" + the drafter's {human_size(drafter.weight_bytes_per_gpu)}/GPU ({drafter.weights_how})"
     if how.startswith("unknown"):
         notes.append(f"weights {how}: every row is sized without them, so 'fits' is an upper bound")
     engine = engine_args(req)
@@ -337,6 +441,7 @@ def plan(req: PlanRequest, *, fixes: bool = True) -> Report:
         max_concurrency={c: fit.max_concurrency(c) for c in contexts},
         max_context={n: fit.max_context(n) for n in req.concurrencies},
         notes=notes,
+        drafter=drafter,
     )
     if not gpu.has_speed:
         notes.append(f"no speed model for {gpu.name}: its datasheet figures are not in the presets")

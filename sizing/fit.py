@@ -133,6 +133,8 @@ class Fit:
         """The engine's --model-runner, else the release's default for this model."""
         if self.engine.model_runner is not None:
             return self.engine.model_runner == "v2"
+        if self.engine.speculative_method in ("suffix", "medusa"):  # 0.32: V2 does not support them
+            return False
         s = self.shape
         attention = any(l.kind != STATE for l in s.layers)
         moe = s.forward is not None and s.forward.num_experts > 0
@@ -149,6 +151,7 @@ class Fit:
             e.cudagraph_capture_sizes,
             e.max_cudagraph_capture_size,
             self.model_runner_v2(),
+            e.decode_query_len,
         )
 
     def stage_budgets(self) -> list[int]:

@@ -110,6 +110,7 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
         source=source,
         notes=tuple(notes),
         unknown=tuple(cfg.unknown.items()),
+        mtp_layers=cfg.optional_int("num_nextn_predict_layers", "mtp_num_hidden_layers", minimum=0) or 0,
     )
 
 

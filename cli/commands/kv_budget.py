@@ -111,6 +111,13 @@ def kv_budget(
     max_cudagraph_capture_size: Annotated[
         int | None, Opt(help="Largest CUDA-graph size (default 2 x max-num-seqs, <= 512).", rich_help_panel=ENGINE)
     ] = None,
+    speculative_config: Annotated[
+        str | None,
+        Opt(
+            help='vLLM\'s --speculative-config JSON: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}.',
+            rich_help_panel=ENGINE,
+        ),
+    ] = None,
     kv_cache_memory: Annotated[
         str | None, Opt(help="KV cache per GPU, as --kv-cache-memory-bytes: 12GiB.", rich_help_panel=ENGINE)
     ] = None,
@@ -233,6 +240,7 @@ def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """CLI option -> (PlanRequest field, parser of its text)."""
     from infer_tool.common.sizes import parse_size
     from infer_tool.sizing import units
+    from infer_tool.sizing.speculative import parse_speculative_config
     from infer_tool.spec.report import parse_spec
 
     return {
@@ -247,6 +255,7 @@ def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "context": ("contexts", lambda v: tuple(units.parse_counts(v, "--context"))),
         "concurrency": ("concurrencies", lambda v: tuple(units.parse_counts(v, "--concurrency"))),
         "spec": ("spec", parse_spec),
+        "speculative_config": ("speculative_config", parse_speculative_config),
         "solve_gpu": ("solve_gpus", tuple),
         "max_tpot": ("max_tpot_s", lambda ms: _ms(ms, "--max-tpot")),
         "max_ttft": ("max_ttft_s", lambda ms: _ms(ms, "--max-ttft")),

@@ -223,6 +223,18 @@ def document(r: Report) -> dict[str, Any]:
             "cost_ratio": req.spec.cost_ratio,
             "tokens_per_pass": req.spec.tokens_per_pass,
         },
+        "speculative_decoding": None
+        if r.drafter is None
+        else {
+            "method": r.drafter.method,
+            "num_speculative_tokens": r.drafter.k,
+            "drafter": r.drafter.source,
+            "kv_layers_added": r.drafter.layers,
+            "kv_bytes_per_token": r.drafter.kv_bytes_per_token,
+            "weight_bytes_per_gpu": r.drafter.weight_bytes_per_gpu,
+            "weights_how": r.drafter.weights_how,
+            "lookahead_tokens_per_request": r.drafter.lookahead_tokens,
+        },
         "notes": r.notes,
     }
 
@@ -238,7 +250,11 @@ def human(r: Report) -> None:
     layers = ", ".join(f"{n} {KIND_LABELS[k]}" for k, n in doc["layers"].items() if n)
     p = shape.params
     params = f"{p.total / 1e9:,.2f}B params ({p.active / 1e9:,.2f}B active)" if p else "params unknown"
-    console.print(f"[bold]{shape.name}[/]: {shape.num_layers} layers ({layers}), {params}")
+    drafted = f" + {r.drafter.layers} drafter" if r.drafter and r.drafter.layers else ""
+    console.print(
+        f"[bold]{shape.name}[/]: {shape.num_layers - (r.drafter.layers if r.drafter else 0)} layers{drafted} "
+        f"({layers}), {params}"
+    )
     version = r.engine.vllm_version
     fixed = (
         f"KV cache fixed at {_size(dep.kv_cache_memory_bytes)}/GPU"
@@ -260,6 +276,21 @@ def human(r: Report) -> None:
             f"prefix caching {'on' if r.request.prefix_caching else 'off'})"
         )
     _memory_table(console, r, doc["memory"])
+    if r.drafter is not None:
+        d = r.drafter
+        t = Table(title=f"Speculative decoding ({d.method}, k={d.k}): what it adds per GPU")
+        for col in ("term", "size", "what"):
+            t.add_column(col, justify="right" if col == "size" else "left")
+        t.add_row("drafter weights", _size(d.weight_bytes_per_gpu), d.weights_how)
+        t.add_row(
+            "drafter KV", f"{d.kv_bytes_per_token:,} B/token", f"{d.layers} layers of {d.source}; in the tables below"
+        )
+        t.add_row(
+            "lookahead slots",
+            f"{d.lookahead_tokens} tokens/request",
+            "capped at --max-model-len: no extra block at context = max model len",
+        )
+        console.print(t)
     contexts = sorted({row.context for row in r.rows})
     _kv_table(console, doc, r, contexts)
     if doc["vllm"]:
