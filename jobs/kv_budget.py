@@ -551,6 +551,30 @@ def _nearest_release(version: str | None, given: str | None) -> tuple[str, str |
     return version, None
 
 
+def _log_speculative(raw: Any) -> tuple[SpeculativeConfig | None, str | None]:
+    """The log's speculative config, if its drafter can be read here (a local directory
+    or a preset); else None and a note saying the replay leaves it out."""
+    import json
+    from pathlib import Path
+
+    from infer_tool.sizing.presets import find_model_preset
+    from infer_tool.sizing.speculative import parse_speculative_config
+
+    if not isinstance(raw, dict):
+        return None, None
+    keep = {k: v for k, v in raw.items() if k in ("method", "model", "num_speculative_tokens") and v is not None}
+    try:
+        sc = parse_speculative_config(json.dumps(keep))
+    except BadInput as e:
+        return None, f"the log's speculative config is not modelled ({e}); replayed without it"
+    if sc.model and not (Path(sc.model).expanduser().exists() or find_model_preset(sc.model)):
+        return None, (
+            f"the log's drafter {sc.model!r} is not a local directory nor a preset: replayed without speculative "
+            "decoding (its weights and KV are missing from the prediction)"
+        )
+    return sc, None
+
+
 def _log_model(log: Any, model: str | None) -> tuple[str, str | None]:
     """MODEL for the replay: the one given, the log's path when it is a local directory, or
     the built-in preset of the log's hub name (nothing is downloaded)."""
@@ -662,6 +686,8 @@ def replay_log(
     prefix, _ = pick("enable_prefix_caching")
     kv_fixed, _ = pick("kv_cache_memory_bytes")
     async_arg = log.args.get("async_scheduling")
+    spec_cfg, spec_note = _log_speculative(log.setting("speculative_config"))
+    notes += [spec_note] if spec_note else []
     req = PlanRequest(
         name,
         **gpu_fields,
@@ -681,6 +707,7 @@ def replay_log(
         cudagraph_capture_sizes=tuple(sizes) if sizes and not eager else None,
         async_scheduling=True if (async_arg or log.async_logged) else None,
         prefix_caching=True if prefix is None else bool(prefix),
+        speculative_config=spec_cfg,
     )
     for key, value, where in (
         ("tp", req.tp, "log" if tp else "default"),

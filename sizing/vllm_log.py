@@ -88,6 +88,8 @@ _ENGINE_FIELDS = {
     "quantization": r"quantization=([A-Za-z0-9_]+)",
     "cudagraph_capture_sizes": r"""['"]cudagraph_capture_sizes['"]: ?\[([0-9, ]*)\]""",
     "max_cudagraph_capture_size": r"""['"]max_(?:cudagraph_)?capture_size['"]: ?([0-9]+)""",
+    "speculative_config": r"speculative_config=SpeculativeConfig\((method='[^']*', model='[^']*', "
+    r"num_spec_tokens=[0-9]+)\)",
 }
 _ENGINE = {k: re.compile(v, re.ASCII) for k, v in _ENGINE_FIELDS.items()}
 _PP_RANK = re.compile(r"PP([0-9]+)", re.ASCII)
@@ -192,7 +194,15 @@ def _engine_line(line: str) -> dict[str, Any]:
         if m is None:
             continue
         v = m.group(1)
-        if key == "cudagraph_capture_sizes":
+        if key == "speculative_config":
+            found = re.findall(r"([a-z_]+)=(?:'([^']*)'|([0-9]+))", v, re.ASCII)
+            parts = {name: text or number for name, text, number in found}
+            out[key] = {
+                "method": parts.get("method"),
+                "model": parts.get("model"),
+                "num_speculative_tokens": int(parts.get("num_spec_tokens") or 0),
+            }
+        elif key == "cudagraph_capture_sizes":
             out[key] = [int(x) for x in v.replace(" ", "").split(",") if x]
         elif v in ("True", "False"):
             out[key] = v == "True"

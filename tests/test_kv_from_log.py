@@ -175,10 +175,10 @@ def test_a_1mb_log_in_under_a_second_without_torch(tmp_path):
     big.write_text(base + filler * (1_100_000 // len(filler)) + base)
     assert big.stat().st_size > 2**20
     code = (
-        "import sys, time; t = time.perf_counter(); from infer_tool.cli.app import app\n"
+        "import sys, time; t = time.process_time(); from infer_tool.cli.app import app\n"
         "try:\n    app(['kv-budget', '--from-log', sys.argv[1], '--json'])\n"
         "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
-        "sys.stderr.write(f'ELAPSED {time.perf_counter() - t:.3f}\\n')\n"
+        "sys.stderr.write(f'ELAPSED {time.process_time() - t:.3f}\\n')\n"
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -187,7 +187,9 @@ def test_a_1mb_log_in_under_a_second_without_torch(tmp_path):
     wall = time.perf_counter() - start
     assert r.returncode == 0, r.stderr[-2000:]
     elapsed = float(r.stderr.split("ELAPSED ")[1].split()[0])
-    assert elapsed < 1.0, elapsed  # parse + replay + print, after the interpreter is up
+    # CPU seconds of import + parse + replay + print after the interpreter is up (CPU time, so that the two
+    # shared cores' load does not decide it)
+    assert elapsed < 1.0, elapsed
     assert wall < 5.0
     assert json.loads(r.stdout)["log"]["kv_cache_tokens"] == 973760
 
@@ -206,3 +208,26 @@ def test_pipeline_stages_from_worker_ranks():
     assert log.stage_available_gib(2, 2) == [12.13, 11.33]
     assert log.stage_available_gib(1, 4) == [11.33]
     assert log.kv_tokens == 807792 and log.concurrency == (1024, 788.86)
+
+
+def test_speculative_config_read_from_the_log(tmp_path):
+    # vLLM 0.32's engine line with a draft model (from the CPU engine run of tests/kv_spec_vllm_worker.py)
+    line = (
+        "(MainProcess pid=18120) INFO 12-07 04:09:44 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
+        "config: model='/tmp/kvspec/target', speculative_config=SpeculativeConfig(method='draft_model', "
+        "model='{draft}', num_spec_tokens=2), tokenizer='/tmp/kvspec/target', max_seq_len=1024, "
+        "tensor_parallel_size=1, pipeline_parallel_size=1, enforce_eager=True, kv_cache_dtype=auto\n"
+        "INFO [kv_cache_utils.py:2327] CPU KV cache size: 26,112 tokens, Maximum concurrency for 1,024 tokens per "
+        "request: 25.50x\n"
+    )
+    log = parse_log(line.format(draft="/x/draft"))
+    assert log.engine["speculative_config"] == {
+        "method": "draft_model",
+        "model": "/x/draft",
+        "num_speculative_tokens": 2,
+    }
+    assert log.version == "0.32.0" and log.kv_tokens == 26112
+    rep = replay_log(line.format(draft="qwen3-0.6b"), model="qwen3-8b", gpu="H100-80GB")
+    assert rep.report.drafter is not None and rep.report.drafter.k == 2
+    rep = replay_log(line.format(draft="/nowhere/draft"), model="qwen3-8b", gpu="H100-80GB")
+    assert rep.report.drafter is None and any("replayed without speculative decoding" in n for n in rep.notes)
