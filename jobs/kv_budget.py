@@ -7,6 +7,11 @@ unless `reserve_bytes` gives a flat figure. Not fitting is an answer: every requ
 comes back with `fits` and, when false, what binds (the weights alone, or the KV cache at
 that context x concurrency) and the smallest deployment on the same GPU that would serve
 the largest failing row.
+
+Also here, built on `plan`: `replay_log` (a vLLM start-up log, `sizing.vllm_log`, replayed
+with its own settings and compared term by term), `reach_target` (the engine arguments that
+serve a concurrency x context target), and speculative decoding's drafter
+(`PlanRequest.speculative_config`, `sizing.speculative`).
 """
 
 from __future__ import annotations

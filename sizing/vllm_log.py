@@ -171,7 +171,12 @@ def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+MAX_ARGS_CHARS = 200_000  # a non-default args dict longer than this is not read
+
+
 def _literal_dict(text: str) -> dict[str, Any]:
+    if len(text) > MAX_ARGS_CHARS:
+        return {}
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):

@@ -231,3 +231,14 @@ def test_speculative_config_read_from_the_log(tmp_path):
     assert rep.report.drafter is not None and rep.report.drafter.k == 2
     rep = replay_log(line.format(draft="/nowhere/draft"), model="qwen3-8b", gpu="H100-80GB")
     assert rep.report.drafter is None and any("replayed without speculative decoding" in n for n in rep.notes)
+
+
+def test_hostile_logs_are_bounded():
+    huge_args = "INFO non-default args: {'model': '" + "x" * 300_000 + "'}\n"
+    nested = "INFO non-default args: {'a': " + "[" * 5000 + "]" * 5000 + "}\n"
+    line = "INFO [kv_cache_utils.py:1] GPU KV cache size: 1,000 tokens\n"
+    for text in (huge_args + line, nested + line, "\x00\xff binary \x00\n" + line):
+        log = parse_log(text)
+        assert log.kv_tokens == 1000 and "model" not in log.args
+    r = runner.invoke(app, ["kv-budget", "--from-log", "-"], input="nothing vLLM about this\n")
+    assert r.exit_code == 2 and "no vLLM start-up line" in r.stderr
