@@ -35,12 +35,16 @@ def _declared(model_type: str) -> dict:
 
 @pytest.mark.parametrize("model_type", sorted(TABLE["classes"]))
 def test_table_and_source_reader_match_the_transformers_class(model_type):
-    pytest.importorskip("transformers")
+    import transformers
+
     declared = _declared(model_type)
-    assert TABLE["classes"][model_type]["defaults"] == declared
     where, from_source = cd.from_transformers(model_type)
-    assert from_source == declared, where
+    assert from_source == declared, where  # the source reader, against whatever transformers is installed
     assert TABLE["classes"][model_type]["class"] in where
+    if transformers.__version__ == TABLE["transformers"]:  # the table holds the release it was written from
+        assert TABLE["classes"][model_type]["defaults"] == declared
+    else:  # another release: the table still names size fields that class declares
+        assert set(TABLE["classes"][model_type]["defaults"]) & set(declared)
 
 
 def test_table_is_used_without_transformers(monkeypatch):
