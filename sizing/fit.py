@@ -28,7 +28,7 @@ class FitRow:
     plain: Row
     vllm: vllm_kv.Capacity | None  # None with plain accounting
     fits: bool
-    binding: str | None  # None if it fits, else "weights" or "kv cache"
+    binding: str | None  # None if it fits, else "weights", "kv cache" or "max-num-seqs"
     kv_bytes_per_gpu: int  # by the chosen accounting, busiest GPU
     used_bytes_per_gpu: int
 
@@ -118,10 +118,23 @@ class Fit:
             return self.engine.max_num_seqs
         return vllm_kv.serve_batch_defaults(self.dep.gpu_memory_bytes, self.gpu_name)[1]
 
+    def seq_cap(self) -> int | None:
+        """Sequences one replica runs at once: --max-num-seqs, else vllm serve's default
+        (vLLM accounting); None with plain accounting and no --max-num-seqs."""
+        if self.engine.max_num_seqs is not None or self.layout is not None:
+            return self.max_num_seqs()
+        return None
+
+    def _over_seq_cap(self, concurrency: int) -> bool:
+        cap = self.seq_cap()
+        return cap is not None and ceil_div(concurrency, self.dep.dp) > cap
+
     def model_runner_v2(self) -> bool:
         """The engine's --model-runner, else the release's default for this model."""
         if self.engine.model_runner is not None:
             return self.engine.model_runner == "v2"
+        if self.engine.speculative_method in ("suffix", "medusa"):  # 0.32: V2 does not support them
+            return False
         s = self.shape
         attention = any(l.kind != STATE for l in s.layers)
         moe = s.forward is not None and s.forward.num_experts > 0
@@ -138,6 +151,7 @@ class Fit:
             e.cudagraph_capture_sizes,
             e.max_cudagraph_capture_size,
             self.model_runner_v2(),
+            e.decode_query_len,
         )
 
     def stage_budgets(self) -> list[int]:
@@ -195,24 +209,39 @@ class Fit:
             fits = weights_fit and cap.fits(n)
             blocks = cap.shared_blocks + n * (cap.blocks_per_request - cap.shared_blocks) + 1  # + null block
             kv_gpu = blocks * self.bytes_per_block()
-        binding = None if fits else ("weights" if not weights_fit else "kv cache")
+        over = self._over_seq_cap(concurrency)
+        binding = (
+            None
+            if fits and not over
+            else ("weights" if not weights_fit else "kv cache" if not fits else "max-num-seqs")
+        )
+        fits = fits and not over
         used = plain.weight_bytes_per_gpu + plain.reserve_bytes_per_gpu + kv_gpu
         return FitRow(plain, cap, fits, binding, kv_gpu, used)
 
     def fits(self, context: int, concurrency: int) -> bool:
+        if self._over_seq_cap(concurrency):
+            return False
         if self.layout is None:
             return self.planner.fits(context, concurrency)
         return self.planner.weights_fit and self.vllm(context).fits(ceil_div(concurrency, self.dep.dp))
 
     def max_concurrency(self, context: int) -> int:
+        """Most sequences of `context` tokens served at once: what the KV cache holds,
+        capped at max_num_seqs per replica."""
+        cap = self.seq_cap()
         if self.layout is None:
-            return self.planner.max_concurrency(context)
+            kv_max = self.planner.max_concurrency(context)
+            return kv_max if cap is None else min(kv_max, cap * self.dep.dp)
         if not self.planner.weights_fit:
             return 0
-        return self.vllm(context).max_concurrency * self.dep.dp
+        assert cap is not None
+        return min(self.vllm(context).max_concurrency, cap) * self.dep.dp
 
     def max_context(self, concurrency: int) -> tuple[int, str]:
         """Longest context at which `concurrency` sequences fit, and what limits it."""
+        if self._over_seq_cap(concurrency):
+            return 0, "max-num-seqs"
         if self.layout is None:
             return self.planner.max_context(concurrency)
         if not self.planner.weights_fit:

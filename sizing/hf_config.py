@@ -17,12 +17,12 @@ architectures take `mamba_ssm_dtype` from the config, NemotronH `mamba_ssm_cache
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from infer_tool.common.errors import BadInput
-from infer_tool.sizing.config_view import KNOWN_MODEL_TYPES, ConfigView
+from infer_tool.sizing.config_view import KNOWN_MODEL_TYPES, ConfigView, MissingField
+from infer_tool.sizing.json_file import read_json
 from infer_tool.sizing.params import UNGATED_MLP, estimate_params, is_moe_layer
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, ForwardShape, LayerSpec, ModelShape
 
@@ -55,10 +55,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         p = p / "config.json"
     if not p.is_file():
         raise BadInput(f"{path}: no config.json found (expected a model directory or a config.json file)")
-    try:
-        return json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInput(f"{p}: cannot read config.json ({e.__class__.__name__}: {e})") from None
+    return read_json(p, "config.json")
 
 
 def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> ModelShape:
@@ -80,26 +77,40 @@ def shape_from_config(raw: dict[str, Any], name: str, source: str = "") -> Model
         )
     try:
         params = estimate_params(cfg, layers)
-    except BadInput as e:  # weights may still come from safetensors headers
+    except MissingField as e:  # weights may still come from safetensors headers
         params = None
-        notes.append(f"parameter count unknown: {e}")
+        cfg.unknown["parameter count"] = e.field
     try:
         forward = _forward_shape(cfg, layers, hidden)
-    except BadInput as e:
+    except MissingField as e:
         forward = None
-        notes.append(f"activation widths unknown ({e}); vLLM's activation peak is not modelled")
+        cfg.unknown["activation peak"] = e.field
+    for term, missing in cfg.unknown.items():
+        notes.append(
+            f"{term} unknown: the config has no '{missing}' and nothing defaults it for model_type "
+            f"'{cfg.model_type or 'unknown'}'; add it to config.json"
+            + (
+                " or give --reserve SIZE (what vLLM keeps beside weights and KV per GPU)"
+                if term == "activation peak"
+                else ""
+            )
+        )
+    if (note := cfg.defaults_note()) is not None:
+        notes.insert(0, note)
     return ModelShape(
         name=name,
         layers=layers,
         num_attention_heads=n_heads,
         hidden_size=hidden,
         vocab_size=cfg.int("vocab_size", default=0, minimum=0),
-        max_position_embeddings=cfg.get("max_position_embeddings", "n_positions", "max_seq_len", default=None),
+        max_position_embeddings=cfg.optional_int("max_position_embeddings", "n_positions", "max_seq_len"),
         params=params,
         forward=forward,
         model_type=cfg.model_type,
         source=source,
         notes=tuple(notes),
+        unknown=tuple(cfg.unknown.items()),
+        mtp_layers=cfg.optional_int("num_nextn_predict_layers", "mtp_num_hidden_layers", minimum=0) or 0,
     )
 
 
@@ -137,6 +148,8 @@ def _forward_shape(cfg: ConfigView, layers: tuple[LayerSpec, ...], hidden: int) 
 def ssm_state_dtype(cfg: ConfigView) -> str:
     """The recurrent-state dtype vLLM 0.32's config hook picks for this architecture."""
     archs = cfg.get("architectures", default=[]) or []
+    if not isinstance(archs, list):
+        archs = [archs]
     for prefix, (field, absent) in _SSM_DTYPE_HOOKS.items():
         if any(str(a).startswith(prefix) for a in archs):
             value = cfg.get(field, default=absent)
@@ -151,8 +164,8 @@ def ssm_state_dtype(cfg: ConfigView) -> str:
 def _layer_kinds(cfg: ConfigView, n_layers: int) -> list[str]:
     types = cfg.get("layer_types", default=None)
     if types is not None:
-        if not isinstance(types, list) or len(types) != n_layers:
-            raise BadInput(f"{cfg.source}: layer_types must list {n_layers} entries (one per layer)")
+        if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
+            raise BadInput(f"{cfg.source}: layer_types must list {n_layers} names (one per layer)")
         unknown = sorted({t for t in types if t not in _LAYER_TYPE_NAMES})
         if unknown:
             raise BadInput(f"{cfg.source}: unknown layer_types {unknown}; accepted: {sorted(_LAYER_TYPE_NAMES)}")

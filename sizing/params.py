@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from infer_tool.common.errors import BadInput
 from infer_tool.sizing.config_view import ConfigView
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, LinearShape, ParamCount
 
@@ -107,7 +108,7 @@ def _state_mixer(cfg: ConfigView, h: int, out: list[LinearShape]) -> int:
     d_inner = cfg.int("mamba_expand") * h
     d_state, d_conv = cfg.int("mamba_d_state"), cfg.int("mamba_d_conv")
     dt_rank = cfg.get("mamba_dt_rank", default="auto")
-    dt_rank = math.ceil(h / 16) if dt_rank == "auto" else int(dt_rank)
+    dt_rank = math.ceil(h / 16) if dt_rank == "auto" else cfg.int("mamba_dt_rank")
     out += [
         LinearShape(h, 2 * d_inner),  # in_proj
         LinearShape(d_inner, dt_rank + 2 * d_state),  # x_proj
@@ -130,10 +131,12 @@ def is_moe_layer(cfg: ConfigView, i: int) -> bool:
     if cfg.has("num_local_experts"):  # Mixtral
         return True
     if cfg.has("num_experts"):  # Qwen MoE
-        return (
-            i not in (cfg.get("mlp_only_layers", default=[]) or [])
-            and (i + 1) % cfg.int("decoder_sparse_step", default=1) == 0
-        )
+        dense = cfg.get("mlp_only_layers", default=[]) or []
+        if not isinstance(dense, list):
+            raise BadInput(
+                f"{cfg.source}: config field 'mlp_only_layers' = {dense!r}; expected a list of layer indices"
+            )
+        return i not in dense and (i + 1) % cfg.int("decoder_sparse_step", default=1) == 0
     return False
 
 
@@ -153,7 +156,11 @@ def _mlp(cfg: ConfigView, i: int, h: int, out: list[LinearShape]) -> tuple[int, 
         return 0, 0
     n_exp = cfg.int("n_routed_experts", "num_local_experts", "num_experts")
     inter = cfg.int("moe_intermediate_size", "intermediate_size")
-    top_k = min(n_exp, cfg.int("num_experts_per_tok", "moe_topk", default=n_exp))
+    if cfg.has("num_experts_per_tok", "moe_topk"):
+        top_k = min(n_exp, cfg.int("num_experts_per_tok", "moe_topk"))
+    else:  # memory still counts every expert; what a token multiplies by is unknown
+        cfg.unknown["active parameters"] = "num_experts_per_tok"
+        top_k = n_exp
     idle = 3 * h * inter * (n_exp - top_k)
     out += _gated(h, inter, count=n_exp)
     out.append(LinearShape(h, n_exp, quantizable=False))  # router

@@ -63,3 +63,11 @@ def parse_counts(values: list[str], what: str) -> list[int]:
     if not out:
         raise BadInput(f"{what} needs at least one value")
     return sorted(out)
+
+
+def human_size(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1: 500 TiB, 79.19 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{n:,} B"

@@ -67,6 +67,8 @@ class EngineArgs:
     max_cudagraph_capture_size: int | None = None
     vllm_version: str = VLLM_VERSION
     model_runner: str | None = None  # "v1" / "v2" (VLLM_USE_V2_MODEL_RUNNER=0 / 1); None: the release's default
+    decode_query_len: int = 1  # 1 + num_speculative_tokens with speculative decoding
+    speculative_method: str | None = None  # vLLM 0.32's V2 runner falls back to V1 for suffix / medusa
 
     @property
     def policy(self) -> VllmPolicy:

@@ -67,7 +67,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from infer_tool.common.errors import BadInput
 from infer_tool.sizing.kv import ceil_div
 from infer_tool.sizing.shape import FULL, MLA, SLIDING, STATE, LayerSpec, ModelShape
 from infer_tool.sizing.vllm_versions import VllmPolicy
@@ -99,6 +98,7 @@ class ProfileEngine:
     cudagraph_capture_sizes: tuple[int, ...] | None = None  # None: vLLM's default list
     max_cudagraph_capture_size: int | None = None
     model_runner_v2: bool = False
+    decode_query_len: int = 1  # 1 + num_speculative_tokens with speculative decoding
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ class Activation:
     where: str
     forward_bytes: int
     sampler_bytes: int
+    known: bool = True  # False: the config lacks a width (bytes is 0, an unknown)
 
 
 @dataclass(frozen=True)
@@ -292,8 +293,26 @@ def non_torch(
 
 
 # --- CUDA graphs ----------------------------------------------------------------------
+def _request_counts(max_reqs: int, ceiling: int) -> list[int]:
+    max_reqs = min(max_reqs, ceiling)
+    counts = [n for n in (1, 2, 4) if n <= max_reqs] + list(range(8, min(max_reqs + 1, 256), 8))
+    return sorted({*counts, *range(256, max_reqs + 1, 16), max_reqs})
+
+
+def uniform_decode_sizes(engine: ProfileEngine, compute_capability: str) -> list[int]:
+    """The FULL (uniform decode) graph sizes `_set_cudagraph_sizes` adds: max_num_seqs with
+    one token per step; request counts x (1 + k) tokens with speculative decoding."""
+    ceiling = 1024 if compute_capability.startswith("10.") else 512
+    q, seqs = engine.decode_query_len, engine.max_num_seqs
+    top = min(seqs * q * 2, ceiling)
+    if q == 1:
+        return [seqs] if seqs <= top else []
+    return sorted({n * q for n in _request_counts(seqs, ceiling) if n * q <= top})
+
+
 def capture_sizes(engine: ProfileEngine, compute_capability: str) -> tuple[int, ...]:
-    """`_set_cudagraph_sizes` for one token per decode step (no speculative decoding)."""
+    """`_set_cudagraph_sizes`: the capture list, with speculative decoding's (1 + k)-token
+    decode steps when `engine.decode_query_len` > 1."""
     if engine.enforce_eager:
         return ()
     mnbt, seqs = engine.max_num_batched_tokens, engine.max_num_seqs
@@ -302,9 +321,8 @@ def capture_sizes(engine: ProfileEngine, compute_capability: str) -> tuple[int, 
     top = engine.max_cudagraph_capture_size
     uniform = []
     if top is None:
-        top = min(seqs * 2, 1024 if compute_capability.startswith("10.") else 512)
-        if seqs <= top:
-            uniform = [seqs]
+        top = min(seqs * engine.decode_query_len * 2, 1024 if compute_capability.startswith("10.") else 512)
+        uniform = uniform_decode_sizes(engine, compute_capability)
     top = min(mnbt, top)
     sizes = [s for s in (1, 2, 4) if s <= top]
     if top >= 8:
@@ -326,7 +344,10 @@ def cudagraphs(
     policy: VllmPolicy,
 ) -> CudaGraphs:
     sizes = capture_sizes(engine, compute_capability)
-    full = [s for s in sizes if s <= engine.max_num_seqs]
+    if engine.decode_query_len == 1:
+        full = [s for s in sizes if s <= engine.max_num_seqs]
+    else:
+        full = [s for s in sizes if s in set(uniform_decode_sizes(engine, compute_capability))]
     return graph_estimate(
         shape,
         layers,
@@ -360,7 +381,7 @@ def graph_estimate(
     if piecewise + full == 0:
         return CudaGraphs(0, 0, 0, 0, 0, in_budget)
     per_graph = sum(GRAPH_BYTES_PER_LAYER["state" if shape.layers[i].kind == STATE else "attention"] for i in layers)
-    first = forward_bytes(shape, largest, layers, tp) + per_graph
+    first = (forward_bytes(shape, largest, layers, tp) if shape.forward is not None else 0) + per_graph
     return CudaGraphs(piecewise, full, largest, first, per_graph, in_budget)
 
 
@@ -380,13 +401,16 @@ def profile(
 ) -> MemoryProfile:
     """The start-up profile of the worker holding `layers` (one pipeline stage) on one of
     `tp` ranks, with `weights` bytes of weights on it."""
-    if shape.forward is None:
-        raise BadInput(
-            f"{shape.name}: its activation widths are unknown, so vLLM's profile cannot be modelled; "
-            "give --reserve (the memory kept beside weights and KV cache per GPU)"
-        )
-    act = activation(shape, engine, layers, tp, last_stage, policy)
     parts, notes = non_torch(shape, engine, compute_capability, tp, last_stage, policy)
+    if shape.forward is None:  # the term stays unknown: the rest is still answered
+        missing = dict(shape.unknown).get("activation peak", "its layer widths")
+        act = Activation(0, f"unknown: the config lacks '{missing}' (or give --reserve)", 0, 0, known=False)
+        notes.append(
+            f"the activation peak of vLLM's profile is unknown (config lacks '{missing}'), so the available KV "
+            "memory is an upper bound: it and the CUDA graphs' activations are left out"
+        )
+    else:
+        act = activation(shape, engine, layers, tp, last_stage, policy)
     graphs = cudagraphs(shape, engine, layers, tp, compute_capability, policy)
     if graphs.estimate_bytes and not graphs.in_budget:
         who = "Model Runner V2 in vLLM" if policy.cudagraph_in_budget else "vLLM"

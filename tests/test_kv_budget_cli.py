@@ -178,6 +178,12 @@ def test_directory_missing_field_and_real_safetensors_bytes(tmp_path):
         "max_position_embeddings": 4096,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # a llama config without num_attention_heads takes LlamaConfig's default (32), said in a note
+    doc = run_json(str(tmp_path), "--gpu", "L4", "--context", "4096", "--concurrency", "1")
+    assert doc["kv_bytes_per_token"] == 4 * 2 * 2 * (256 // 32) * 2
+    assert any("LlamaConfig" in n and "num_attention_heads 32" in n for n in doc["notes"])
+    # a family nothing knows cannot default the heads the KV cache depends on: refused, naming the field
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mystery"}))
     r = run(str(tmp_path))
     assert r.exit_code == 2 and "num_attention_heads" in r.stderr
     cfg["num_attention_heads"] = 4

@@ -466,11 +466,12 @@ def test_gguf_reader_against_gguf_package_writer(tmp_path):
 
 # --- inputs -----------------------------------------------------------------------
 def test_missing_field_is_named(tmp_path):
-    cfg = {k: v for k, v in LLAMA3_8B.items() if k != "num_attention_heads"}
+    # a family no config class describes: the heads the KV cache needs cannot default
+    cfg = {k: v for k, v in LLAMA3_8B.items() if k != "num_attention_heads"} | {"model_type": "mystery"}
     with pytest.raises(BadInput, match="num_attention_heads"):
         resolve_model(str(write_config(tmp_path, cfg)))
     cfg = {
-        "model_type": "jamba",
+        "model_type": "mystery",
         "num_hidden_layers": 8,
         "num_attention_heads": 4,
         "hidden_size": 64,
@@ -480,7 +481,12 @@ def test_missing_field_is_named(tmp_path):
         "intermediate_size": 64,
     }
     with pytest.raises(BadInput, match="mamba_d_state"):
-        shape_from_config(cfg, "jamba-broken")
+        shape_from_config(cfg, "hybrid-broken")
+    # Jamba's own class supplies the Mamba fields (JambaConfig: d_state 16, d_conv 4, expand 2)
+    shape = shape_from_config(cfg | {"model_type": "jamba"}, "jamba-defaults")
+    state = next(l for l in shape.layers if l.kind == "linear_state")
+    assert state.state_elements == 2 * 64 * (4 - 1) + 2 * 64 * 16
+    assert "JambaConfig" in shape.notes[0] and "mamba_d_state 16" in shape.notes[0]
 
 
 def test_unknown_preset_suggests_nearest():

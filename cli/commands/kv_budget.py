@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     pass
 
 Opt = typer.Option
-MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, OUTPUT = (
+MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, TARGET, OUTPUT = (
     "Model",
     "Deployment",
     "vLLM engine",
@@ -35,6 +35,7 @@ MODEL, DEPLOY, ENGINE, SWITCHES, WORKLOAD, SPEED, SOLVE, OUTPUT = (
     "Workload",
     "Speed",
     "Solve",
+    "Target",
     "Output",
 )
 
@@ -53,6 +54,14 @@ def register(app: typer.Typer) -> None:
 def kv_budget(
     model: Annotated[
         str | None, typer.Argument(help="HF model directory or config.json, a .gguf file, or a preset (--list-models).")
+    ] = None,
+    from_log: Annotated[
+        str | None,
+        Opt(
+            "--from-log",
+            help="A vLLM start-up log (a file, or - for stdin): replay it term by term (logged vs predicted).",
+            rich_help_panel=MODEL,
+        ),
     ] = None,
     weights: Annotated[
         str | None,
@@ -101,6 +110,13 @@ def kv_budget(
     ] = None,
     max_cudagraph_capture_size: Annotated[
         int | None, Opt(help="Largest CUDA-graph size (default 2 x max-num-seqs, <= 512).", rich_help_panel=ENGINE)
+    ] = None,
+    speculative_config: Annotated[
+        str | None,
+        Opt(
+            help='vLLM\'s --speculative-config JSON: {"method": "eagle3", "model": DIR, "num_speculative_tokens": 3}.',
+            rich_help_panel=ENGINE,
+        ),
     ] = None,
     kv_cache_memory: Annotated[
         str | None, Opt(help="KV cache per GPU, as --kv-cache-memory-bytes: 12GiB.", rich_help_panel=ENGINE)
@@ -194,6 +210,14 @@ def kv_budget(
     require_fit: Annotated[
         bool, Opt("--require-fit", help="Exit 3 when a row does not fit (a CI check).", rich_help_panel=SOLVE)
     ] = False,
+    target_concurrency: Annotated[
+        int | None,
+        Opt(help="Sequences to serve at once: the vllm serve flags that reach it.", rich_help_panel=TARGET),
+    ] = None,
+    target_context: Annotated[
+        str | None,
+        Opt(help="Tokens per sequence to serve (32k): the vllm serve flags that reach it.", rich_help_panel=TARGET),
+    ] = None,
     json_out: _in_panel(Json, OUTPUT) = False,
     list_models: Annotated[
         bool, Opt("--list-models", help="List model presets and exit.", rich_help_panel=OUTPUT)
@@ -216,6 +240,7 @@ def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
     """CLI option -> (PlanRequest field, parser of its text)."""
     from infer_tool.common.sizes import parse_size
     from infer_tool.sizing import units
+    from infer_tool.sizing.speculative import parse_speculative_config
     from infer_tool.spec.report import parse_spec
 
     return {
@@ -230,6 +255,7 @@ def _parsers() -> dict[str, tuple[str, Callable[[Any], Any]]]:
         "context": ("contexts", lambda v: tuple(units.parse_counts(v, "--context"))),
         "concurrency": ("concurrencies", lambda v: tuple(units.parse_counts(v, "--concurrency"))),
         "spec": ("spec", parse_spec),
+        "speculative_config": ("speculative_config", parse_speculative_config),
         "solve_gpu": ("solve_gpus", tuple),
         "max_tpot": ("max_tpot_s", lambda ms: _ms(ms, "--max-tpot")),
         "max_ttft": ("max_ttft_s", lambda ms: _ms(ms, "--max-ttft")),
@@ -277,11 +303,19 @@ def _run(opts: dict[str, Any]) -> None:
 
         _print_lists(list_models, list_gpus, json_out, model_presets(), gpu_presets())
         return
+    targets = _targets(opts)
+    if "from_log" in opts:
+        _replay(opts, json_out, targets)
+        return
     if "model" not in opts:
         raise BadInput("MODEL is required (a model directory, config.json, .gguf file or a preset from --list-models)")
     request, notes = build_request(opts)
     from infer_tool.cli.commands import kv_budget_render as render
     from infer_tool.jobs.kv_budget import plan
+
+    if targets is not None:
+        _suggest(request, targets, json_out)
+        return
 
     report = plan(request)
     report.notes[:0] = notes
@@ -296,6 +330,100 @@ def _run(opts: dict[str, Any]) -> None:
         raise QualityGateFailed(
             f"--require-fit: {len(bad)} of {len(report.rows)} rows do not fit: {', '.join(bad[:6])}"
         )
+
+
+# options --from-log takes beside the log (the rest of the settings come from the log)
+_REPLAY_OPTIONS = {"from_log", "model", "gpu", "gpu_mem", "vllm_version"}
+
+
+def _targets(opts: dict[str, Any]) -> tuple[int | None, int | None] | None:
+    """(--target-concurrency, --target-context), popped from `opts`; None if neither."""
+    from infer_tool.common.errors import BadInput
+    from infer_tool.sizing.units import parse_count
+
+    conc, ctx = opts.pop("target_concurrency", None), opts.pop("target_context", None)
+    if conc is None and ctx is None:
+        return None
+    if conc is not None and conc < 1:
+        raise BadInput(f"--target-concurrency {conc} must be at least 1")
+    return conc, (parse_count(ctx, "--target-context") if ctx is not None else None)
+
+
+def _suggest(request: Any, targets: tuple[int | None, int | None], json_out: bool) -> None:
+    from infer_tool.cli.commands import kv_budget_render as render
+    from infer_tool.jobs.kv_budget import reach_target
+
+    s = reach_target(request, *targets)
+    if json_out:
+        from infer_tool.cli.output import emit_json
+
+        emit_json(render.suggestion_document(s))
+    else:
+        render.suggestion_human(s)
+
+
+def _read_log(path: str) -> str:
+    import sys
+    from pathlib import Path
+
+    from infer_tool.common.errors import BadInput
+    from infer_tool.sizing.vllm_log import MAX_LOG_BYTES
+
+    if path == "-":
+        text = sys.stdin.read(MAX_LOG_BYTES + 1)
+    else:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise BadInput(f"--from-log {path!r}: no such file (give a vLLM start-up log, or - for stdin)")
+        if p.stat().st_size > MAX_LOG_BYTES:
+            raise BadInput(f"--from-log {path!r}: {p.stat().st_size:,} bytes; at most {MAX_LOG_BYTES:,} are read")
+        with p.open("rb") as f:
+            text = f.read(MAX_LOG_BYTES + 1).decode("utf-8", errors="replace")
+    if len(text) > MAX_LOG_BYTES:
+        raise BadInput(f"--from-log {path!r}: more than {MAX_LOG_BYTES:,} bytes; give the start-up part")
+    return text
+
+
+def _replay(opts: dict[str, Any], json_out: bool, targets: tuple[int | None, int | None] | None = None) -> None:
+    from infer_tool.common.errors import BadInput
+    from infer_tool.common.sizes import parse_size
+    from infer_tool.jobs.kv_budget import replay_log
+
+    extra = sorted(k for k, v in opts.items() if k not in _REPLAY_OPTIONS and v not in (False, None))
+    if extra:
+        flags = ", ".join("--" + k.replace("_", "-") for k in extra)
+        raise BadInput(
+            f"--from-log replays the log's own settings; drop {flags} (accepted beside it: MODEL, --gpu, "
+            "--gpu-mem, --vllm-version)"
+        )
+    gpu_mem = parse_size(opts["gpu_mem"], "--gpu-mem", minimum=2**20) if "gpu_mem" in opts else None
+    rep = replay_log(
+        _read_log(opts["from_log"]),
+        model=opts.get("model"),
+        gpu=opts.get("gpu"),
+        gpu_mem_bytes=gpu_mem,
+        vllm_version=opts.get("vllm_version"),
+    )
+    from infer_tool.cli.commands import kv_budget_render as render
+
+    if targets is not None:  # what to change on the logged server
+        from infer_tool.jobs.kv_budget import reach_target
+
+        s = reach_target(rep.report.request, *targets)
+        if json_out:
+            from infer_tool.cli.output import emit_json
+
+            emit_json({**render.replay_document(rep), "target": render.suggestion_document(s)})
+        else:
+            render.replay_human(rep)
+            render.suggestion_human(s)
+        return
+    if json_out:
+        from infer_tool.cli.output import emit_json
+
+        emit_json(render.replay_document(rep))
+    else:
+        render.replay_human(rep)
 
 
 def _print_lists(models: bool, gpus: bool, json_out: bool, model_presets: dict, gpu_presets: dict) -> None:

@@ -76,8 +76,8 @@ def _memory(r: Report) -> dict[str, Any]:
         doc["stages"].append(
             {
                 "layers": [stage.start, stage.stop],
-                "weights_bytes": p.weights,
-                "activation_peak_bytes": p.activation.bytes,
+                "weights_bytes": None if r.weights_how.startswith("unknown") else p.weights,
+                "activation_peak_bytes": p.activation.bytes if p.activation.known else None,
                 "activation_peak_at": p.activation.where,
                 "forward_peak_bytes": p.activation.forward_bytes,
                 "sampler_peak_bytes": p.activation.sampler_bytes,
@@ -223,6 +223,18 @@ def document(r: Report) -> dict[str, Any]:
             "cost_ratio": req.spec.cost_ratio,
             "tokens_per_pass": req.spec.tokens_per_pass,
         },
+        "speculative_decoding": None
+        if r.drafter is None
+        else {
+            "method": r.drafter.method,
+            "num_speculative_tokens": r.drafter.k,
+            "drafter": r.drafter.source,
+            "kv_layers_added": r.drafter.layers,
+            "kv_bytes_per_token": r.drafter.kv_bytes_per_token,
+            "weight_bytes_per_gpu": r.drafter.weight_bytes_per_gpu,
+            "weights_how": r.drafter.weights_how,
+            "lookahead_tokens_per_request": r.drafter.lookahead_tokens,
+        },
         "notes": r.notes,
     }
 
@@ -238,7 +250,11 @@ def human(r: Report) -> None:
     layers = ", ".join(f"{n} {KIND_LABELS[k]}" for k, n in doc["layers"].items() if n)
     p = shape.params
     params = f"{p.total / 1e9:,.2f}B params ({p.active / 1e9:,.2f}B active)" if p else "params unknown"
-    console.print(f"[bold]{shape.name}[/]: {shape.num_layers} layers ({layers}), {params}")
+    drafted = f" + {r.drafter.layers} drafter" if r.drafter and r.drafter.layers else ""
+    console.print(
+        f"[bold]{shape.name}[/]: {shape.num_layers - (r.drafter.layers if r.drafter else 0)} layers{drafted} "
+        f"({layers}), {params}"
+    )
     version = r.engine.vllm_version
     fixed = (
         f"KV cache fixed at {_size(dep.kv_cache_memory_bytes)}/GPU"
@@ -260,6 +276,21 @@ def human(r: Report) -> None:
             f"prefix caching {'on' if r.request.prefix_caching else 'off'})"
         )
     _memory_table(console, r, doc["memory"])
+    if r.drafter is not None:
+        d = r.drafter
+        t = Table(title=f"Speculative decoding ({d.method}, k={d.k}): what it adds per GPU")
+        for col in ("term", "size", "what"):
+            t.add_column(col, justify="right" if col == "size" else "left")
+        t.add_row("drafter weights", _size(d.weight_bytes_per_gpu), d.weights_how)
+        t.add_row(
+            "drafter KV", f"{d.kv_bytes_per_token:,} B/token", f"{d.layers} layers of {d.source}; in the tables below"
+        )
+        t.add_row(
+            "lookahead slots",
+            f"{d.lookahead_tokens} tokens/request",
+            "capped at --max-model-len: no extra block at context = max model len",
+        )
+        console.print(t)
     contexts = sorted({row.context for row in r.rows})
     _kv_table(console, doc, r, contexts)
     if doc["vllm"]:
@@ -325,7 +356,7 @@ def _memory_table(console: Any, r: Report, mem: dict[str, Any]) -> None:
 
     def row(label: str, key: str, what: str | list[str]) -> None:
         whats = what if isinstance(what, list) else [what] * len(stages)
-        t.add_row(label, *(_size(s[key]) for s in stages), whats[0])
+        t.add_row(label, *("unknown" if s[key] is None else _size(s[key]) for s in stages), whats[0])
 
     total = mem["total_bytes"]
     t.add_row("total", *(_size(total) for _ in stages), "as CUDA reports it")
@@ -381,7 +412,7 @@ def _rows_table(console: Any, r: Report, planner: Any) -> None:
     t = Table(
         title=f"Memory per GPU (busiest GPU, {r.request.accounting} accounting; weights "
         f"{_size(planner.weight_bytes_per_gpu)}/GPU) and speed per replica",
-        caption="fits: yes, or what binds: weights (alone) or KV (cache at this context x seqs)",
+        caption="fits: yes, or what binds: weights (alone), KV (cache at this context x seqs) or seqs (max-num-seqs)",
     )
     cols = ["context", "seqs", "KV / GPU", "used", "fits", "headroom"]
     if speed:
@@ -390,7 +421,8 @@ def _rows_table(console: Any, r: Report, planner: Any) -> None:
         t.add_column(col, justify="right")
     for row in r.rows:
         f = row.fit
-        verdict = "[green]yes[/]" if f.fits else f"[red]{'weights' if f.binding == 'weights' else 'KV'}[/]"
+        short = {"weights": "weights", "max-num-seqs": "seqs"}.get(f.binding or "", "KV")
+        verdict = "[green]yes[/]" if f.fits else f"[red]{short}[/]"
         cells = [
             f"{row.context:,}",
             str(row.concurrency),
@@ -488,3 +520,123 @@ def _solutions(console: Any, r: Report) -> None:
     console.print(t)
     if not r.solutions:
         console.print("[red]no deployment of up to 16 GPUs of the presets serves this target[/]")
+
+
+# --- --from-log -------------------------------------------------------------------------
+def replay_document(rep: Any) -> dict[str, Any]:
+    """The --json document of `kv-budget --from-log`."""
+    log, r = rep.log, rep.report
+    return {
+        "log": {
+            "vllm_version": log.version,
+            "model": log.model,
+            "device": log.device,
+            "lines": log.lines,
+            "lines_recognised": log.recognised,
+            "non_default_args": {
+                k: v for k, v in log.args.items() if isinstance(v, (str, int, float, bool, type(None)))
+            },
+            "missing": log.missing,
+            "kv_cache_tokens": log.kv_tokens,
+            "max_concurrency": None if log.concurrency is None else log.concurrency[1],
+        },
+        "model": r.request.model,
+        "settings": {k: {"value": v, "from": where} for k, (v, where) in rep.settings.items()},
+        "terms": [
+            {
+                "term": t.term,
+                "logged_bytes": None if t.logged is None else round(t.logged),
+                "predicted_bytes": None if t.predicted is None else round(t.predicted),
+                "difference_bytes": None if t.difference is None else round(t.difference),
+                "why": t.why,
+            }
+            for t in rep.terms
+        ],
+        "at_logged_kv": {"kv_cache_tokens": rep.kv_tokens_at_logged, "max_concurrency": rep.concurrency_at_logged},
+        "explanation": rep.explanation,
+        "notes": rep.notes,
+    }
+
+
+def replay_human(rep: Any) -> None:
+    console = out()
+    log, r = rep.log, rep.report
+    console.print(
+        f"[bold]vLLM {log.version or '(version not logged)'}[/] log of {log.model or '(model not logged)'}: "
+        f"{log.recognised:,} of {log.lines:,} lines recognised; replayed with {r.request.model} on {r.gpu.name}",
+        highlight=False,
+    )
+    t = Table(title="Settings replayed (from the log unless marked)")
+    for col in ("setting", "value", "from"):
+        t.add_column(col)
+    for key, (value, where) in rep.settings.items():
+        shown = (
+            "-"
+            if value is None
+            else (_size(value) if key in ("gpu_total", "weights_per_gpu") and isinstance(value, int) else str(value))
+        )
+        t.add_row(key, shown, where)
+    console.print(t)
+    t = Table(title="Start-up memory per GPU: logged against predicted")
+    for col in ("term", "logged", "predicted", "difference", "what"):
+        t.add_column(col, justify="left" if col in ("term", "what") else "right")
+    for term in rep.terms:
+        d = term.difference
+        t.add_row(
+            term.term,
+            "-" if term.logged is None else _size(term.logged),
+            "-" if term.predicted is None else _size(term.predicted),
+            "-" if d is None else ("0" if round(d) == 0 else ("+" if d > 0 else "-") + _size(abs(d))),
+            term.why,
+        )
+    console.print(t)
+    mml = r.request.contexts[0] if r.request.contexts else None
+    if log.kv_tokens is not None or log.concurrency is not None:
+        t = Table(title=f"KV cache at the logged KV memory, max model len {mml:,}")
+        for col in ("line", "logged", "block accounting"):
+            t.add_column(col, justify="left" if col == "line" else "right")
+        t.add_row(
+            "GPU KV cache size (tokens)",
+            "-" if log.kv_tokens is None else f"{log.kv_tokens:,}",
+            "-" if rep.kv_tokens_at_logged is None else f"{rep.kv_tokens_at_logged:,}",
+        )
+        t.add_row(
+            "maximum concurrency",
+            "-" if log.concurrency is None else f"{log.concurrency[1]:.2f}x",
+            "-" if rep.concurrency_at_logged is None else f"{rep.concurrency_at_logged:.2f}x",
+        )
+        console.print(t)
+    for line in rep.explanation:
+        console.print(line, highlight=False)
+    for note in rep.notes:
+        err().print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+# --- --target-concurrency / --target-context --------------------------------------------
+def suggestion_document(s: Any) -> dict[str, Any]:
+    return {
+        "context": s.context,
+        "concurrency": s.concurrency,
+        "feasible": s.feasible,
+        "max_model_len": s.max_model_len,
+        "max_num_seqs": s.max_num_seqs,
+        "kv_cache_memory_bytes": s.kv_cache_memory_bytes,
+        "gpu_memory_utilization": s.mem_util,
+        "vllm_serve_flags": s.serve_flags() if s.feasible else None,
+        "vllm_serve_flags_fixed_kv": s.serve_flags_fixed_kv() if s.feasible else None,
+        "costs": s.costs,
+        "limit": s.limit or None,
+    }
+
+
+def suggestion_human(s: Any) -> None:
+    console = out()
+    what = f"{s.concurrency} sequence{'s' if s.concurrency > 1 else ''} of {s.context:,} tokens"
+    if not s.feasible:
+        console.print(f"[red]target {what}:[/] {s.limit}", highlight=False)
+        return
+    console.print(f"[bold]target {what}[/] on this server: KV cache {_size(s.kv_cache_memory_bytes)} per GPU")
+    console.print(f"  vllm serve MODEL {s.serve_flags()}", highlight=False, soft_wrap=True)
+    console.print(f"  or, with the KV size given: {s.serve_flags_fixed_kv()}", highlight=False, soft_wrap=True)
+    for c in s.costs:
+        console.print(f"  cost: {c}", highlight=False)
