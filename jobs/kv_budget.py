@@ -581,10 +581,11 @@ def _log_speculative(raw: Any) -> tuple[SpeculativeConfig | None, str | None]:
 
 
 def _log_model(log: Any, model: str | None) -> tuple[str, str | None]:
-    """MODEL for the replay: the one given, the log's path when it is a local directory, or
-    the built-in preset of the log's hub name (nothing is downloaded)."""
+    """MODEL for the replay: the one given, the log's path when it is a local directory, the
+    built-in preset of the log's hub name, or that hub id (`sizing/hub.py`)."""
     from pathlib import Path
 
+    from infer_tool.sizing.hub import is_repo_id
     from infer_tool.sizing.presets import find_model_preset
 
     if model is not None:
@@ -595,12 +596,14 @@ def _log_model(log: Any, model: str | None) -> tuple[str, str | None]:
     if Path(named).expanduser().is_dir():
         return named, None
     preset = find_model_preset(named) or find_model_preset(Path(named).name)
-    if preset is None:
-        raise BadInput(
-            f"the log's model {named!r} is not a local directory nor a built-in preset, and nothing is downloaded: "
-            "give MODEL (a directory with its config.json)"
-        )
-    return preset.key, f"model config: built-in preset {preset.key} ({preset.hf_id}) for the log's {named!r}"
+    if preset is not None:
+        return preset.key, f"model config: built-in preset {preset.key} ({preset.hf_id}) for the log's {named!r}"
+    if is_repo_id(named):
+        return named, f"model config: the hub id the log names, {named!r} (local hub cache, else the hub)"
+    raise BadInput(
+        f"the log's model {named!r} is not a local directory, a built-in preset nor a hub id: give MODEL (a "
+        "directory with its config.json)"
+    )
 
 
 def _log_gpu(log: Any, req_gpu: str | None, req_mem: int | None) -> tuple[dict[str, Any], str]:

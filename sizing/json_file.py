@@ -37,9 +37,14 @@ def read_json(path: Path, what: str) -> Any:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise BadInput(f"{path}: cannot read {what} ({e.__class__.__name__}: {e})") from None
+    return loads(text, str(path), what)
+
+
+def loads(text: str, where: str, what: str) -> Any:
+    """Parse JSON `text` read from `where` (already bounded in size); BadInput naming `where`."""
     if nesting_depth_exceeds(text):
-        raise BadInput(f"{path}: JSON nests deeper than {MAX_DEPTH} levels; not a {what}")
+        raise BadInput(f"{where}: JSON nests deeper than {MAX_DEPTH} levels; not a {what}")
     try:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
-        raise BadInput(f"{path}: cannot read {what} ({e.__class__.__name__}: {e})") from None
+        raise BadInput(f"{where}: cannot read {what} ({e.__class__.__name__}: {e})") from None

@@ -1,7 +1,7 @@
 """MODEL argument -> `ModelShape` (+ real weight bytes where files tell them): a model
 directory (config.json, and *.safetensors headers if present), a config.json file, a
-GGUF file (metadata header; weights = the file's tensor bytes), or a built-in preset by
-name or Hugging Face id."""
+GGUF file (metadata header; weights = the file's tensor bytes), a built-in preset by
+name or Hugging Face id, or another hub id (its config.json: `sizing/hub.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.hf_config import load_config, shape_from_config
+from infer_tool.sizing.hub import is_repo_id
 from infer_tool.sizing.presets import find_model_preset, model_presets, suggest
 from infer_tool.sizing.shape import ModelShape
 
@@ -44,9 +45,28 @@ def resolve_model(spec: str) -> ResolvedModel:
         name = path.parent.name or path.stem
         return ResolvedModel(shape_from_config(load_config(path), name=name, source=str(path)), None)
     preset = find_model_preset(spec)
-    if preset is None:
-        raise BadInput(
-            f"MODEL {spec!r} is not a directory, config.json, .gguf file or preset; "
-            f"{suggest(spec, list(model_presets()))} (see --list-models)"
-        )
-    return ResolvedModel(shape_from_config(preset.config, name=preset.key, source=preset.source), None)
+    if preset is not None:
+        return ResolvedModel(shape_from_config(preset.config, name=preset.key, source=preset.source), None)
+    if is_repo_id(spec):
+        return _from_hub(spec)
+    raise BadInput(
+        f"MODEL {spec!r} is not a directory, config.json, .gguf file, preset or hub id; "
+        f"{suggest(spec, list(model_presets()))} (see --list-models)"
+    )
+
+
+def _from_hub(repo_id: str) -> ResolvedModel:
+    """A hub id that is no preset: its config.json from the local hub cache, else the hub
+    (`sizing/hub.py`); a refusal keeps the presets' "did you mean"."""
+    from infer_tool.sizing.hub import cached_config, fetch_config
+
+    cached = cached_config(repo_id)
+    if cached is not None:
+        shape = shape_from_config(load_config(cached), name=repo_id, source=str(cached))
+        return ResolvedModel(shape, None, f"config.json from the local hub cache ({cached})")
+    try:
+        config = fetch_config(repo_id)
+    except BadInput as e:
+        raise BadInput(f"{e}; or a preset: {suggest(repo_id, list(model_presets()))}") from None
+    shape = shape_from_config(config, name=repo_id, source=f"hub {repo_id}")
+    return ResolvedModel(shape, None, f"config.json from the hub ({repo_id})")
