@@ -54,6 +54,11 @@ def check_out_dir(
     if path.exists() or path.is_symlink():
         if not overwrite:
             raise BadInput(f"output directory {str(out)!r} already exists; pass --overwrite to replace it")
+        if path.is_symlink():
+            raise BadInput(
+                f"--out {str(out)!r} is a symbolic link; --overwrite replaces only a directory this tool wrote: "
+                "name the directory itself"
+            )
         if not path.is_dir():
             raise BadInput(f"--out {str(out)!r} is a file; --overwrite replaces only a directory this tool wrote")
         if _within(resolved, Path.cwd().resolve()):

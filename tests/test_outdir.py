@@ -68,6 +68,14 @@ def test_a_file_of_ours_changed_by_the_user_is_not_ours_any_more(tmp_path):
     _refused(out, r"did not write \(tokenizer\.json\)")
 
 
+def test_out_that_is_a_link_is_refused(tmp_path):
+    target = _ours(tmp_path / "ck")
+    os.symlink(target, tmp_path / "link")
+    with pytest.raises(BadInput, match="is a symbolic link"):
+        check_checkpoint_out(tmp_path / "link", overwrite=True)
+    assert (tmp_path / "link").is_symlink() and (target / "config.json").is_file()
+
+
 def test_links_are_named_not_followed(tmp_path):
     out = _ours(tmp_path / "ck")
     target = tmp_path / "precious"
