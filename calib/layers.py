@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
 import re
 import resource
 from collections.abc import Callable, Iterator
@@ -139,6 +140,8 @@ def relative_error(Y_hat: list[torch.Tensor], Y: list[torch.Tensor]) -> float:
     )
     num = sum(t[0] for t in terms)
     den = sum(t[1] for t in terms)
+    if not (math.isfinite(num) and math.isfinite(den)):
+        return math.nan  # a NaN or infinite output: the caller names the layer
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 

@@ -41,6 +41,7 @@ This module knows no quantization method by name, nothing about file formats or 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field, replace
@@ -220,6 +221,8 @@ class LayerLoop:
             del X
             fail_for_test(i)
             err = relative_error(Y_hat[: len(Y)], Y)
+            if not math.isfinite(err):
+                _refuse_non_finite(prefix, Y, Y_hat)
             self.result.layer_errors.append(LayerError(prefix, err))
             del Y
             carried = Y_hat + Y_fp if Y_fp is not None else Y_hat
@@ -256,6 +259,18 @@ class LayerLoop:
     def _load(self, layers: nn.ModuleList, i: int) -> tuple[nn.Module, str]:
         self.io.load(i, layers[i], self.device)
         return layers[i], f"{self.arch.layers}.{i}"
+
+
+def _refuse_non_finite(prefix: str, Y: list[torch.Tensor], Y_hat: list[torch.Tensor]) -> None:
+    """BadInput naming the first layer whose outputs on the calibration text are NaN or
+    infinite: the fp layer's (the model overflows) or only the quantized layer's."""
+    fp_bad = any(not bool(torch.isfinite(y).all()) for y in Y)
+    which = "fp" if fp_bad else "quantized"
+    why = "the model's weights or activations overflow" if fp_bad else "its quantized weights make it overflow"
+    raise BadInput(
+        f"{prefix}: the {which} layer's outputs on the calibration text are NaN or infinite ({why}); nothing past "
+        "it can be calibrated"
+    )
 
 
 @torch.no_grad()

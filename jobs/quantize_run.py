@@ -229,7 +229,10 @@ def run_job(job: QuantizeJob) -> QuantizeReport:
         if run.layers_done == 0 or job.world_size > 1:
             run.remove()  # nothing finished worth keeping (or a run across processes, which does not resume)
             raise
-        raise BadInput(f"{e}; {resume_hint(run)} once that is mended") from None
+        raise BadInput(
+            f"{e}; progress is kept in {run.path} ({run.layers_done} of {run.state['layers']} layers finished): "
+            "--resume continues it if what is mended is not the model, the options or the text; else delete it"
+        ) from None
     except BaseException as e:
         if job.world_size > 1:
             run.remove()  # a run across processes does not resume

@@ -35,6 +35,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("nonfinite")
     save_tiny_llama(d / "ok", seed=0)
     _poison(d / "ok", d / "nan", "model.norm.weight", math.nan)
+    _poison(d / "ok", d / "nan-layer", "model.layers.1.input_layernorm.weight", math.nan)
     (d / "corpus.txt").write_text(TEXT)
     return d
 
@@ -106,6 +107,28 @@ class _Logits(torch.nn.Module):
         out = Out()
         out.logits = logits
         return out
+
+
+def test_quantize_names_the_first_layer_whose_outputs_are_not_finite(models: Path, tmp_path: Path) -> None:
+    code, out = _run(
+        "quantize",
+        models / "nan-layer",
+        "--out",
+        tmp_path / "q",
+        "--method",
+        "gptq",
+        "--group-size",
+        "32",
+        "--calib",
+        models / "corpus.txt",
+        "--num-samples",
+        "2",
+        "--seq-len",
+        "32",
+    )
+    assert code == 2, out
+    assert "model.layers.1: the fp layer's outputs on the calibration text are NaN or infinite" in out, out
+    assert not (tmp_path / "q").exists()
 
 
 def test_the_first_non_finite_position_is_named() -> None:

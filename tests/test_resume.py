@@ -321,7 +321,7 @@ def test_bad_input_after_finished_layers_keeps_them(work, reference, killed):
     proc = subprocess.run([sys.executable, str(driver), *argv], capture_output=True, text=True, timeout=600)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-    assert "thesis.tex" in lines[0] and "progress is kept" in lines[0] and "4 of 4 layers" in lines[0], lines[0]
+    assert "thesis.tex" in lines[0] and "progress is kept" in lines[0] and "4 of 4 layers finished" in lines[0]
     assert (work / out / "thesis.tex").read_text() == "mine" and (partial / "layer-00003.safetensors").is_file()
     (work / out / "thesis.tex").unlink()
     proc = _run(argv)
