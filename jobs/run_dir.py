@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -109,14 +108,13 @@ class RunDir:
             return run, run.check_parts()
         note = None
         if path.is_dir():
-            finished = _finished_parts(path)
-            if finished:
+            kept = sorted(p.name for p in path.iterdir() if not (p.name.endswith(".tmp") or p.name == "checkpoint"))
+            if kept:
                 raise BadInput(
-                    f"--resume: {path} holds finished parts ({', '.join(finished[:3])}) but no {STATE}, so what "
-                    "they were made with is unknown; nothing was deleted: restore it, or delete the directory to "
-                    "start over"
+                    f"--resume: {path} holds {', '.join(kept[:3])} but no {STATE}, so what they were made with is "
+                    "unknown; nothing was deleted: restore it, or delete the directory to start over"
                 )
-            shutil.rmtree(path)  # killed before its first save: temporary files only
+            shutil.rmtree(path)  # killed before its first save: our temporary files only
         if resume:
             note = "--resume: no earlier progress beside --out; started from the first layer"
         path.mkdir(parents=True)
@@ -140,7 +138,6 @@ class RunDir:
             if why := _damage(self.path / name):
                 damaged[name] = why
         if not damaged:
-            _replace_json(self.path / STATE, self.state)
             return f"resumed after layer {k - 1} ({k} of {self.state['layers']} were done)" if k else None
         named = "; ".join(f"{n} {why}" for n, why in list(damaged.items())[:3])
         more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
@@ -273,7 +270,7 @@ def read_state(path: Path, n_layers: int | None = None) -> dict[str, Any]:
             raise bad(f"{field!r} is {state[field]!r}")
     layers, done = state["layers"], state["layers_done"]
     if layers < 1 or (n_layers is not None and layers != n_layers):
-        raise bad(f"'layers' is {layers}, the model has {n_layers}")
+        raise bad(f"'layers' is {layers}" + (f", the model has {n_layers}" if n_layers is not None else ""))
     if not 0 <= done <= layers:
         raise bad(f"'layers_done' is {done}, outside 0..{layers}")
     if (state["inputs"] is None) != (done == 0) or (done and state["inputs"] != f"inputs-{done:05d}.safetensors"):
@@ -306,13 +303,6 @@ def _damage(path: Path) -> str | None:
     if size != start + end:
         return f"is {size:,} bytes where its header needs {start + end:,} (truncated or damaged)"
     return None
-
-
-def _finished_parts(path: Path) -> list[str]:
-    """The finished parts in a run directory (what must not be deleted unasked)."""
-    return sorted(
-        p.name for p in path.iterdir() if p.name == REST or re.fullmatch(r"(layer|inputs)-\d{5}\.safetensors", p.name)
-    )
 
 
 def _fresh_state(key: str, n_layers: int) -> dict[str, Any]:

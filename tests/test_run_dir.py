@@ -112,7 +112,7 @@ def _edit(p: Path, **changes: object) -> None:
         (lambda p: _edit(p, inputs="../../etc/passwd"), "'inputs' is '../../etc/passwd' after 3 layers"),
         (lambda p: _edit(p, result={"layer_errors": 5}), "report entries"),
         (lambda p: _edit(p, result=None), "report entries"),
-        (lambda p: (p / "run.json").unlink(), "holds finished parts"),
+        (lambda p: (p / "run.json").unlink(), "holds inputs-00003.safetensors, layer-00000.safetensors"),
     ],
 )
 def test_an_unreadable_record_is_refused_and_nothing_is_deleted(tmp_path, damage, needle):
@@ -133,6 +133,16 @@ def test_a_run_killed_before_its_first_record_starts_over(tmp_path):
     run, note = RunDir.open(out, KEY, 4, resume=True)
     assert run.layers_done == 0 and "no earlier progress" in note
     assert sorted(_tree(partial_dir(out))) == ["run.json"]
+
+
+def test_a_file_of_the_users_in_a_progress_directory_without_record_is_kept(tmp_path):
+    out = tmp_path / "out"
+    partial_dir(out).mkdir()
+    (partial_dir(out) / "notes.txt").write_text("mine")
+    (partial_dir(out) / "run.json.tmp").write_text("{")
+    with pytest.raises(BadInput, match="holds notes.txt but no run.json"):
+        RunDir.open(out, KEY, 4, resume=True)
+    assert sorted(_tree(partial_dir(out))) == ["notes.txt", "run.json.tmp"]
 
 
 def test_a_progress_path_that_is_not_a_directory_is_refused(tmp_path):
