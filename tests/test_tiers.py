@@ -8,6 +8,7 @@ a process) does not look: these tests stay fast, and it is the tripwire that mus
 from __future__ import annotations
 
 import ast
+import functools
 import multiprocessing
 import subprocess
 import sys
@@ -77,6 +78,7 @@ def test_tripwires_are_installed() -> None:
         assert PreTrainedModel.__dict__[name].__func__.tier_tripwire, name
 
 
+@functools.cache
 def _defined(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
