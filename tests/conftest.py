@@ -245,7 +245,7 @@ def slow_reason(item: pytest.Item) -> str | None:
     for marker in SLOW_MARKERS:
         if item.get_closest_marker(marker) is not None:
             return f"marked {marker}"
-    path = Path(str(item.fspath))
+    path = Path(item.path)
     if path.name in SLOW_MODULES:
         return "its module is in SLOW_MODULES"
     base = f"{path.name}::{getattr(item, 'originalname', item.name)}"
