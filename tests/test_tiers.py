@@ -1,8 +1,9 @@
 """The test tiers of tests/conftest.py: its tripwires fire on what the fast tier excludes, and its
 lists name tests that exist.
 
-The spawners below sit in a table, where the static rule (a test's source naming a way to start
-a process) does not look: these tests stay fast, and it is the tripwire that must stop them.
+The spawners below (and the wired functions) sit in tables, where the static rule (a test's source,
+or a function it calls, naming a way to start a process) does not look: so these tests are in the
+fast tier, armed, and it is the tripwire that must stop them (test_tiers_own_tests_are_fast).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SPAWNERS = {
     "Popen(infer-tool, shell string)": lambda: subprocess.Popen("infer-tool --help", shell=False),
     "multiprocessing": lambda: multiprocessing.get_context("spawn").Process(target=print).start(),
 }
+OTHER_PROGRAMS = {"true": lambda: subprocess.run(["true"], check=False)}  # not Python
+WIRED = (subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start)
 
 
 @pytest.mark.parametrize("how", sorted(SPAWNERS))
@@ -36,8 +39,13 @@ def test_starting_a_python_process_trips(how: str) -> None:
 
 def test_other_programs_and_unarmed_code_pass() -> None:
     with conftest.armed(PROBE):
-        assert subprocess.run(["true"], check=False).returncode == 0  # not a Python process
-    conftest.trip("nothing: no fast test is armed")  # outside a fast test the wire is slack
+        assert OTHER_PROGRAMS["true"]().returncode == 0
+    saved = list(conftest._armed)  # this test's own id: it runs in the fast tier
+    conftest._armed.clear()
+    try:
+        conftest.trip("nothing: no fast test is armed")  # outside a fast test the wire is slack
+    finally:
+        conftest._armed[:] = saved
 
 
 def _llama_config(hidden: int, layers: int):
@@ -72,8 +80,7 @@ def test_tripwires_are_installed() -> None:
     from transformers.modeling_utils import PreTrainedModel
 
     conftest.install_model_tripwires()
-    assert subprocess.Popen.__init__.tier_tripwire
-    assert multiprocessing.process.BaseProcess.start.tier_tripwire
+    assert all(fn.tier_tripwire for fn in WIRED)
     for name in ("from_pretrained", "_from_config"):
         assert PreTrainedModel.__dict__[name].__func__.tier_tripwire, name
 
@@ -129,5 +136,8 @@ def test_the_static_rule_sees_a_process_started_through_helpers(tmp_path: Path) 
 
 
 def test_tiers_own_tests_are_fast(request: pytest.FixtureRequest) -> None:
-    assert request.node.get_closest_marker("fast") is not None
-    assert conftest.slow_reason(request.node) is None
+    """Every test of this module is in the fast tier, so the wires above were armed for real."""
+    mine = [item for item in request.session.items if item.path == request.node.path]
+    assert request.node in mine
+    assert [item.name for item in mine if conftest.slow_reason(item) is not None] == []
+    assert all(item.get_closest_marker("fast") is not None for item in mine)
