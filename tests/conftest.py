@@ -191,7 +191,7 @@ PROCESS_WORDS = re.compile(r"\bsubprocess\b|\bsys\.executable\b|\bmultiprocessin
 # A started program is a Python process when its file name matches.
 PYTHON_PROGRAMS = re.compile(r"^(python[0-9.]*|infer-tool|pytest|py\.test|torchrun|vllm)$")
 TINY_PARAMS = 2_000_000  # the tests' tiny random models have at most a few hundred thousand
-FAST_CPU_S = 10.0  # generous: on a loaded shared machine torch's waiting threads spin and bill CPU
+FAST_CPU_S = 10.0  # generous: on the loaded shared machine a 0.3 s test once took 4.3 s of CPU
 
 
 @functools.cache
