@@ -40,17 +40,31 @@ def test_sequential_layout_matches_definition():
             assert (int(packed[r, k // 8]) >> (4 * (k % 8))) & 0xF == int(q[r, k])
 
 
+# AutoAWQ's GEMM packer (`order_map` in awq/modules/linear/gemm.py) and its unpacker's reverse
+# order (`AWQ_REVERSE_ORDER` in awq/utils/packing_utils.py), written out here: the oracle is the
+# format's definition, not our module's constants.
+AUTOAWQ_ORDER_MAP = (0, 2, 4, 6, 1, 3, 5, 7)
+AUTOAWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def _autoawq_pack(q: torch.Tensor) -> torch.Tensor:
+    """AutoAWQ's loop: word `col` ORs column `col * 8 + order_map[i]` in at bits 4i."""
+    packed = torch.zeros(q.shape[0], q.shape[1] // 8, dtype=torch.int64)
+    for col in range(q.shape[1] // 8):
+        for i in range(8):
+            packed[:, col] |= q[:, col * 8 + AUTOAWQ_ORDER_MAP[i]].to(torch.int64) << (i * 4)
+    return packed
+
+
 def test_awq_order_matches_definition():
-    """Nibble i of word j holds column 8j + [0,2,4,6,1,3,5,7][i]; the reverse order inverts it."""
+    """Nibble i of word j holds column 8j + [0,2,4,6,1,3,5,7][i] (AutoAWQ's packer, bit for bit);
+    the reverse order inverts it, as AutoAWQ's unpacker does."""
     q = _codes((3, 16), 4, seed=2)
     packed = pack_int32(q, 4, dim=1, order=AWQ_ORDER).to(torch.int64) & 0xFFFFFFFF
-    for r in range(3):
-        for j in range(2):
-            for i in range(8):
-                assert (int(packed[r, j]) >> (4 * i)) & 0xF == int(q[r, 8 * j + AWQ_ORDER[i]])
-    # element e lives in nibble AWQ_REVERSE_ORDER[e]
-    for e in range(8):
-        assert AWQ_ORDER[AWQ_REVERSE_ORDER[e]] == e
+    assert torch.equal(packed, _autoawq_pack(q))
+    assert tuple(AWQ_ORDER) == AUTOAWQ_ORDER_MAP and tuple(AWQ_REVERSE_ORDER) == AUTOAWQ_REVERSE_ORDER
+    for e in range(8):  # element e lives in nibble AUTOAWQ_REVERSE_ORDER[e]
+        assert AUTOAWQ_ORDER_MAP[AUTOAWQ_REVERSE_ORDER[e]] == e
 
 
 def test_matches_compressed_tensors_packer():
