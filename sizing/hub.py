@@ -64,7 +64,7 @@ def fetch_config(repo_id: str, revision: str = "main") -> dict[str, Any]:
     if _offline():
         raise BadInput(
             f"MODEL {repo_id!r} is not in the local hub cache ({hub_cache()}) and HF_HUB_OFFLINE is set: "
-            "give a directory with its config.json"
+            "give MODEL as a directory with its config.json"
         )
     endpoint = os.environ.get("HF_ENDPOINT", ENDPOINT).rstrip("/")
     url = f"{endpoint}/{repo_id}/resolve/{revision}/config.json"
@@ -85,8 +85,8 @@ def fetch_config(repo_id: str, revision: str = "main") -> dict[str, Any]:
     except (urllib.error.URLError, OSError, ValueError) as e:
         reason = getattr(e, "reason", e)
         raise BadInput(
-            f"MODEL {repo_id!r}: the hub ({endpoint}) cannot be reached ({reason}); give a directory with its "
-            "config.json, or set HF_HUB_OFFLINE=1 to use the local cache only"
+            f"MODEL {repo_id!r}: the hub ({endpoint}) cannot be reached ({reason}); give MODEL as a directory "
+            "with its config.json, or set HF_HUB_OFFLINE=1 to use the local cache only"
         ) from None
     if len(body) > MAX_BYTES:
         raise BadInput(f"MODEL {repo_id!r}: its config.json is larger than {MAX_BYTES:,} bytes")

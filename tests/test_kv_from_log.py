@@ -143,12 +143,14 @@ def test_unmodelled_release_answered_with_the_nearest(logged, used, said):
     assert any(said in n for n in rep.notes), rep.notes
 
 
-def test_refusals():
+def test_refusals(monkeypatch, tmp_path):
     with pytest.raises(BadInput, match="no vLLM start-up line"):
         replay_log("hello\nworld\n")
     text = (LOGS / "qwen3-235b-fp8-8xl40s-0.10.2.log").read_text()
-    with pytest.raises(BadInput, match="give MODEL"):
-        replay_log(text)  # an FP8 hub name with no preset: nothing is downloaded
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(BadInput, match="HF_HUB_OFFLINE is set: give MODEL"):
+        replay_log(text)  # an FP8 hub name with no preset, offline and not in the hub cache
     r = runner.invoke(app, ["kv-budget", "--from-log", str(LOGS / "nope.log")])
     assert r.exit_code == 2 and "no such file" in r.stderr
     r = runner.invoke(app, ["kv-budget", "--from-log", str(LOGS / "qwen2.5-7b-0.22.0.log"), "--tp", "2"])
