@@ -116,16 +116,17 @@ class Checked:
 
 
 def parse_ks(text: str) -> list[int]:
-    """'1-8', '1,2,4' or '3' -> sorted distinct ks, each in 1..K_MAX (checked before a
-    range is expanded)."""
+    """'1-8', '1,2,4' or '3' (ASCII digits) -> sorted distinct ks, each in 1..K_MAX (checked
+    before a range is expanded)."""
+    from infer_tool.spec.numbers import ascii_int
+
     ks: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise BadInput(f"bad --k {text!r}: expected a range 1-8, a list 1,2,4 or one k") from None
+        a = ascii_int(lo)
+        b = ascii_int(hi) if sep else a
+        if a is None or b is None:
+            raise BadInput(f"bad --k {text!r}: expected a range 1-8, a list 1,2,4 or one k (ASCII digits)")
         if not 1 <= a <= b <= K_MAX:
             raise BadInput(f"bad --k {text!r}: every k must be between 1 and {K_MAX} (ranges low-high)")
         ks.update(range(a, b + 1))

@@ -33,7 +33,7 @@ class ModelDraft:
 
     def __init__(self, name: str, model: torch.nn.Module, vocab: int):
         self.name = name
-        self.lm = CachedLM(model, vocab)
+        self.lm = CachedLM(model, vocab, name=f"draft {name}")
         self.vocab = vocab
 
     def restrict_vocab(self, vocab: int) -> None:

@@ -30,8 +30,12 @@ from infer_tool.calib.models import DEMO_MODELS, classify_model_spec
 from infer_tool.common.errors import BadInput
 from infer_tool.spec.cached_lm import vocab_size
 from infer_tool.spec.drafts import NGRAM_DEFAULT, Draft, ModelDraft, NgramDraft, truncated_copy
+from infer_tool.spec.numbers import ascii_int
 
 NGRAM_NAMES = ("ngram", "prompt-lookup")
+NGRAM_MAX = 64
+TRUNCATED_MAX = 999_999
+
 CATEGORY_FIELD = "category"
 NO_CATEGORY = "(none)"
 
@@ -170,13 +174,21 @@ def parse_draft(spec: str, allow_pickle: bool = False) -> DraftSpec:
     """A draft spec checked for syntax (and, for a model, existence) before any loading."""
     name, sep, arg = spec.partition(":")
     if name in NGRAM_NAMES:
-        if sep and (not arg.isdigit() or not 1 <= int(arg) <= 64):
-            raise BadInput(f"bad draft {spec!r}: expected {name}:N with 1 <= N <= 64 (the longest n-gram matched)")
-        return DraftSpec(spec if sep else f"{name}:{NGRAM_DEFAULT}", "ngram", int(arg) if sep else NGRAM_DEFAULT)
+        n = ascii_int(arg) if sep else NGRAM_DEFAULT
+        if n is None or not 1 <= n <= NGRAM_MAX:
+            raise BadInput(
+                f"bad draft {spec!r}: expected {name}:N with N the longest n-gram matched, "
+                f"an integer 1..{NGRAM_MAX} in ASCII digits"
+            )
+        return DraftSpec(spec if sep else f"{name}:{NGRAM_DEFAULT}", "ngram", n)
     if name == "truncated":
-        if not arg.isdigit() or int(arg) < 1 or len(arg) > 6:
-            raise BadInput(f"bad draft {spec!r}: expected truncated:N with N >= 1 the number of layers kept")
-        return DraftSpec(spec, "truncated", int(arg))
+        n = ascii_int(arg)
+        if n is None or not 1 <= n <= TRUNCATED_MAX:
+            raise BadInput(
+                f"bad draft {spec!r}: expected truncated:N with N the number of layers kept, "
+                "an integer >= 1 in ASCII digits"
+            )
+        return DraftSpec(spec, "truncated", n)
     check_model_spec(spec, "draft", allow_pickle)
     return DraftSpec(spec, "model")
 
