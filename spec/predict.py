@@ -104,6 +104,24 @@ def vllm_predicted(alpha: float, k: int) -> VllmMetrics:
     return VllmMetrics(expected_tokens(alpha, k), vllm_rate(alpha, k), [alpha**i for i in range(1, k + 1)])
 
 
+def greedy_rounds(acceptance: list[list[float]], k: int) -> tuple[list[int], list[int]]:
+    """The loop's rounds at temperature 0, where every acceptance is 0 or 1: (accepted,
+    drafted) tokens per target pass, following `decode`'s rules (the first round starts after
+    the prefill's token, a round at t drafts min(k, N - t - 1), accepts the leading run of
+    ones and the next starts after it and the emitted token). `acceptance` as for
+    `sequence_prediction`; exact without running the loop."""
+    N = len(acceptance)
+    accepted, drafted = [], []
+    t = 1
+    while t < N:
+        a = acceptance[t][: min(k, N - t - 1)]
+        j = next((i for i, x in enumerate(a) if x < 0.5), len(a))
+        accepted.append(j)
+        drafted.append(len(a))
+        t += j + 1
+    return accepted, drafted
+
+
 def vllm_measured(accepted: list[int], drafted: list[int], k: int) -> VllmMetrics | None:
     """From the loop's rounds (accepted and drafted tokens per target pass); None when no
     round drafted anything."""

@@ -107,6 +107,7 @@ class SpecProfile:
     drafts: list[DraftProfile]
     ranking: list[dict[str, object]] = field(default_factory=list)
     projection: Projection | None = None  # onto a GPU type at several concurrencies
+    continuations: list[list[int]] = field(default_factory=list, repr=False)  # the target's, per prompt
 
 
 @contextlib.contextmanager
@@ -331,4 +332,5 @@ def profile(
         drafts=profiles,
         ranking=rank(profiles, basis),
         projection=projected,
+        continuations=[c.tolist() for c in conts],
     )

@@ -17,7 +17,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.roofline import Speculation
-from infer_tool.spec.numbers import ascii_float, ascii_int
+from infer_tool.spec.ascii_numbers import ascii_float, ascii_int
 
 
 def parse_spec(text: str) -> Speculation:

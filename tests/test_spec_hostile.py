@@ -17,8 +17,8 @@ import torch
 from infer_tool.cli.app import main
 from infer_tool.common.errors import BadInput
 from infer_tool.jobs.spec_profile import parse_ks
+from infer_tool.spec.ascii_numbers import ascii_float, ascii_int
 from infer_tool.spec.inputs import parse_draft
-from infer_tool.spec.numbers import ascii_float, ascii_int
 from infer_tool.spec.report import parse_spec
 
 V = 64

@@ -20,7 +20,7 @@ MFU_HELP = Mfu.__metadata__[0].help
 
 def ascii_int(value: str | int) -> int:
     """typer parser of an integer option: ASCII digits only (click's int() takes "١٢")."""
-    from infer_tool.spec.numbers import ascii_int as parse
+    from infer_tool.spec.ascii_numbers import ascii_int as parse
 
     if isinstance(value, int):  # a default
         return value
@@ -32,7 +32,7 @@ def ascii_int(value: str | int) -> int:
 
 def ascii_float(value: str | float) -> float:
     """typer parser of a number option: ASCII digits, finite (float() takes "١٫٥", "nan", "1_0")."""
-    from infer_tool.spec.numbers import ascii_float as parse
+    from infer_tool.spec.ascii_numbers import ascii_float as parse
 
     if isinstance(value, float | int):  # a default
         return float(value)
@@ -55,7 +55,10 @@ def spec_profile(
         list[str],
         typer.Option(
             "--draft",
-            help="Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N].",
+            help=(
+                "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N]; "
+                "with --engine vllm also a speculative_config JSON object (EAGLE-3, MTP, suffix...)."
+            ),
         ),
     ],
     prompts: Annotated[
@@ -148,6 +151,35 @@ def spec_profile(
     ] = Defaults.concurrency,
     hbm_efficiency: Annotated[float | None, typer.Option(help=HBM_HELP, parser=ascii_float)] = Defaults.hbm_efficiency,
     mfu: Annotated[float | None, typer.Option(help=MFU_HELP, parser=ascii_float)] = Defaults.mfu,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Who measures: ours (our transformers loop), vllm (vLLM itself, in its own process: per batch "
+                "size, with the k-per-batch-size table) or both (and the cross-check)."
+            )
+        ),
+    ] = Defaults.engine,
+    batch_sizes: Annotated[
+        str, typer.Option(help="With --engine vllm: concurrent sequences to measure at, e.g. 1,4,16.")
+    ] = Defaults.batch_sizes,
+    vllm_python: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Python of the vLLM environment (default: $INFER_TOOL_VLLM_PYTHON, else this Python if it "
+                "imports vllm)."
+            )
+        ),
+    ] = Defaults.vllm_python,
+    repeats: Annotated[
+        int,
+        typer.Option(help="With --engine vllm: runs per (draft, k, batch size), for the interval.", parser=ascii_int),
+    ] = Defaults.repeats,
+    vllm_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds each vLLM stage may take (a load; one batch size's runs).", parser=ascii_float),
+    ] = Defaults.vllm_timeout,
     allow_pickle: AllowPickle = Defaults.allow_pickle,
     trust_remote_code: TrustRemoteCode = Defaults.trust_remote_code,
     json_: Json = False,
@@ -182,6 +214,11 @@ def spec_profile(
         mfu=mfu,
         allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
+        engine=engine,
+        batch_sizes=batch_sizes,
+        vllm_python=vllm_python,
+        repeats=repeats,
+        vllm_timeout=vllm_timeout,
     )
     checked = check(opts)  # before any progress bar or library noise
     quiet_libraries()
