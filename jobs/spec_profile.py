@@ -524,27 +524,23 @@ def _vllm(
 
 
 def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float) -> list[CrossRow]:
-    """Our per-position acceptance against vLLM's at its smallest batch size: the loop's, or
-    without the loop (--no-loop) at temperature 0 its rounds replayed from the teacher-forced
-    acceptance (`predict.greedy_rounds`, exact there)."""
-    from infer_tool.spec.crosscheck import cross_check, identical_share
-    from infer_tool.spec.predict import greedy_rounds, vllm_measured
+    """Our per-position acceptance against vLLM's at its smallest batch size. At temperature 0
+    ours are the rounds vLLM's rule makes along our continuations, replayed from the
+    teacher-forced acceptance (`predict.vllm_rule_rounds`: exact, but for the rounds that run
+    past the requested tokens); at temperature > 0 the loop's measurement, if it ran."""
+    from infer_tool.spec.crosscheck import cross_check, identical_share, per_position_bounds
+    from infer_tool.spec.predict import vllm_rule_rounds
 
-    def per_position(d: Any, r: Any) -> list[float] | None:
-        if r.vllm_measured is not None:
-            return r.vllm_measured.per_position
+    def bounds(d: Any, r: Any) -> tuple[list[float], list[float]] | None:
         if temperature != 0:
-            return None
-        accepted: list[int] = []
-        drafted: list[int] = []
-        for prompt in d.round_acceptance[r.k]:
-            a, n = greedy_rounds(prompt, r.k)
-            accepted += a
-            drafted += n
-        m = vllm_measured(accepted, drafted, r.k)
-        return None if m is None else m.per_position
+            m = r.vllm_measured
+            return None if m is None else (m.per_position, m.per_position)
+        rounds = []
+        for acc, drafted in zip(d.round_acceptance[r.k], d.round_drafted[r.k]):
+            rounds += vllm_rule_rounds(acc, drafted)
+        return per_position_bounds(rounds, r.k)
 
-    mine = {d.name: {r.k: per_position(d, r) for r in d.per_k} for d in ours.drafts}
+    mine = {d.name: {r.k: bounds(d, r) for r in d.per_k} for d in ours.drafts}
     batch = min(vllm.batch_sizes)
     theirs = {d.name: {c.k: c.per_position for c in d.cells if c.batch == batch} for d in vllm.drafts}
     same = identical_share(ours.continuations, vllm.outputs.get("no speculation", []))

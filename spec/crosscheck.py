@@ -29,11 +29,24 @@ class CrossRow:
     draft: str
     k: int
     batch: int  # vLLM's batch size compared (the smallest measured)
-    ours: list[float]  # our loop's per-position acceptance (unconditional), positions 1..k
+    ours: list[float]  # our per-position acceptance (unconditional), positions 1..k (at least)
     vllm: list[float]
-    max_diff: float
+    max_diff: float  # how far vLLM's lies outside [ours, ours_max], per position at most
     agree: bool
     reason: str | None  # why they may differ, when they do (or cannot be compared)
+    ours_max: list[float] | None = None  # at most: the rounds that ran past the requested tokens accepting all
+
+
+def per_position_bounds(rounds: list[tuple[int, int, int]], k: int) -> tuple[list[float], list[float]] | None:
+    """(at least, at most) per-position acceptance, positions 1..k, from rounds (accepted at
+    least, at most, drafted); None without a draft."""
+    if not rounds:
+        return None
+    n = len(rounds)
+    return (
+        [sum(lo >= i for lo, _, _ in rounds) / n for i in range(1, k + 1)],
+        [sum(hi >= i for _, hi, _ in rounds) / n for i in range(1, k + 1)],
+    )
 
 
 def identical_share(ours: list[list[int]], vllm: list[list[int]]) -> float | None:
@@ -44,15 +57,16 @@ def identical_share(ours: list[list[int]], vllm: list[list[int]]) -> float | Non
 
 
 def cross_check(
-    ours: dict[str, dict[int, list[float] | None]],
+    ours: dict[str, dict[int, tuple[list[float], list[float]] | None]],
     vllm: dict[str, dict[int, list[float]]],
     batch: int,
     temperature: float,
     same_text: float | None,
     tolerance: float = TOLERANCE,
 ) -> list[CrossRow]:
-    """Rows per (draft, k) both engines measured: `ours[draft][k]` and `vllm[draft][k]` are
-    per-position acceptance; `same_text`: the share of identical greedy continuations."""
+    """Rows per (draft, k) both engines measured: `ours[draft][k]` (at least, at most) and
+    `vllm[draft][k]` per-position acceptance; `same_text`: the share of identical greedy
+    continuations."""
     rows = []
     for draft, per_k in ours.items():
         for k, mine in per_k.items():
@@ -60,11 +74,10 @@ def cross_check(
             if theirs is None:
                 continue
             if mine is None or not theirs:
-                rows.append(
-                    CrossRow(draft, k, batch, mine or [], theirs, float("nan"), False, "one engine drafted nothing")
-                )
+                rows.append(CrossRow(draft, k, batch, [], theirs, float("nan"), False, "one engine drafted nothing"))
                 continue
-            diff = max(abs(a - b) for a, b in zip(mine, theirs))
+            lo, hi = mine
+            diff = max(max(a - v, v - b, 0.0) for a, b, v in zip(lo, hi, theirs))
             agree = diff <= tolerance
             reason = None
             if not agree:
@@ -82,5 +95,5 @@ def cross_check(
                 if batch > 1:
                     why.append(f"vLLM ran at batch size {batch}, ours at 1")
                 reason = "; ".join(why) or "unexplained: the same prompts, text and rule gave different acceptance"
-            rows.append(CrossRow(draft, k, batch, mine, theirs, diff, agree, reason))
+            rows.append(CrossRow(draft, k, batch, lo, theirs, diff, agree, reason, None if hi == lo else hi))
     return rows

@@ -82,6 +82,11 @@ class ModelDraft:
         b = beta.tolist()
         return [b[t : t + k] for t in range(len(b))]
 
+    def round_drafted(self, seq: torch.Tensor, start: int, k: int) -> list[int]:
+        """Tokens a round starting at each continuation position drafts when it is not cut at
+        the sequence's end (vLLM's rule): always k."""
+        return [k] * (seq.shape[0] - start)
+
 
 class NgramDraft:
     """Prompt lookup: propose the continuation of the latest earlier match of the last
@@ -150,6 +155,12 @@ class NgramDraft:
             prop = self.lookup(ids[: start + t], k)[: len(ids) - start - t]
             out.append([float(p[t + i, x]) for i, x in enumerate(prop)])
         return out
+
+    def round_drafted(self, seq: torch.Tensor, start: int, k: int) -> list[int]:
+        """Tokens a round starting at each continuation position proposes, not cut at the
+        sequence's end (vLLM's rule)."""
+        ids = seq.tolist()
+        return [len(self.lookup(ids[: start + t], k)) for t in range(len(ids) - start)]
 
 
 Draft = ModelDraft | NgramDraft

@@ -122,6 +122,26 @@ def greedy_rounds(acceptance: list[list[float]], k: int) -> tuple[list[int], lis
     return accepted, drafted
 
 
+def vllm_rule_rounds(acceptance: list[list[float]], drafted: list[int]) -> list[tuple[int, int, int]]:
+    """The rounds vLLM makes at temperature 0 along the same continuation: (accepted at
+    least, accepted at most, drafted) per round with a draft. vLLM drafts a round's whole
+    proposal (`drafted[t]`: k for a model, the match's continuation for prompt lookup) even
+    when it runs past the requested tokens, where the continuation, and so acceptance, is
+    unknown here: a round whose known drafts were all accepted may accept up to all of it.
+    Rounds without a proposal are plain steps, not drafts (vLLM counts none)."""
+    N = len(acceptance)
+    out = []
+    t = 1
+    while t < N:
+        d = drafted[t]
+        known = acceptance[t][: min(d, N - t)]
+        j = next((i for i, x in enumerate(known) if x < 0.5), len(known))
+        if d > 0:
+            out.append((j, d if j == len(known) and d > len(known) else j, d))
+        t += j + 1
+    return out
+
+
 def vllm_measured(accepted: list[int], drafted: list[int], k: int) -> VllmMetrics | None:
     """From the loop's rounds (accepted and drafted tokens per target pass); None when no
     round drafted anything."""

