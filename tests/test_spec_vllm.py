@@ -156,3 +156,33 @@ def test_ngram_rule_is_vllms() -> None:
     ours = [NgramDraft(4, 3, earliest=True).lookup(c, 3) for c in cases]
     assert sum(1 for t in theirs if t) > 100  # most cases propose something
     assert ours == theirs
+
+
+def test_eagle3_head_runs_in_vllm(tmp_path: Path) -> None:
+    """EAGLE-3 through vLLM, plumbing only: a tiny random EAGLE-3 head for a tiny Llama, given
+    as vLLM's speculative_config. Every setting runs, vLLM drafts, and at temperature 0 the
+    output equals no speculation's (lossless whatever the head proposes)."""
+    from spec_eagle3_tiny import save_eagle3_head, save_tiny_target
+
+    target = save_tiny_target(tmp_path / "target")
+    head = save_eagle3_head(target, tmp_path / "head")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The state of the union is strong. We the people\nin order to form a more perfect union\n")
+    config = json.dumps({"method": "eagle3", "model": str(head)})
+    args = [
+        "spec-profile",
+        *("--target", str(target), "--draft", config, "--prompts", str(prompts)),
+        *("--k", "1", "--batch-sizes", "1,2", "--num-prompts", "2", "--max-new-tokens", "8", "--repeats", "1"),
+        *("--threads", "1", "--engine", "vllm", "--vllm-python", str(vllm_python()), "--vllm-timeout", "300"),
+        *("--json", "--no-progress"),
+    ]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output[-3000:]
+    v = json.loads(res.stdout)["vllm"]
+    assert v["errors"] == []
+    (d,) = v["drafts"]
+    assert d["config"] == {"method": "eagle3", "model": str(head)}
+    assert [(c["batch"], c["k"]) for c in d["cells"]] == [(1, 1), (2, 1)]
+    for c in d["cells"]:
+        assert c["num_drafts"] > 0 and c["num_draft_tokens"] == c["num_drafts"]  # one token per draft at k=1
+        assert c["same_output"] is True

@@ -206,3 +206,73 @@ def test_vllm_rule_rounds() -> None:
     # t=1: 1; t=3: 0; t=4: 0; t=5: the one known draft accepted, the second is past the end: 1..2
     assert vllm_rule_rounds(acc, [2] * 6) == [(1, 1, 2), (0, 0, 2), (0, 0, 2), (1, 2, 2)]
     assert vllm_rule_rounds(acc, [0] * 6) == []  # no proposal: plain steps, no drafts
+
+
+FAKE_WORKER = """
+import json, sys, time
+job = json.load(open(sys.argv[1]))
+with open(sys.argv[2], "a") as f:
+    f.write(json.dumps({"host": True, "vllm": "fake"}) + "\\n"); f.flush()
+    for s in job["settings"]:
+        f.write(json.dumps({"setting": s["name"], "event": "load"}) + "\\n"); f.flush()
+        if "hang" in s["name"]:
+            time.sleep(60)
+        f.write(json.dumps({"setting": s["name"], "event": "run", "batch": 1}) + "\\n"); f.flush()
+        rec = {"setting": s["name"], "batch": 1, "repeat": 0, "seconds": 1.0, "tokens": 10, "num_drafts": 0,
+               "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": [], "outputs": [[1]]}
+        f.write(json.dumps(rec) + "\\n"); f.flush()
+    f.write(json.dumps({"done": True}) + "\\n")
+"""
+
+
+def test_a_stage_that_overruns_is_killed_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vLLM load that hangs is killed at its limit, reported naming the draft and k, and the
+    settings after it run in a fresh worker."""
+    import sys
+    import time
+
+    from infer_tool.spec import vllm_engine
+
+    fake = tmp_path / "worker.py"
+    fake.write_text(FAKE_WORKER)
+    monkeypatch.setattr(vllm_engine, "WORKER", fake)
+    job = {
+        "batch_sizes": [1],
+        "repeats": 1,
+        "settings": [{"name": n, "speculative_config": None} for n in ("no speculation", "hang k=1", "ok k=1")],
+    }
+    t0 = time.monotonic()
+    host, records = vllm_engine.run_worker(Path(sys.executable), tmp_path, job, load_timeout=2, run_timeout=2)
+    assert time.monotonic() - t0 < 30
+    errors = [r for r in records if "error" in r]
+    assert [(r["setting"], r["stage"]) for r in errors] == [("hang k=1", "load")]
+    assert "ran over 2 s; killed" in errors[0]["error"]
+    ran = {r["setting"] for r in records if "batch" in r}
+    assert ran == {"no speculation", "ok k=1"}
+    _, profiles, messages = analyse(records, [vllm_engine.VllmDraftSpec("hang", {})], [1], [1])
+    assert messages == [f"draft hang at k=1: {errors[0]['error']}"]
+
+
+def test_vllm_python_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from infer_tool.cli.app import main
+
+    for python, needle in ((tmp_path / "nope", "does not exist"), (Path(sys.executable), "cannot import vllm")):
+        with pytest.raises(SystemExit) as e:
+            main(["spec-profile", "--target", "smollm2-135m", "--draft", "ngram", "--engine", "vllm",
+                  "--vllm-python", str(python)])  # fmt: skip
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and needle in err, err
+    for argv, needle in (
+        (["--engine", "gpu"], "--engine"),
+        (["--batch-sizes", "1,²"], "--batch-sizes"),
+        (["--batch-sizes", "0"], "--batch-sizes"),
+        (["--draft", '{"method": "eagle3"}'], "needs --engine vllm"),
+        (["--draft", '{"model": "x"}', "--engine", "vllm"], '"method"'),
+        (["--vllm-python", "x"], "--vllm-python: used only by --engine vllm"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(["spec-profile", "--target", "smollm2-135m", "--draft", "ngram", *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and needle in err, (argv, err)
