@@ -257,9 +257,12 @@ def check(opts: SpecProfileOptions) -> Checked:
         raise BadInput("give at least one --draft")
     projecting = check_projection(opts)
     from infer_tool.common.device import pick_device, torch_dtype
+    from infer_tool.spec.ascii_numbers import ascii_int
     from infer_tool.spec.inputs import check_model_spec, load_prompt_texts, parse_draft
 
     dtype = torch_dtype(opts.dtype)
+    if opts.device.startswith("cuda:") and ascii_int(opts.device[5:]) is None:  # "cuda:²".isdigit() is True
+        raise BadInput(f"unknown --device {opts.device!r}: expected auto, cpu, cuda or cuda:N (N in ASCII digits)")
     device = pick_device(opts.device)
     clock = pick_clock(opts.clock, device, opts.threads)
     check_model_spec(opts.target, "target", opts.allow_pickle)

@@ -131,6 +131,8 @@ def test_spec_report_with_nan_alpha(tmp_path: Path) -> None:
         ("--cost-ratio", "nan"),
         ("--mfu", "nan"),
         ("--hbm-efficiency", "1e999"),
+        ("--device", "cuda:²"),
+        ("--device", "cuda:١"),
     ],
 )
 def test_cli_numbers_are_ascii(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
