@@ -276,3 +276,25 @@ def test_vllm_python_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             main(["spec-profile", "--target", "smollm2-135m", "--draft", "ngram", *argv])
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and needle in err, (argv, err)
+
+
+def test_report_without_our_loop_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    """--engine vllm alone: the JSON document and the tables from vLLM's measurements only."""
+    from infer_tool.cli.commands import spec_profile_render as render
+    from infer_tool.jobs.spec_profile import SpecProfileReport
+    from infer_tool.spec.vllm_engine import VllmDraftSpec, VllmProfile
+
+    per_pos = {"num_drafts": 4, "num_draft_tokens": 8, "num_accepted_tokens": 3, "accepted_per_pos": [2, 1]}
+    records = [
+        _rec("no speculation", 1, 2.0, outputs=[[1, 2]]),
+        _rec("d k=2", 1, 1.0, outputs=[[1, 2]], **per_pos),
+    ]
+    base, drafts, errors = analyse(records, [VllmDraftSpec("d", {"method": "ngram"})], [2], [1])
+    v = VllmProfile("t", "/t", "py", {"vllm": "0.32.0"}, [1], [2], 1, base, drafts)
+    doc = render.document(SpecProfileReport(None, {"engine": "vllm", "temperature": 0.0}, ["n"], vllm=v))
+    assert doc["drafts"] == [] and doc["vllm"]["drafts"][0]["best_k"] == {1: 2}
+    assert doc["vllm"]["drafts"][0]["cells"][0]["same_output"] is True
+    render.human(doc)
+    out = capsys.readouterr().out
+    assert "num_speculative_tokens_per_batch_size: [[1, 1, 2]]" in out
+    assert '"num_speculative_tokens": 2' in out
