@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +30,18 @@ if TYPE_CHECKING:
     from infer_tool.calib.models import LoadedModel
     from infer_tool.sizing.presets import GpuPreset
     from infer_tool.sizing.roofline import Efficiency
+    from infer_tool.spec.crosscheck import CrossRow
     from infer_tool.spec.drafts import Draft
     from infer_tool.spec.inputs import DraftSpec, PromptText
     from infer_tool.spec.profile import SpecProfile
     from infer_tool.spec.projection import ProjectionRequest
     from infer_tool.spec.roofline import ServedModel
+    from infer_tool.spec.vllm_engine import VllmProfile
 
 K_MAX = 64
+ENGINES = ("ours", "vllm", "both")
+BATCH_MAX = 4096
+REPEATS_MAX = 100
 MAX_NEW_TOKENS = 65536
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 SEED_MAX = 2**62  # per-prompt seeds seed + i stay inside torch's 64-bit seed range
@@ -84,13 +89,21 @@ class SpecProfileOptions:
     mfu: float | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    engine: str = "ours"  # ours (our transformers loop), vllm, or both (and the cross-check)
+    batch_sizes: str = "1,4,16"  # vLLM's concurrent sequences per measurement
+    vllm_python: str | None = None  # default: $INFER_TOOL_VLLM_PYTHON, else this Python if it imports vllm
+    repeats: int = 2  # vLLM runs per (draft, k, batch size), for the interval
+    vllm_timeout: float = 600.0  # seconds per vLLM stage (a load, one batch size's runs)
 
 
 @dataclass
 class SpecProfileReport:
-    profile: SpecProfile
+    profile: SpecProfile | None  # our loop's (None with --engine vllm)
     settings: dict[str, Any]  # the settings the run used, as the JSON reports them
     notes: list[str]
+    vllm: VllmProfile | None = None  # --engine vllm or both
+    cross_check: list[CrossRow] | None = None  # --engine both
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -113,23 +126,60 @@ class Checked:
     clock: str  # "wall" or "cpu"
     specs: list[DraftSpec]
     texts: list[PromptText]
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    vllm_python: Path | None = None
+    vllm_version: str | None = None
+    engine: str = "ours"
+
+    @property
+    def ours(self) -> bool:
+        return self.engine in ("ours", "both")
+
+    @property
+    def vllm(self) -> bool:
+        return self.engine in ("vllm", "both")
 
 
 def parse_ks(text: str) -> list[int]:
-    """'1-8', '1,2,4' or '3' -> sorted distinct ks, each in 1..K_MAX (checked before a
-    range is expanded)."""
+    """'1-8', '1,2,4' or '3' (ASCII digits) -> sorted distinct ks, each in 1..K_MAX (checked
+    before a range is expanded)."""
+    from infer_tool.spec.ascii_numbers import ascii_int
+
     ks: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        try:
-            a = int(lo)
-            b = int(hi) if sep else a
-        except ValueError:
-            raise BadInput(f"bad --k {text!r}: expected a range 1-8, a list 1,2,4 or one k") from None
+        a = ascii_int(lo)
+        b = ascii_int(hi) if sep else a
+        if a is None or b is None:
+            raise BadInput(f"bad --k {text!r}: expected a range 1-8, a list 1,2,4 or one k (ASCII digits)")
         if not 1 <= a <= b <= K_MAX:
             raise BadInput(f"bad --k {text!r}: every k must be between 1 and {K_MAX} (ranges low-high)")
         ks.update(range(a, b + 1))
     return sorted(ks)
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'1,4,16' (ASCII digits) -> sorted distinct batch sizes, each in 1..BATCH_MAX."""
+    from infer_tool.spec.ascii_numbers import ascii_int
+
+    sizes = [ascii_int(part) for part in text.split(",")]
+    if not sizes or any(b is None for b in sizes):
+        raise BadInput(f"bad --batch-sizes {text!r}: expected a list such as 1,4,16 (ASCII digits)")
+    if not all(1 <= b <= BATCH_MAX for b in sizes):  # type: ignore[operator]
+        raise BadInput(f"bad --batch-sizes {text!r}: every batch size must be between 1 and {BATCH_MAX}")
+    return sorted(set(sizes))  # type: ignore[arg-type]
+
+
+def check_engine(opts: SpecProfileOptions) -> None:
+    """--engine and the options only vLLM uses."""
+    if opts.engine not in ENGINES:
+        raise BadInput(f"unknown --engine {opts.engine!r}: expected ours, vllm or both")
+    if not 1 <= opts.repeats <= REPEATS_MAX:
+        raise BadInput(f"--repeats must be between 1 and {REPEATS_MAX} (got {opts.repeats})")
+    if not (math.isfinite(opts.vllm_timeout) and opts.vllm_timeout > 0):
+        raise BadInput(f"--vllm-timeout must be a finite number of seconds > 0 (got {opts.vllm_timeout})")
+    if opts.engine == "ours" and opts.vllm_python is not None:
+        raise BadInput("--vllm-python: used only by --engine vllm or both")
 
 
 def check_numbers(opts: SpecProfileOptions) -> None:
@@ -200,20 +250,46 @@ def check_projection(opts: SpecProfileOptions) -> Projecting | None:
 def check(opts: SpecProfileOptions) -> Checked:
     """Every option checked, and the prompts read, before any model is loaded."""
     check_numbers(opts)
+    check_engine(opts)
     ks = parse_ks(opts.k)
+    batch_sizes = parse_batch_sizes(opts.batch_sizes)
     if not opts.drafts:
         raise BadInput("give at least one --draft")
     projecting = check_projection(opts)
     from infer_tool.common.device import pick_device, torch_dtype
+    from infer_tool.spec.ascii_numbers import ascii_int
     from infer_tool.spec.inputs import check_model_spec, load_prompt_texts, parse_draft
 
     dtype = torch_dtype(opts.dtype)
+    if opts.device.startswith("cuda:") and ascii_int(opts.device[5:]) is None:  # "cuda:²".isdigit() is True
+        raise BadInput(f"unknown --device {opts.device!r}: expected auto, cpu, cuda or cuda:N (N in ASCII digits)")
     device = pick_device(opts.device)
     clock = pick_clock(opts.clock, device, opts.threads)
     check_model_spec(opts.target, "target", opts.allow_pickle)
     specs = [parse_draft(spec, opts.allow_pickle) for spec in opts.drafts]
+    if opts.engine == "ours" and any(s.kind == "vllm" for s in specs):
+        bad = next(s.spec for s in specs if s.kind == "vllm")
+        raise BadInput(f"draft {bad!r} is a vLLM speculative_config: it needs --engine vllm or both")
     texts = load_prompt_texts(opts.prompts, opts.num_prompts, opts.text_field)
-    return Checked(ks=ks, projecting=projecting, dtype=dtype, device=device, clock=clock, specs=specs, texts=texts)
+    python = version = None
+    if opts.engine != "ours":
+        from infer_tool.spec.vllm_engine import check_python, find_python
+
+        python = find_python(opts.vllm_python)
+        version = check_python(python)
+    return Checked(
+        ks=ks,
+        projecting=projecting,
+        dtype=dtype,
+        device=device,
+        clock=clock,
+        specs=specs,
+        texts=texts,
+        batch_sizes=batch_sizes,
+        vllm_python=python,
+        vllm_version=version,
+        engine=opts.engine,
+    )
 
 
 def served_models(
@@ -282,9 +358,58 @@ def notes_for(opts: SpecProfileOptions, loaded: LoadedModel, drafts: list[Draft]
 def spec_profile(
     opts: SpecProfileOptions, checked: Checked | None = None, *, progress: Progress | None = None
 ) -> SpecProfileReport:
-    """Load the target and drafts and profile every draft at every k; `checked`: what
+    """Profile every draft at every k with the chosen engines: our loop (loads the target and
+    drafts here), vLLM (in its own process), or both and the cross-check; `checked`: what
     `check(opts)` returned, if the caller checked first."""
     c = checked or check(opts)
+    ours_specs = [s for s in c.specs if s.kind != "vllm"]
+    result = None
+    notes: list[str] = []
+    ids: list[Any] | None = None
+    target_dir: Path | None = None
+    if c.ours and ours_specs:
+        result, notes, ids, target_dir = _ours(opts, c, ours_specs, progress)
+    settings = {
+        "engine": opts.engine,
+        "prompts": opts.prompts,
+        "num_prompts": len(ids) if ids is not None else None,
+        "prompt_len": opts.prompt_len,
+        "max_new_tokens": opts.max_new_tokens,
+        "k": c.ks,
+        "temperature": opts.temperature,
+        "top_p": opts.top_p,
+        "seed": opts.seed,
+        "dtype": opts.dtype,
+        "device": c.device,
+        "batch_size": 1,
+        "threads": opts.threads,
+        "loop": opts.loop,
+        "clock": c.clock,
+    }
+    report = SpecProfileReport(result, settings, notes)
+    if not c.vllm:
+        return report
+    from infer_tool.spec.vllm_engine import VLLM_NOTES, vllm_warnings
+
+    report.vllm, ids = _vllm(opts, c, ids, target_dir, progress)
+    settings.update(
+        num_prompts=len(ids),
+        vllm_batch_sizes=c.batch_sizes,
+        vllm_repeats=opts.repeats,
+        vllm_python=str(c.vllm_python),
+        vllm_version=c.vllm_version,
+    )
+    report.notes += VLLM_NOTES
+    report.warnings = vllm_warnings(report.vllm, opts.temperature)
+    if result is not None:
+        report.cross_check = _cross_check(result, report.vllm, opts.temperature)
+    return report
+
+
+def _ours(
+    opts: SpecProfileOptions, c: Checked, specs: list[DraftSpec], progress: Progress | None
+) -> tuple[SpecProfile, list[str], list[Any], Path]:
+    """Our loop: load the target and drafts, profile; (profile, notes, prompt ids, target dir)."""
     from infer_tool.evals import load_model
     from infer_tool.spec.inputs import make_draft, tokenize_prompts
     from infer_tool.spec.profile import profile
@@ -307,7 +432,7 @@ def spec_profile(
         return m
 
     loaded = load(opts.target)
-    made = [make_draft(spec, loaded.model, loaded.tokenizer, load) for spec in c.specs]
+    made = [make_draft(spec, loaded.model, loaded.tokenizer, load, vllm_ngram=c.vllm) for spec in specs]
     vocab = min(v for _, v in made)
     drafts = [d for d, _ in made]
     for d in drafts:
@@ -316,7 +441,7 @@ def spec_profile(
     ids = [p.to(c.device) for p in ids]
     projection = None
     if c.projecting is not None:  # sized now, so a config the roofline cannot read fails before the profile
-        t, ds = served_models(opts.target, loaded.path, c.specs, model_dirs)
+        t, ds = served_models(opts.target, loaded.path, specs, model_dirs)
         mean_prompt = round(sum(x.numel() for x in ids) / len(ids))
         projection = projection_request(
             c.projecting,
@@ -328,6 +453,11 @@ def spec_profile(
             max_k=max(c.ks),
         )
     notes = notes_for(opts, loaded, drafts, len(ids))
+    if c.vllm and any(s.kind == "ngram" for s in specs):
+        notes.append(
+            "prompt lookup in our loop follows vLLM's rule here (the earliest occurrence of the longest "
+            "matching suffix n-gram), so the cross-check compares the same proposals"
+        )
     result = profile(
         opts.target,
         loaded.model,
@@ -346,20 +476,75 @@ def spec_profile(
         projection=projection,
         progress=progress,
     )
-    settings = {
-        "prompts": opts.prompts,
-        "num_prompts": len(ids),
-        "prompt_len": opts.prompt_len,
-        "max_new_tokens": opts.max_new_tokens,
-        "k": c.ks,
-        "temperature": opts.temperature,
-        "top_p": opts.top_p,
-        "seed": opts.seed,
-        "dtype": opts.dtype,
-        "device": c.device,
-        "batch_size": 1,
-        "threads": opts.threads,
-        "loop": opts.loop,
-        "clock": c.clock,
-    }
-    return SpecProfileReport(result, settings, notes)
+    return result, notes, [p.cpu() for p in ids], loaded.path
+
+
+def _vllm(
+    opts: SpecProfileOptions, c: Checked, ids: list[Any] | None, target_dir: Path | None, progress: Progress | None
+) -> tuple[VllmProfile, list[Any]]:
+    """vLLM's measurements on the same prompt ids (tokenized here when our loop did not run)."""
+    import shutil
+    import tempfile
+
+    from infer_tool.calib.models import cache_dir, load_tokenizer, resolve_model_dir
+    from infer_tool.spec.vllm_engine import profile_vllm, vllm_draft
+
+    if target_dir is None:
+        target_dir, _ = resolve_model_dir(opts.target, opts.allow_pickle)
+    if ids is None:
+        from infer_tool.spec.inputs import tokenize_prompts
+
+        tok = load_tokenizer(target_dir, opts.trust_remote_code)
+        ids, _ = tokenize_prompts(c.texts, tok, opts.prompt_len)
+    drafts = [
+        vllm_draft(s, target_dir, cache_dir(), lambda spec: resolve_model_dir(spec, opts.allow_pickle)[0])
+        for s in c.specs
+    ]
+    work = Path(tempfile.mkdtemp(prefix="infer-tool-vllm-"))
+    result = profile_vllm(
+        python=c.vllm_python,
+        target=opts.target,
+        target_dir=target_dir,
+        drafts=drafts,
+        prompts=[p.tolist() for p in ids],
+        ks=c.ks,
+        batch_sizes=c.batch_sizes,
+        max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        seed=opts.seed,
+        dtype=opts.dtype,
+        threads=opts.threads,
+        repeats=opts.repeats,
+        work=work,
+        load_timeout=opts.vllm_timeout,
+        run_timeout=opts.vllm_timeout,
+        progress=progress,
+    )
+    if not result.errors:
+        shutil.rmtree(work, ignore_errors=True)
+    return result, ids
+
+
+def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float) -> list[CrossRow]:
+    """Our per-position acceptance against vLLM's at its smallest batch size. At temperature 0
+    ours are the rounds vLLM's rule makes along our continuations, replayed from the
+    teacher-forced acceptance (`predict.vllm_rule_rounds`: exact, but for the rounds that run
+    past the requested tokens); at temperature > 0 the loop's measurement, if it ran."""
+    from infer_tool.spec.crosscheck import cross_check, identical_share, per_position_bounds
+    from infer_tool.spec.predict import vllm_rule_rounds
+
+    def bounds(d: Any, r: Any) -> tuple[list[float], list[float]] | None:
+        if temperature != 0:
+            m = r.vllm_measured
+            return None if m is None else (m.per_position, m.per_position)
+        rounds = []
+        for acc, drafted in zip(d.round_acceptance[r.k], d.round_drafted[r.k]):
+            rounds += vllm_rule_rounds(acc, drafted)
+        return per_position_bounds(rounds, r.k)
+
+    mine = {d.name: {r.k: bounds(d, r) for r in d.per_k} for d in ours.drafts}
+    batch = min(vllm.batch_sizes)
+    theirs = {d.name: {c.k: c.per_position for c in d.cells if c.batch == batch} for d in vllm.drafts}
+    same = identical_share(ours.continuations, vllm.outputs.get("no speculation", []))
+    return cross_check(mine, theirs, batch, temperature, same)

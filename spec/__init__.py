@@ -6,7 +6,10 @@
 - `predict`: expected speedups and vLLM's metrics; `ranking`: best k and the order of drafts;
 - `roofline` and `projection`: the same acceptance with sizing's roofline costs on a GPU type;
 - `inputs`: prompts and draft specs; `profile`: the passes of one profile; `report`: a report read back
-  for `kv-budget --spec-profile`.
+  for `kv-budget --spec-profile`; `ascii_numbers`: numbers read from flags and specs;
+- `vllm_engine`: the same drafts measured in vLLM per k and batch size, the k-per-batch-size table;
+  `vllm_worker`: its side in vLLM's own environment (run by path, imports nothing of ours);
+  `crosscheck`: our per-position acceptance against vLLM's.
 
 The job (`jobs/spec_profile.py`) loads the models and calls `profile.profile`; the CLI prints.
 """

@@ -12,6 +12,24 @@ import inspect
 
 import torch
 
+from infer_tool.common.errors import BadInput
+
+
+class NonFiniteLogits(BadInput):
+    """A model's logits hold NaN or +inf, or a row with no finite entry: its outputs cannot
+    be compared (argmax and softmax of NaN give made-up tokens and acceptance)."""
+
+
+def check_finite(logits: torch.Tensor, name: str, first_position: int) -> torch.Tensor:
+    """`logits` (n, V) unchanged, or NonFiniteLogits naming the model and the first bad
+    sequence position (row i is at `first_position + i`). -inf entries are allowed (masked
+    tokens) as long as each row has a finite maximum."""
+    bad = torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | ~torch.isfinite(logits.amax(-1))
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise NonFiniteLogits(f"{name} gave non-finite logits (NaN or inf) at sequence position {first_position + row}")
+    return logits
+
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
     params = inspect.signature(model.forward).parameters
@@ -25,8 +43,9 @@ class CachedLM:
     other model; padded rows of a larger embedding are dropped).
     """
 
-    def __init__(self, model: torch.nn.Module, vocab: int | None = None):
+    def __init__(self, model: torch.nn.Module, vocab: int | None = None, name: str = "the model"):
         self.model = model
+        self.name = name
         self.vocab = vocab
         self._kwarg = _cache_kwarg(model)
         self.cache = None
@@ -50,8 +69,9 @@ class CachedLM:
         new = seq[self.cached_len :]
         assert new.numel() > 0, "nothing to feed: the cache already holds the whole sequence"
         out = self.model(input_ids=new[None], use_cache=True, **{self._kwarg: self.cache})
+        first = self.cached_len
         self.cached_len = seq.shape[0]
-        return out.logits[0, :, : self.vocab].float()
+        return check_finite(out.logits[0, :, : self.vocab].float(), self.name, first)
 
     def rollback(self, length: int) -> None:
         """Keep only the first `length` positions in the cache."""
@@ -64,7 +84,7 @@ class CachedLM:
     def score(self, seq: torch.Tensor) -> torch.Tensor:
         """Teacher-forced logits for the whole sequence in one pass, no cache: (L, V)."""
         out = self.model(input_ids=seq[None], use_cache=False)
-        return out.logits[0, :, : self.vocab].float()
+        return check_finite(out.logits[0, :, : self.vocab].float(), self.name, 0)
 
 
 def vocab_size(model: torch.nn.Module) -> int:

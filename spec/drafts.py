@@ -5,11 +5,11 @@ Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
 - `ModelDraft`: any causal LM over the target's vocabulary (a smaller HF model, an INT4
   copy of the target loaded by `evals.load_model`, or `truncated_copy` of the target),
   sampling its k tokens one at a time from its own KV cache;
-- `NgramDraft`: model-free prompt lookup. It finds the most recent earlier occurrence of
-  the last n tokens (n from `max_ngram` down to 1) in the sequence so far and proposes the
-  tokens that followed it. Its q is a one-hot on each proposal (a deterministic draft), so
-  the acceptance step accepts with probability p(x); when nothing matches it proposes
-  nothing and the target takes a plain step.
+- `NgramDraft`: model-free prompt lookup. It finds the most recent (or, as vLLM does, the
+  earliest) earlier occurrence of the last n tokens (n from `max_ngram` down to 1) in the
+  sequence so far and proposes the tokens that followed it. Its q is a one-hot on each
+  proposal (a deterministic draft), so the acceptance step accepts with probability p(x);
+  when nothing matches it proposes nothing and the target takes a plain step.
 
 What this module does not know: how tokens are verified (`sampling`) or timed
 (`decode`), or where models come from (`jobs/spec_profile.py` resolves specs).
@@ -33,7 +33,7 @@ class ModelDraft:
 
     def __init__(self, name: str, model: torch.nn.Module, vocab: int):
         self.name = name
-        self.lm = CachedLM(model, vocab)
+        self.lm = CachedLM(model, vocab, name=f"draft {name}")
         self.vocab = vocab
 
     def restrict_vocab(self, vocab: int) -> None:
@@ -82,17 +82,23 @@ class ModelDraft:
         b = beta.tolist()
         return [b[t : t + k] for t in range(len(b))]
 
+    def round_drafted(self, seq: torch.Tensor, start: int, k: int) -> list[int]:
+        """Tokens a round starting at each continuation position drafts when it is not cut at
+        the sequence's end (vLLM's rule): always k."""
+        return [k] * (seq.shape[0] - start)
+
 
 class NgramDraft:
     """Prompt lookup: propose the continuation of the latest earlier match of the last
     n tokens, n = max_ngram .. 1."""
 
-    def __init__(self, vocab: int, max_ngram: int = NGRAM_DEFAULT, name: str | None = None):
+    def __init__(self, vocab: int, max_ngram: int = NGRAM_DEFAULT, name: str | None = None, earliest: bool = False):
         if max_ngram < 1:
             raise BadInput(f"prompt-lookup n-gram size must be >= 1 (got {max_ngram})")
         self.name = name or f"prompt-lookup:{max_ngram}"
         self.vocab = vocab
         self.max_ngram = max_ngram
+        self.earliest = earliest  # vLLM's rule: the earliest occurrence of the longest match
 
     def restrict_vocab(self, vocab: int) -> None:
         self.vocab = vocab
@@ -107,11 +113,13 @@ class NgramDraft:
         pass
 
     def lookup(self, seq: list[int], k: int) -> list[int]:
-        """Up to k proposed tokens following the latest earlier match of a suffix of seq."""
+        """Up to k proposed tokens following the latest (`earliest`: the earliest, as vLLM's
+        `ngram_proposer.py`) earlier match of the longest matching suffix of seq."""
         L = len(seq)
         for n in range(min(self.max_ngram, L - 1), 0, -1):
             suffix = seq[L - n :]
-            for s in range(L - n - 1, -1, -1):  # latest match first, ending before the suffix
+            starts = range(L - n) if self.earliest else range(L - n - 1, -1, -1)
+            for s in starts:  # matches ending before the suffix's last token
                 if seq[s : s + n] == suffix:
                     return seq[s + n : s + n + k]
         return []
@@ -147,6 +155,12 @@ class NgramDraft:
             prop = self.lookup(ids[: start + t], k)[: len(ids) - start - t]
             out.append([float(p[t + i, x]) for i, x in enumerate(prop)])
         return out
+
+    def round_drafted(self, seq: torch.Tensor, start: int, k: int) -> list[int]:
+        """Tokens a round starting at each continuation position proposes, not cut at the
+        sequence's end (vLLM's rule)."""
+        ids = seq.tolist()
+        return [len(self.lookup(ids[: start + t], k)) for t in range(len(ids) - start)]
 
 
 Draft = ModelDraft | NgramDraft

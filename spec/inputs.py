@@ -28,10 +28,14 @@ import torch
 
 from infer_tool.calib.models import DEMO_MODELS, classify_model_spec
 from infer_tool.common.errors import BadInput
+from infer_tool.spec.ascii_numbers import ascii_int
 from infer_tool.spec.cached_lm import vocab_size
 from infer_tool.spec.drafts import NGRAM_DEFAULT, Draft, ModelDraft, NgramDraft, truncated_copy
 
 NGRAM_NAMES = ("ngram", "prompt-lookup")
+NGRAM_MAX = 64
+TRUNCATED_MAX = 999_999
+
 CATEGORY_FIELD = "category"
 NO_CATEGORY = "(none)"
 
@@ -149,7 +153,7 @@ def shared_vocab(target_model: Any, target_tok: Any, draft_model: Any, draft_tok
 @dataclass(frozen=True)
 class DraftSpec:
     spec: str
-    kind: str  # "ngram", "truncated" or "model"
+    kind: str  # "ngram", "truncated", "model" or "vllm" (a speculative_config JSON, vLLM only)
     n: int = 0  # n-gram size, or layers kept
 
 
@@ -168,26 +172,42 @@ def check_model_spec(spec: str, role: str, allow_pickle: bool = False) -> None:
 
 def parse_draft(spec: str, allow_pickle: bool = False) -> DraftSpec:
     """A draft spec checked for syntax (and, for a model, existence) before any loading."""
+    if spec.lstrip().startswith("{"):  # vLLM's speculative_config, run by --engine vllm only
+        from infer_tool.spec.vllm_engine import parse_config
+
+        parse_config(spec)
+        return DraftSpec(spec, "vllm")
     name, sep, arg = spec.partition(":")
     if name in NGRAM_NAMES:
-        if sep and (not arg.isdigit() or not 1 <= int(arg) <= 64):
-            raise BadInput(f"bad draft {spec!r}: expected {name}:N with 1 <= N <= 64 (the longest n-gram matched)")
-        return DraftSpec(spec if sep else f"{name}:{NGRAM_DEFAULT}", "ngram", int(arg) if sep else NGRAM_DEFAULT)
+        n = ascii_int(arg) if sep else NGRAM_DEFAULT
+        if n is None or not 1 <= n <= NGRAM_MAX:
+            raise BadInput(
+                f"bad draft {spec!r}: expected {name}:N with N the longest n-gram matched, "
+                f"an integer 1..{NGRAM_MAX} in ASCII digits"
+            )
+        return DraftSpec(spec if sep else f"{name}:{NGRAM_DEFAULT}", "ngram", n)
     if name == "truncated":
-        if not arg.isdigit() or int(arg) < 1 or len(arg) > 6:
-            raise BadInput(f"bad draft {spec!r}: expected truncated:N with N >= 1 the number of layers kept")
-        return DraftSpec(spec, "truncated", int(arg))
+        n = ascii_int(arg)
+        if n is None or not 1 <= n <= TRUNCATED_MAX:
+            raise BadInput(
+                f"bad draft {spec!r}: expected truncated:N with N the number of layers kept, "
+                "an integer >= 1 in ASCII digits"
+            )
+        return DraftSpec(spec, "truncated", n)
     check_model_spec(spec, "draft", allow_pickle)
     return DraftSpec(spec, "model")
 
 
-def make_draft(spec: DraftSpec, target_model: Any, target_tok: Any, load: Callable[[str], Any]) -> tuple[Draft, int]:
+def make_draft(
+    spec: DraftSpec, target_model: Any, target_tok: Any, load: Callable[[str], Any], vllm_ngram: bool = False
+) -> tuple[Draft, int]:
     """A draft from its parsed spec and the logit columns shared with the target.
 
-    `load(spec) -> LoadedModel` loads a model draft (plain or quantized)."""
+    `load(spec) -> LoadedModel` loads a model draft (plain or quantized); `vllm_ngram`: prompt
+    lookup takes the earliest occurrence of its match, as vLLM's does."""
     target_vocab = vocab_size(target_model)
     if spec.kind == "ngram":
-        return NgramDraft(target_vocab, spec.n, name=spec.spec), target_vocab
+        return NgramDraft(target_vocab, spec.n, name=spec.spec, earliest=vllm_ngram), target_vocab
     if spec.kind == "truncated":
         return ModelDraft(spec.spec, truncated_copy(target_model, spec.n), target_vocab), target_vocab
     loaded = load(spec.spec)

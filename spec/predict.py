@@ -104,6 +104,44 @@ def vllm_predicted(alpha: float, k: int) -> VllmMetrics:
     return VllmMetrics(expected_tokens(alpha, k), vllm_rate(alpha, k), [alpha**i for i in range(1, k + 1)])
 
 
+def greedy_rounds(acceptance: list[list[float]], k: int) -> tuple[list[int], list[int]]:
+    """The loop's rounds at temperature 0, where every acceptance is 0 or 1: (accepted,
+    drafted) tokens per target pass, following `decode`'s rules (the first round starts after
+    the prefill's token, a round at t drafts min(k, N - t - 1), accepts the leading run of
+    ones and the next starts after it and the emitted token). `acceptance` as for
+    `sequence_prediction`; exact without running the loop."""
+    N = len(acceptance)
+    accepted, drafted = [], []
+    t = 1
+    while t < N:
+        a = acceptance[t][: min(k, N - t - 1)]
+        j = next((i for i, x in enumerate(a) if x < 0.5), len(a))
+        accepted.append(j)
+        drafted.append(len(a))
+        t += j + 1
+    return accepted, drafted
+
+
+def vllm_rule_rounds(acceptance: list[list[float]], drafted: list[int]) -> list[tuple[int, int, int]]:
+    """The rounds vLLM makes at temperature 0 along the same continuation: (accepted at
+    least, accepted at most, drafted) per round with a draft. vLLM drafts a round's whole
+    proposal (`drafted[t]`: k for a model, the match's continuation for prompt lookup) even
+    when it runs past the requested tokens, where the continuation, and so acceptance, is
+    unknown here: a round whose known drafts were all accepted may accept up to all of it.
+    Rounds without a proposal are plain steps, not drafts (vLLM counts none)."""
+    N = len(acceptance)
+    out = []
+    t = 1
+    while t < N:
+        d = drafted[t]
+        known = acceptance[t][: min(d, N - t)]
+        j = next((i for i, x in enumerate(known) if x < 0.5), len(known))
+        if d > 0:
+            out.append((j, d if j == len(known) and d > len(known) else j, d))
+        t += j + 1
+    return out
+
+
 def vllm_measured(accepted: list[int], drafted: list[int], k: int) -> VllmMetrics | None:
     """From the loop's rounds (accepted and drafted tokens per target pass); None when no
     round drafted anything."""

@@ -28,14 +28,16 @@ printed.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from infer_tool.common.progress import Progress, no_progress
 from infer_tool.spec.acceptance import Acceptance, beta, summarize
-from infer_tool.spec.cached_lm import CachedLM
+from infer_tool.spec.cached_lm import CachedLM, NonFiniteLogits
 from infer_tool.spec.costs import CostTimer, DraftTimes, GivenCostRatio, MeasuredCosts, RoundCosts
 from infer_tool.spec.decode import Clock, SpecRun, speculative_decode, target_decode
 from infer_tool.spec.drafts import Draft
@@ -92,6 +94,8 @@ class DraftProfile:
     # k -> per prompt, per position: acceptance of the drafts of a round starting there
     # (what `predict.sequence_prediction` needs to predict under other RoundCosts)
     round_acceptance: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
+    # k -> per prompt, per position: tokens such a round drafts when not cut at the end (vLLM's rule)
+    round_drafted: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -105,6 +109,16 @@ class SpecProfile:
     drafts: list[DraftProfile]
     ranking: list[dict[str, object]] = field(default_factory=list)
     projection: Projection | None = None  # onto a GPU type at several concurrencies
+    continuations: list[list[int]] = field(default_factory=list, repr=False)  # the target's, per prompt
+
+
+@contextlib.contextmanager
+def where(what: str) -> Iterator[None]:
+    """Non-finite logits inside the block are refused naming `what` (the prompt and pass)."""
+    try:
+        yield
+    except NonFiniteLogits as e:
+        raise NonFiniteLogits(f"{e}, in {what}: its outputs cannot be profiled") from None
 
 
 def _generator(seed: int, temperature: float) -> torch.Generator | None:
@@ -215,38 +229,46 @@ def profile(
     pass (wall time by default). `projection`: also project the speedups onto its GPU
     and concurrencies (its pass times list the drafts in the order of `drafts`)."""
     progress = progress or no_progress
-    lm = CachedLM(target, vocab)
+    lm = CachedLM(target, vocab, name=f"target {target_name}")
     n, N = len(prompts), max_new_tokens
     categories = categories or [None] * n
 
     conts = []
     for i, prompt in enumerate(prompts):
-        conts.append(target_decode(lm, prompt, N, temperature, top_p, _generator(seed + i, temperature)).tokens)
+        with where(f"the target's decode of prompt {i + 1} of {n}"):
+            run = target_decode(lm, prompt, N, temperature, top_p, _generator(seed + i, temperature))
+        conts.append(run.tokens)
         progress("target decode", i + 1, n)
 
     betas: list[list[torch.Tensor]] = [[] for _ in drafts]
     acc: list[dict[int, list[list[list[float]]]]] = [{k: [] for k in ks} for _ in drafts]
+    drafted: list[dict[int, list[list[int]]]] = [{k: [] for k in ks} for _ in drafts]
     for i, (prompt, cont) in enumerate(zip(prompts, conts)):
         seq = torch.cat([prompt, cont])
         P = prompt.shape[0]
-        p = warp(lm.score(seq)[P - 1 : -1], temperature, top_p)  # (N, V)
+        with where(f"the teacher-forced scoring of prompt {i + 1} of {n}"):
+            p = warp(lm.score(seq)[P - 1 : -1], temperature, top_p)  # (N, V)
         for j, draft in enumerate(drafts):
-            b = beta(p, draft.teacher_forced(seq, P, temperature, top_p))
+            with where(f"the teacher-forced scoring of prompt {i + 1} of {n}"):
+                b = beta(p, draft.teacher_forced(seq, P, temperature, top_p))
             betas[j].append(b)
             for k in ks:
                 acc[j][k].append(draft.round_acceptance(seq, P, k, p, b))
+                drafted[j][k].append(draft.round_drafted(seq, P, k))
         progress("acceptance", i + 1, n)
 
     # Cost timing rounds run before, between and after the prompts' loop runs, so that the
     # costs the predictions use see the same machine as the measurements.
     context = torch.cat([prompts[0], conts[0][: N // 2 + 1]])  # a mid-generation context
     timer = CostTimer(lm, drafts, context, [0, 1, *ks], temperature, top_p, seed, clock)
-    timer.round(keep=False)  # warm-up
+    with where("the cost timing (a context from prompt 1)"):
+        timer.round(keep=False)  # warm-up
     slots = [r * (n + 1) // timing_rounds if loop else 0 for r in range(timing_rounds)]
 
     def time_rounds(slot: int) -> None:
         for _ in range(slots.count(slot)):
-            timer.round()
+            with where("the cost timing (a context from prompt 1)"):
+                timer.round()
             progress("cost timing", len(timer.steps), timing_rounds)
 
     runs: list[dict[int, list[SpecRun]]] | None = None
@@ -257,15 +279,16 @@ def profile(
         for i, prompt in enumerate(prompts):
             time_rounds(i)
             args = (N, temperature, top_p)
-            before = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
-            for j, draft in enumerate(drafts):
-                for k in ks:
-                    runs[j][k].append(
-                        speculative_decode(lm, draft, prompt, k, *args, _generator(seed + i, temperature), clock)
-                    )
-                    done += 1
-                    progress("speculative decode", done, total)
-            after = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
+            with where(f"the speculative loop over prompt {i + 1} of {n}"):
+                before = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
+                for j, draft in enumerate(drafts):
+                    for k in ks:
+                        runs[j][k].append(
+                            speculative_decode(lm, draft, prompt, k, *args, _generator(seed + i, temperature), clock)
+                        )
+                        done += 1
+                        progress("speculative decode", done, total)
+                after = target_decode(lm, prompt, *args, _generator(seed + i, temperature), clock).seconds
             plain.append((before + after) / 2)
     time_rounds(n if loop else 0)
     target_times, draft_times = timer.result()
@@ -301,6 +324,7 @@ def profile(
                 slower_everywhere=all(speedup_on(r, basis) < 1.0 for r in per_k),
                 per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
                 round_acceptance=acc[j],
+                round_drafted=drafted[j],
             )
         )
     return SpecProfile(
@@ -313,4 +337,5 @@ def profile(
         drafts=profiles,
         ranking=rank(profiles, basis),
         projection=projected,
+        continuations=[c.tolist() for c in conts],
     )

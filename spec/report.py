@@ -17,18 +17,23 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.sizing.roofline import Speculation
+from infer_tool.spec.ascii_numbers import ascii_float, ascii_int
 
 
 def parse_spec(text: str) -> Speculation:
     """`ALPHA,K,C`, e.g. `0.8,4,0.05`: acceptance rate, drafts per pass, draft/target cost."""
     parts = text.split(",")
+    alpha, k, c = (
+        (ascii_float(parts[0]), ascii_int(parts[1]), ascii_float(parts[2])) if len(parts) == 3 else (None,) * 3
+    )
+    if alpha is None or k is None or c is None:
+        raise BadInput(
+            f"--spec {text!r} is not ALPHA,K,C; accepted: three finite numbers in ASCII digits, e.g. 0.8,4,0.05"
+        )
     try:
-        alpha, k, c = float(parts[0]), int(parts[1]), float(parts[2])
-        if len(parts) != 3:
-            raise ValueError
-    except (ValueError, IndexError):
-        raise BadInput(f"--spec {text!r} is not ALPHA,K,C; accepted: e.g. 0.8,4,0.05") from None
-    return Speculation(alpha, k, c)
+        return Speculation(alpha, k, c)
+    except BadInput as e:
+        raise BadInput(f"--spec {text!r}: {e}") from None
 
 
 def _projected(doc: dict[str, Any], name: str, k: int) -> tuple[float, str] | None:
@@ -76,7 +81,10 @@ def from_report(path: str | Path) -> tuple[Speculation, str]:
             f"--spec-profile {p}: not a spec-profile --json report (needs ranking[0].name and that draft's "
             f"alpha, best_k, cost_ratio; {e.__class__.__name__}: {e})"
         ) from None
-    spec = Speculation(alpha, k, c)
+    try:
+        spec = Speculation(alpha, k, c)
+    except BadInput as e:
+        raise BadInput(f"--spec-profile {p}: draft {name}: {e}") from None
     note = (
         f"speculative decoding from --spec-profile: draft {name}, alpha {alpha:.3f}, k {k} (best by {basis} "
         f"speedup), c {c:.3g} {how}"

@@ -359,13 +359,8 @@ def no_model_loads(monkeypatch):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--cost-ratio", "nan"], "--cost-ratio"),
-        (["--cost-ratio", "inf"], "--cost-ratio"),
         (["--cost-ratio", "-1"], "--cost-ratio"),
-        (["--temperature", "nan"], "--temperature"),
-        (["--temperature", "inf"], "--temperature"),
         (["--temperature", "-0.5"], "--temperature"),
-        (["--top-p", "nan"], "--top-p"),
         (["--top-p", "0"], "--top-p"),
         (["--num-prompts", "0"], "--num-prompts"),
         (["--prompt-len", "0"], "--prompt-len"),
@@ -399,12 +394,13 @@ def no_model_loads(monkeypatch):
         (["--gpu", "H100-80GB", "--concurrency", "eight"], "--concurrency 'eight'"),
         (["--gpu", "H100-80GB", "--concurrency", "1..100000000:1"], "--concurrency"),
         (["--gpu", "H100-80GB", "--mfu", "1.5"], "--mfu 1.5"),
-        (["--gpu", "H100-80GB", "--hbm-efficiency", "nan"], "--hbm-efficiency nan"),
         (["--concurrency", "8"], "--concurrency: used only by the projection; give --gpu"),
         (["--mfu", "0.4"], "give --gpu"),
     ],
 )
 def test_bad_input_refused_before_loading(files, no_model_loads, args, needle) -> None:
+    """(NaN, inf and non-ASCII numbers are refused while the flags are parsed:
+    tests/test_spec_hostile.py, through the real entry point.)"""
     names = {"EMPTY": "empty", "BROKEN": "broken", "CATEGORIES": "categories"}
     args = [str(files[names[a]]) if a in names else a for a in args]
     base = {"--target": str(files["target"]), "--draft": "ngram", "--prompts": str(files["prompts"])}

@@ -14,6 +14,33 @@ from infer_tool.cli.output import cli_command, emit_json, progress_bar, quiet_li
 from infer_tool.jobs.spec_profile import SpecProfileOptions as Defaults
 from infer_tool.sizing.defaults import DEFAULT_CONCURRENCY
 
+HBM_HELP = HbmEfficiency.__metadata__[0].help
+MFU_HELP = Mfu.__metadata__[0].help
+
+
+def ascii_int(value: str | int) -> int:
+    """typer parser of an integer option: ASCII digits only (click's int() takes "١٢")."""
+    from infer_tool.spec.ascii_numbers import ascii_int as parse
+
+    if isinstance(value, int):  # a default
+        return value
+    n = parse(value, signed=True)
+    if n is None:
+        raise typer.BadParameter(f"{value!r} is not a whole number in ASCII digits (e.g. 32)")
+    return n
+
+
+def ascii_float(value: str | float) -> float:
+    """typer parser of a number option: ASCII digits, finite (float() takes "١٫٥", "nan", "1_0")."""
+    from infer_tool.spec.ascii_numbers import ascii_float as parse
+
+    if isinstance(value, float | int):  # a default
+        return float(value)
+    x = parse(value)
+    if x is None:
+        raise typer.BadParameter(f"{value!r} is not a finite number in ASCII digits (e.g. 0.7 or 1e-3)")
+    return x
+
 
 def register(app: typer.Typer) -> None:
     app.command("spec-profile")(spec_profile)
@@ -28,7 +55,10 @@ def spec_profile(
         list[str],
         typer.Option(
             "--draft",
-            help="Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N].",
+            help=(
+                "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N]; "
+                "with --engine vllm also a speculative_config JSON object (EAGLE-3, MTP, suffix...)."
+            ),
         ),
     ],
     prompts: Annotated[
@@ -51,24 +81,29 @@ def spec_profile(
         ),
     ] = Defaults.text_field,
     num_prompts: Annotated[
-        int, typer.Option(help="Prompts taken evenly spaced through the corpus.")
+        int, typer.Option(help="Prompts taken evenly spaced through the corpus.", parser=ascii_int)
     ] = Defaults.num_prompts,
-    prompt_len: Annotated[int, typer.Option(help="Each prompt is cut to its first N tokens.")] = Defaults.prompt_len,
+    prompt_len: Annotated[
+        int, typer.Option(help="Each prompt is cut to its first N tokens.", parser=ascii_int)
+    ] = Defaults.prompt_len,
     max_new_tokens: Annotated[
-        int, typer.Option(help="Tokens generated per prompt (the first by the prefill).")
+        int, typer.Option(help="Tokens generated per prompt (the first by the prefill).", parser=ascii_int)
     ] = Defaults.max_new_tokens,
     k: Annotated[str, typer.Option("--k", help="Lookaheads: a range 1-8, a list 1,2,4 or one k.")] = Defaults.k,
     temperature: Annotated[
-        float, typer.Option(help="Sampling temperature for target and drafts (0 = greedy).")
+        float, typer.Option(help="Sampling temperature for target and drafts (0 = greedy).", parser=ascii_float)
     ] = Defaults.temperature,
-    top_p: Annotated[float, typer.Option(help="Nucleus filtering applied to both target and draft.")] = Defaults.top_p,
+    top_p: Annotated[
+        float, typer.Option(help="Nucleus filtering applied to both target and draft.", parser=ascii_float)
+    ] = Defaults.top_p,
     cost_ratio: Annotated[
         float | None,
         typer.Option(
             help=(
                 "Draft cost per drafted token in target decode steps, replacing the measured draft cost "
                 "(v(k) stays measured)."
-            )
+            ),
+            parser=ascii_float,
         ),
     ] = Defaults.cost_ratio,
     no_loop: Annotated[
@@ -86,13 +121,14 @@ def spec_profile(
             )
         ),
     ] = Defaults.clock,
-    seed: Annotated[int, typer.Option(help="Seed for sampling and the bootstrap.")] = Defaults.seed,
+    seed: Annotated[int, typer.Option(help="Seed for sampling and the bootstrap.", parser=ascii_int)] = Defaults.seed,
     dtype: Annotated[str, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")] = Defaults.dtype,
     device: Device = Defaults.device,
     threads: Annotated[
         int | None,
         typer.Option(
-            help=("CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared machine.")
+            help=("CPU threads for torch (default: torch's choice); 1 gives steadier timings on a shared machine."),
+            parser=ascii_int,
         ),
     ] = Defaults.threads,
     gpu: Annotated[
@@ -113,8 +149,37 @@ def spec_profile(
             )
         ),
     ] = Defaults.concurrency,
-    hbm_efficiency: HbmEfficiency = Defaults.hbm_efficiency,
-    mfu: Mfu = Defaults.mfu,
+    hbm_efficiency: Annotated[float | None, typer.Option(help=HBM_HELP, parser=ascii_float)] = Defaults.hbm_efficiency,
+    mfu: Annotated[float | None, typer.Option(help=MFU_HELP, parser=ascii_float)] = Defaults.mfu,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help=(
+                "Who measures: ours (our transformers loop), vllm (vLLM itself, in its own process: per batch "
+                "size, with the k-per-batch-size table) or both (and the cross-check)."
+            )
+        ),
+    ] = Defaults.engine,
+    batch_sizes: Annotated[
+        str, typer.Option(help="With --engine vllm: concurrent sequences to measure at, e.g. 1,4,16.")
+    ] = Defaults.batch_sizes,
+    vllm_python: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Python of the vLLM environment (default: $INFER_TOOL_VLLM_PYTHON, else this Python if it "
+                "imports vllm)."
+            )
+        ),
+    ] = Defaults.vllm_python,
+    repeats: Annotated[
+        int,
+        typer.Option(help="With --engine vllm: runs per (draft, k, batch size), for the interval.", parser=ascii_int),
+    ] = Defaults.repeats,
+    vllm_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds each vLLM stage may take (a load; one batch size's runs).", parser=ascii_float),
+    ] = Defaults.vllm_timeout,
     allow_pickle: AllowPickle = Defaults.allow_pickle,
     trust_remote_code: TrustRemoteCode = Defaults.trust_remote_code,
     json_: Json = False,
@@ -149,6 +214,11 @@ def spec_profile(
         mfu=mfu,
         allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
+        engine=engine,
+        batch_sizes=batch_sizes,
+        vllm_python=vllm_python,
+        repeats=repeats,
+        vllm_timeout=vllm_timeout,
     )
     checked = check(opts)  # before any progress bar or library noise
     quiet_libraries()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import Any
 
@@ -12,10 +13,35 @@ from infer_tool.cli.output import out
 from infer_tool.jobs.spec_profile import SpecProfileReport
 
 
+def conditional(per_position: list[float]) -> list[float]:
+    """Per-position acceptance given the position before was accepted, from the unconditional."""
+    at_least = [1.0, *per_position]
+    return [at_least[i + 1] / at_least[i] if at_least[i] else 0.0 for i in range(len(per_position))]
+
+
 def document(report: SpecProfileReport) -> dict[str, Any]:
-    """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...],
-    ranking, settings and notes."""
+    """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...] (our
+    loop's), ranking, vllm (vLLM's measurements, the table and the config), cross_check,
+    warnings, settings and notes."""
+    extra = {
+        "vllm": None if report.vllm is None else asdict(report.vllm),
+        "cross_check": None if report.cross_check is None else [asdict(r) for r in report.cross_check],
+        "warnings": report.warnings,
+    }
+    if extra["vllm"] is not None:
+        extra["vllm"].pop("outputs", None)
     profile = report.profile
+    if profile is None:
+        return {
+            "target": report.vllm.target if report.vllm else None,
+            "engine": report.settings.get("engine"),
+            "drafts": [],
+            "ranking": [],
+            "projection": None,
+            **extra,
+            "settings": report.settings,
+            "notes": report.notes,
+        }
     drafts = []
     for d in profile.drafts:
         acc = d.acceptance
@@ -27,7 +53,7 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
                 "cost_ratio": d.cost_ratio,
                 "cost_source": d.cost_source,
                 "draft_seconds": asdict(d.times),
-                "per_k": [asdict(r) for r in d.per_k],
+                "per_k": [_per_k(r) for r in d.per_k],
                 "best_k": d.best_k,
                 "best_k_basis": profile.basis,
                 "slower_than_plain": d.slower_everywhere,
@@ -37,8 +63,9 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
                 "per_prompt": acc.per_prompt,
             }
         )
-    return {
+    doc = {
         "target": profile.target,
+        "engine": report.settings.get("engine"),
         "target_step_ms": profile.target_step_ms,
         "verify_costs": profile.verify_costs,
         "basis": profile.basis,
@@ -47,9 +74,20 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
         "drafts": drafts,
         "ranking": profile.ranking,
         "projection": None if profile.projection is None else asdict(profile.projection),
+        **extra,
         "settings": report.settings,
         "notes": report.notes,
     }
+    doc["predicted_vs_vllm"] = predicted_vs_vllm(doc) if doc["vllm"] is not None else None
+    return doc
+
+
+def _per_k(r: Any) -> dict[str, Any]:
+    """One k of our loop, with the measured per-position acceptance also given conditionally."""
+    d = asdict(r)
+    if d["vllm_measured"] is not None:
+        d["vllm_measured"]["per_position_conditional"] = conditional(d["vllm_measured"]["per_position"])
+    return d
 
 
 def _pm(pred: float, meas: float | None, fmt: str = ".2f") -> str:
@@ -57,11 +95,33 @@ def _pm(pred: float, meas: float | None, fmt: str = ".2f") -> str:
 
 
 def human(report: dict[str, Any]) -> None:
+    if report["drafts"]:
+        _ours(report)
+    if report["vllm"] is not None:
+        _vllm(report["vllm"])
+    if report["cross_check"] is not None:
+        _cross_check(report["cross_check"], report["settings"])
+        _predicted_vs_vllm(report)
+    console = out()
+    if report["drafts"]:
+        console.print(f"\nranking (by {report['basis']} speedup at each draft's best k):")
+        for r in report["ranking"]:
+            console.print(f"  {r['rank']}. {r['name']} (k={r['best_k']}): {r['reason']}", highlight=False, markup=False)
+    if report["projection"] is not None:
+        _projection(report["projection"])
+    for w in report["warnings"]:
+        console.print(f"warning: {w}", style="yellow", highlight=False, markup=False)
+    for note in report["notes"]:
+        console.print(f"note: {note}", style="dim", highlight=False, markup=False)
+
+
+def _ours(report: dict[str, Any]) -> None:
+    """Our loop's tables (measured by our transformers loop at batch 1)."""
     console = out()
     s = report["settings"]
     measured = report["basis"] == "measured"
     table = Table(
-        title=f"spec-profile: target {report['target']}  (T={s['temperature']}, top-p={s['top_p']}, "
+        title=f"spec-profile, our loop: target {report['target']}  (T={s['temperature']}, top-p={s['top_p']}, "
         f"{s['num_prompts']} prompts x {s['max_new_tokens']} tokens, target step "
         f"{report['target_step_ms']:.2f} ms)",
     )
@@ -89,7 +149,7 @@ def human(report: dict[str, Any]) -> None:
         highlight=False,
     )
 
-    vllm = Table(title="vLLM's metrics (vllm/v1/spec_decode/metrics.py): predicted from alpha / measured in the loop")
+    vllm = Table(title="vLLM's metrics (vllm/v1/spec_decode/metrics.py): predicted from alpha / measured by our loop")
     for col in ("draft", "k", "mean acceptance length", "acceptance rate", "per-position acceptance"):
         vllm.add_column(col, justify="left" if col in ("draft", "per-position acceptance") else "right")
     for d in report["drafts"]:
@@ -137,13 +197,173 @@ def human(report: dict[str, Any]) -> None:
         console.print()
         console.print(cats)
 
-    console.print(f"\nranking (by {report['basis']} speedup at each draft's best k):")
-    for r in report["ranking"]:
-        console.print(f"  {r['rank']}. {r['name']} (k={r['best_k']}): {r['reason']}", highlight=False, markup=False)
-    if report["projection"] is not None:
-        _projection(report["projection"])
-    for note in report["notes"]:
-        console.print(f"note: {note}", style="dim", highlight=False, markup=False)
+
+def _rng(lo_hi: list[float] | None, fmt: str = ".2f") -> str:
+    return "" if lo_hi is None else f" ({lo_hi[0]:{fmt}}-{lo_hi[1]:{fmt}})"
+
+
+def _vllm(v: dict[str, Any]) -> None:
+    """vLLM's measurements per draft, batch size and k; the best k per batch size, the table
+    and the config to paste."""
+    console = out()
+    host = v["host"]
+    base = {c["batch"]: c for c in v["baseline"]}
+    table = Table(
+        title=f"measured by vLLM {host.get('vllm', '?')} (its counters and throughput; {v['repeats']} repeats, "
+        f"range in brackets): target {v['target']}"
+    )
+    for col in ("draft", "batch", "k", "tokens/s", "speedup", "mean acc. len", "per-position: uncond. / cond."):
+        table.add_column(col, justify="left" if col in ("draft", "per-position: uncond. / cond.") else "right")
+    for b in v["batch_sizes"]:
+        if b in base:
+            c = base[b]
+            table.add_row(
+                "no speculation",
+                str(b),
+                "0",
+                f"{c['tokens_per_s']:.1f}{_rng(c['tokens_per_s_range'], '.1f')}",
+                "1",
+                "",
+                "",
+            )
+    table.add_section()
+    for d in v["drafts"]:
+        first = True
+        for b in v["batch_sizes"]:
+            for c in (c for c in d["cells"] if c["batch"] == b):
+                best = d["best_k"].get(b) == c["k"]
+                table.add_row(
+                    d["name"] if first else "",
+                    str(b),
+                    f"{c['k']}{' *' if best else ''}",
+                    f"{c['tokens_per_s']:.1f}{_rng(c['tokens_per_s_range'], '.1f')}",
+                    "-" if c["speedup"] is None else f"{c['speedup']:.2f}{_rng(c['speedup_range'])}",
+                    "-" if c["mean_acceptance_length"] is None else f"{c['mean_acceptance_length']:.2f}",
+                    " ".join(f"{x:.2f}" for x in c["per_position"])
+                    + " / "
+                    + " ".join(f"{x:.2f}" for x in c["per_position_conditional"]),
+                )
+                first = False
+        table.add_section()
+    console.print()
+    console.print(table)
+    console.print(
+        "speedup: tokens/s over no speculation's at the same batch size; * the measured fastest k at that size "
+        "(best k 0 means no speculation wins)",
+        highlight=False,
+    )
+    for d in v["drafts"]:
+        console.print(
+            f"\n{d['name']}: best k per batch size (measured by vLLM): "
+            + ", ".join(f"{b}: {'none' if k == 0 else k}" for b, k in d["best_k"].items()),
+            highlight=False,
+            markup=False,
+        )
+        if d["schedule"]:
+            console.print(
+                f"  num_speculative_tokens_per_batch_size: {json.dumps(d['schedule'])}", highlight=False, markup=False
+            )
+        if d["speculative_config"] is not None:
+            console.print(
+                f"  --speculative-config '{json.dumps(d['speculative_config'])}'", highlight=False, markup=False
+            )
+        cells = [c for c in d["cells"] if c["accepted_hist"]]
+        if cells:
+            c = max(cells, key=lambda c: (-c["batch"], c["k"] == d["best_k"].get(c["batch"]), c["k"]))
+            total = sum(c["accepted_hist"]) or 1
+            peak = max(c["accepted_hist"]) or 1
+            console.print(f"  accepted tokens per draft at batch {c['batch']}, k={c['k']} ({total} drafts, vLLM):")
+            for n, count in enumerate(c["accepted_hist"]):
+                bar = "█" * round(30 * count / peak)
+                console.print(f"    {n:>2} | [cyan]{bar}[/] {count} ({100 * count / total:.1f}%)", highlight=False)
+        for e in d["errors"]:
+            console.print(f"  error: {e}", style="red", highlight=False, markup=False)
+    for e in v["errors"]:
+        if e.startswith("no speculation"):
+            console.print(f"error: {e}", style="red", highlight=False, markup=False)
+
+
+def _cross_check(rows: list[dict[str, Any]], settings: dict[str, Any]) -> None:
+    from infer_tool.spec.crosscheck import TOLERANCE
+
+    console = out()
+    table = Table(
+        title=f"cross-check at T={settings['temperature']}: per-position acceptance, our loop (batch 1) vs vLLM "
+        f"(tolerance {TOLERANCE:.0%} absolute per position)"
+    )
+    for col in ("draft", "k", "vLLM batch", "ours", "vLLM", "max diff", "agree"):
+        table.add_column(col, justify="left" if col in ("draft", "ours", "vLLM") else "right")
+    for r in rows:
+        table.add_row(
+            r["draft"],
+            str(r["k"]),
+            str(r["batch"]),
+            " ".join(
+                f"{a:.3f}" if r["ours_max"] is None or a == b else f"{a:.3f}..{b:.3f}"
+                for a, b in zip(r["ours"], r["ours_max"] or r["ours"])
+            ),
+            " ".join(f"{x:.3f}" for x in r["vllm"]),
+            f"{r['max_diff']:.3f}",
+            "yes" if r["agree"] else "NO",
+        )
+    console.print()
+    console.print(table)
+    console.print(
+        "ours at T=0: the rounds vLLM's rule makes (whole proposals, even past the requested tokens) replayed "
+        "along our target's continuations from the teacher-forced acceptance; a..b: rounds that ran past the "
+        "last token may have accepted more",
+        highlight=False,
+    )
+    for r in rows:
+        if r["reason"]:
+            console.print(f"  {r['draft']} k={r['k']}: {r['reason']}", highlight=False, markup=False)
+
+
+def predicted_vs_vllm(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Our predicted speedup (batch 1, our loop's costs) next to vLLM's measured one at batch 1."""
+    rows = []
+    cells = {(d["name"], c["k"]): c for d in report["vllm"]["drafts"] for c in d["cells"] if c["batch"] == 1}
+    for d in report["drafts"]:
+        for r in d["per_k"]:
+            c = cells.get((d["name"], r["k"]))
+            if c is not None and c["speedup"]:
+                rows.append(
+                    {
+                        "draft": d["name"],
+                        "k": r["k"],
+                        "ours_predicted": r["predicted_speedup"],
+                        "vllm_measured": c["speedup"],
+                        "vllm_range": c["speedup_range"],
+                        "error": r["predicted_speedup"] / c["speedup"] - 1.0,
+                    }
+                )
+    return rows
+
+
+def _predicted_vs_vllm(report: dict[str, Any]) -> None:
+    rows = predicted_vs_vllm(report)
+    if not rows:
+        return
+    table = Table(title="speedup at batch 1: our prediction (our costs) / vLLM's measurement")
+    for col in ("draft", "k", "ours predicted", "vLLM measured", "error"):
+        table.add_column(col, justify="left" if col == "draft" else "right")
+    for r in rows:
+        table.add_row(
+            r["draft"],
+            str(r["k"]),
+            f"{r['ours_predicted']:.2f}",
+            f"{r['vllm_measured']:.2f}{_rng(r['vllm_range'])}",
+            f"{r['error']:+.0%}",
+        )
+    console = out()
+    console.print()
+    console.print(table)
+    console.print(
+        "ours prices a round with the costs timed in our transformers loop; vLLM's step has its own costs "
+        "(scheduling, sampling, its kernels) and its tokens/s include the prefill, so a gap here is a cost gap, "
+        "not an acceptance gap (the cross-check compares acceptance)",
+        highlight=False,
+    )
 
 
 def _model_text(m: dict[str, Any]) -> str:

@@ -1,0 +1,215 @@
+"""vLLM's side of `spec-profile --engine vllm`: run a fixed prompt set through `vllm.LLM`
+with and without speculative decoding and record vLLM's own counters and throughput.
+
+Runs under the vLLM environment's Python and imports nothing of infer-tool (vLLM pins its
+own transformers), so users can run it by path:
+
+    VLLM_PYTHON spec/vllm_worker.py JOBS.json RESULTS.jsonl
+
+JOBS.json: `{"target", "dtype", "max_model_len", "prompts": [[int, ...], ...],
+"max_new_tokens", "temperature", "top_p", "seed", "batch_sizes": [int, ...], "repeats",
+"settings": [{"name", "speculative_config": {...} | null}]}`. Each setting is one `vllm.LLM`
+(engine in this process, `max_num_seqs` = the largest batch size); for each batch size B the
+prompts are generated in consecutive chunks of B (so B sequences decode together), `repeats`
+times, after one warm-up chunk. Sampling: the job's temperature and top-p, `ignore_eos`, every
+request exactly `max_new_tokens` tokens, seed `seed + prompt index` per request.
+
+RESULTS.jsonl gets, written and flushed as they happen:
+- `{"host": true, "vllm", "torch", "cpus"}` first;
+- `{"setting", "event": "load"}` and `{"setting", "event": "run", "batch"}` as each stage starts;
+- per (setting, batch size, repeat): `{"setting", "batch", "repeat", "seconds", "tokens",
+  "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos": [...]}` (the
+  counters' increase over that repeat, from `LLM.get_metrics()`), and in repeat 0 `"outputs"`:
+  the generated token ids per prompt;
+- per setting that vLLM refused: `{"setting", "stage", "error": "Type: message"}` on one line.
+The caller (`spec/vllm_engine.py`) enforces the time limits: it kills this process when a stage
+overruns and starts another for the settings left.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run by path, this file's folder (infer-tool's spec/) would come first on sys.path and its
+# modules would shadow others (spec/profile.py the standard library's `profile`).
+if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+    sys.path.pop(0)
+
+import gc  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from typing import Any  # noqa: E402
+
+# Before vllm is imported: the engine in this process, torch on every core, a 1 GiB KV cache.
+ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "OMP_NUM_THREADS": str(os.cpu_count() or 1),
+}
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "num_drafts",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: " + " ".join(str(exc).split())
+
+
+def write(f: Any, rec: dict[str, Any]) -> None:
+    f.write(json.dumps(rec) + "\n")
+    f.flush()
+
+
+def counters(llm: Any) -> dict[str, Any]:
+    """vLLM's spec-decode counters now (zeros and [] without speculation)."""
+    out: dict[str, Any] = {name: 0 for name in COUNTERS.values()}
+    out["accepted_per_pos"] = []
+    for m in llm.get_metrics():
+        if m.name in COUNTERS:
+            out[COUNTERS[m.name]] += int(m.value)
+        elif m.name == PER_POS:
+            vals = [int(v) for v in m.values]
+            prev = out["accepted_per_pos"]
+            out["accepted_per_pos"] = [a + b for a, b in zip(vals, prev + [0] * len(vals))] if prev else vals
+    return out
+
+
+def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    d = {k: after[k] - before[k] for k in COUNTERS.values()}
+    b = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
+    d["accepted_per_pos"] = [x - y for x, y in zip(after["accepted_per_pos"], b)]
+    return d
+
+
+def register_kernel_overrides_once() -> None:
+    """vLLM 0.32's CPU platform registers its Triton kernel overrides at every engine start
+    (`CpuPlatform.register_triton_kernel_overrides`), scanning every loaded module; once the
+    n-gram proposer has loaded numba, that scan fails on a numba object
+    ("AttributeError: '_lib_fn_wrapper' object has no attribute 'get'") and no second engine
+    starts in the process. The first registration rebinds the kernels for the whole process,
+    so later ones are skipped."""
+    from vllm.platforms import current_platform
+
+    cls = type(current_platform)
+    original = cls.register_triton_kernel_overrides
+    done: list[bool] = []
+
+    def once(klass: Any) -> None:
+        if not done:
+            original()
+            done.append(True)
+
+    cls.register_triton_kernel_overrides = classmethod(once)  # type: ignore[method-assign]
+
+
+def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    name = setting["name"]
+    write(f, {"setting": name, "event": "load"})
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(
+            model=job["target"],
+            dtype=job["dtype"],
+            max_model_len=job["max_model_len"],
+            max_num_seqs=max(job["batch_sizes"]),
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            seed=job["seed"],
+            speculative_config=setting["speculative_config"],
+            disable_log_stats=False,
+        )
+    except Exception as exc:  # vLLM's refusal is the result being recorded
+        traceback.print_exc()
+        write(f, {"setting": name, "stage": "load", "error": one_line(exc)})
+        return
+    write(f, {"setting": name, "event": "loaded", "load_s": time.perf_counter() - t0})
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
+    n = job["max_new_tokens"]
+
+    def params(i: int, tokens: int = n) -> Any:
+        return SamplingParams(
+            max_tokens=tokens,
+            temperature=job["temperature"],
+            top_p=job["top_p"],
+            ignore_eos=True,
+            seed=job["seed"] + i,
+        )
+
+    try:
+        for j, B in enumerate(job["batch_sizes"]):
+            write(f, {"setting": name, "event": "run", "batch": B})
+            # Warm-up: the first time, one prompt whole (the n-gram proposer's numba functions compile at
+            # first use); then the first chunk, a few tokens.
+            warm = [prompts[0]] if j == 0 else prompts[:B]
+            llm.generate(warm, [params(i, n if j == 0 else 4) for i in range(len(warm))], use_tqdm=False)
+            for r in range(job["repeats"]):
+                before = counters(llm)
+                outputs: list[list[int]] = []
+                t = time.perf_counter()
+                for s in range(0, len(prompts), B):
+                    chunk = prompts[s : s + B]
+                    outs = llm.generate(chunk, [params(s + i) for i in range(len(chunk))], use_tqdm=False)
+                    outputs += [list(o.outputs[0].token_ids) for o in outs]
+                seconds = time.perf_counter() - t
+                rec = {"setting": name, "batch": B, "repeat": r, "seconds": seconds}
+                rec["tokens"] = sum(len(o) for o in outputs)
+                rec.update(delta(counters(llm), before))
+                if r == 0:
+                    rec["outputs"] = outputs
+                write(f, rec)
+    except Exception as exc:  # refused while running: recorded with its stage
+        traceback.print_exc()
+        write(f, {"setting": name, "stage": "run", "error": one_line(exc)})
+    finally:
+        del llm
+        release()
+
+
+def release() -> None:
+    """Tear down what a finished or failed LLM left, so the next one starts clean."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()
+
+
+def host() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    return {"host": True, "vllm": vllm.__version__, "torch": torch.__version__, "cpus": os.cpu_count()}
+
+
+def main(argv: list[str]) -> int:
+    jobs_path, results_path = argv
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    with open(jobs_path) as f:
+        job = json.load(f)
+    if job.get("threads"):
+        os.environ["OMP_NUM_THREADS"] = str(job["threads"])
+    with open(results_path, "a") as f:
+        write(f, host())
+        register_kernel_overrides_once()
+        for setting in job["settings"]:
+            run_setting(job, setting, f)
+        write(f, {"done": True})
+    return 0
+
+
+if __name__ == "__main__":
+    rc = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's atexit teardown of the in-process engine can abort the interpreter; the results are written.
+    os._exit(rc)
