@@ -89,6 +89,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
         "Models": ("--target", "--draft", "--dtype", "--device", "--threads", "--allow-pickle", "--trust-remote-code"),
         "Prompts": ("--prompts", "--text-field", "--num-prompts", "--prompt-len", "--max-new-tokens"),
         "Speculation": ("--k", "--temperature", "--top-p", "--seed", "--cost-ratio", "--no-loop", "--clock"),
+        "vLLM engine": ("--engine", "--batch-sizes", "--repeats", "--vllm-python", "--vllm-timeout"),
         "GPU projection": ("--gpu", "--concurrency", "--hbm-efficiency", "--mfu"),
         "Output": ("--json", "--no-progress", "--help"),
     },
