@@ -54,8 +54,6 @@ from infer_tool.kernels.w4_layout import PLANE_K, TILE_K, W4Weights, prepare
 
 SYMMETRIC_ZERO = 8  # implied zero point of symmetric 4-bit weights
 _SYMMETRIC_ZERO: tl.constexpr = tl.constexpr(SYMMETRIC_ZERO)  # the same, inside the kernels
-_MAGIC: tl.constexpr = tl.constexpr(0x4B000000)  # fp32 bits of 2^23: (q | MAGIC) as fp32 = 2^23 + q
-_MAGIC_F: tl.constexpr = tl.constexpr(8388608.0)  # 2^23
 _PLANE: tl.constexpr = tl.constexpr(PLANE_K)
 PATHS = ("gemv", "splitk", "tiled")
 FAMILY = "w4a16"
@@ -122,24 +120,54 @@ def tuned_config(device: torch.device, M: int, N: int, K: int, group_size: int) 
 
 
 @triton.jit
-def _plane(words, i: tl.constexpr):
-    """Nibble plane i of a tile of words as fp32 2^23 + q (exact)."""
-    return (((words >> (4 * i)) & 0xF) | _MAGIC).to(tl.float32, bitcast=True)
+def _plane_exp(i: tl.constexpr):
+    """e: plane i sits at bits e..e+3 of `words` (i < 5) or of `words >> 12` (i = 5, 6, 7),
+    inside the 23-bit fp32 mantissa."""
+    return 4 * i - 12 * (i // 5)
 
 
 @triton.jit
-def _zero_bias(z_ptr, g, offs_n, mask, stride_zg, stride_zn, HAS_ZEROS: tl.constexpr):
-    """2^23 + zero point (fp32) of groups `g` at columns `offs_n`, broadcast like them."""
+def _plane(words, words_hi, i: tl.constexpr):
+    """Nibble plane i of a tile of words as the fp32 `2^23 + q * 2^e` (exact): the nibble
+    is masked in place, inside the mantissa of 2^23 (whose unit is 1), one LOP3."""
+    e: tl.constexpr = _plane_exp(i)
+    src = words if i < 5 else words_hi
+    return ((src & (0xF << e)) | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bias(zf, i: tl.constexpr):
+    """`2^23 + z * 2^e`: `_plane(...) - _bias(z, i)` is `(q - z) * 2^e`, exact."""
+    e: tl.constexpr = _plane_exp(i)
+    return zf * ((1 << e) * 1.0) + 8388608.0
+
+
+@triton.jit
+def _inv_exp(i: tl.constexpr):
+    """2^-e of plane i (exact)."""
+    e: tl.constexpr = _plane_exp(i)
+    return 1.0 / (1 << e)
+
+
+@triton.jit
+def _zeros(z_ptr, g, offs_n, mask, stride_zg, stride_zn, HAS_ZEROS: tl.constexpr):
+    """Zero points (fp32) of groups `g` at columns `offs_n`, broadcast like them; 8 without zeros."""
     if HAS_ZEROS:
-        z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask, other=0).to(tl.float32)
-        return z + _MAGIC_F
+        return tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask, other=0).to(tl.float32)
     else:
-        return tl.full([1], _MAGIC_F + _SYMMETRIC_ZERO, tl.float32)
+        return tl.full([1], _SYMMETRIC_ZERO, tl.float32)
 
 
 @triton.jit
 def _scale(s_ptr, g, offs_n, mask, stride_sg, stride_sn):
     return tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _x_plane(x_ptr, row, offs_k, mask_k, M, stride_xm, stride_xk):
+    """16 contiguous activations of row `row` (zeros past M or K), fp32."""
+    rows_ok = (offs_k * 0 + row) < M
+    return tl.load(x_ptr + row * stride_xm + offs_k * stride_xk, mask=mask_k & rows_ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -158,71 +186,107 @@ def _w4a16_gemv_kernel(
     HAS_ZEROS: tl.constexpr, HAS_G_IDX: tl.constexpr, SCALES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    """"gemv": rows `BLOCK_M` (<= 4) x columns `BLOCK_N`, K tiles
+    """"gemv": rows `BLOCK_M` (1, 2 or 4) x columns `BLOCK_N`, K tiles
     `pid_k * tiles_per_split ..` (a contiguous run), no `tl.dot`.
 
     x `(M, K)`; qw planar-128 int32 `(16 * ceil(K/128), N)`; s `(G, N)`; z uint8 `(G, N)`;
     g int32 `(K,)` per stored channel; out `(M, N)`; ws fp32 `(SPLIT_K, M, N)` partials;
-    lock int32 per output tile. Accumulates `(BLOCK_M, 16, BLOCK_N)` fp32 products and
-    reduces the 16 once at the end.
+    lock int32 per output tile. Each row has its own `(16, BLOCK_N)` fp32 accumulator
+    (2-D tensors only: no layout conversions in the loop), reduced over the 16 at the end.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     pid_m = pid // num_pid_n
     pid_n = pid % num_pid_n
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m0 = pid_m * BLOCK_M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, 16)
-    mask_m = offs_m < M
     mask_n = offs_n < N
     n_tiles = (K + 127) // 128
     t_start = pid_k * tiles_per_split
     t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
 
-    acc = tl.full((BLOCK_M, 16, BLOCK_N), 0.0, tl.float32)
+    acc0 = tl.full((16, BLOCK_N), 0.0, tl.float32)
+    acc1 = tl.full((16, BLOCK_N), 0.0, tl.float32)
+    acc2 = tl.full((16, BLOCK_N), 0.0, tl.float32)
+    acc3 = tl.full((16, BLOCK_N), 0.0, tl.float32)
     for t in range(t_start, t_end):
         words = tl.load(qw_ptr + (t * 16 + offs_r)[:, None] * stride_qk + offs_n[None, :] * stride_qn,
                         mask=mask_n[None, :], other=0)  # (16, BN) int32, each word read once
-        if SCALES == 0:  # one group over the whole tile
+        words_hi = words >> 12  # planes 5..7 within the fp32 mantissa
+        if SCALES == 0:  # one group over the whole tile: scale the tile's sums once
             g_t = (t * 128) // group_size
-            s_t = _scale(s_ptr, g_t, offs_n, mask_n, stride_sg, stride_sn)  # (BN,)
-            zb_t = _zero_bias(z_ptr, g_t, offs_n, mask_n, stride_zg, stride_zn, HAS_ZEROS)
-            part = tl.full((BLOCK_M, 16, BLOCK_N), 0.0, tl.float32)
+            s_t = _scale(s_ptr, g_t, offs_n, mask_n, stride_sg, stride_sn)[None, :]
+            z_t = _zeros(z_ptr, g_t, offs_n, mask_n, stride_zg, stride_zn, HAS_ZEROS)
+            p0 = tl.full((16, BLOCK_N), 0.0, tl.float32)
+            p1 = tl.full((16, BLOCK_N), 0.0, tl.float32)
+            p2 = tl.full((16, BLOCK_N), 0.0, tl.float32)
+            p3 = tl.full((16, BLOCK_N), 0.0, tl.float32)
         for i in tl.static_range(8):
             offs_k = t * 128 + i * 16 + offs_r  # (16,) contiguous channels of plane i
             mask_k = offs_k < K
-            xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                         mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float32)  # (BM, 16)
-            qf = _plane(words, i)  # (16, BN) 2^23 + q
+            qf = _plane(words, words_hi, i)  # (16, BN) 2^23 + q 2^e
             if SCALES == 0:
-                w = qf - zb_t[None, :]  # exact q - z
-                part += xi[:, :, None] * w[None, :, :]
+                w = qf - _bias(z_t, i)[None, :]  # (q - z) 2^e, exact
             elif SCALES == 1:
                 k0 = t * 128 + i * 16
                 g_i = k0 // group_size
                 live = mask_n & (tl.full([BLOCK_N], k0, tl.int32) < K)
-                zb = _zero_bias(z_ptr, g_i, offs_n, live, stride_zg, stride_zn, HAS_ZEROS)
-                w = (qf - zb[None, :]) * _scale(s_ptr, g_i, offs_n, live, stride_sg, stride_sn)[None, :]
-                acc += xi[:, :, None] * w[None, :, :]
+                zf = _zeros(z_ptr, g_i, offs_n, live, stride_zg, stride_zn, HAS_ZEROS)
+                w = (qf - _bias(zf, i)[None, :]) * _scale(s_ptr, g_i, offs_n, live, stride_sg, stride_sn)[None, :]
             else:
                 if HAS_G_IDX:
                     g_e = tl.load(g_ptr + offs_k, mask=mask_k, other=0)
                 else:
                     g_e = offs_k // group_size
                 live = mask_k[:, None] & mask_n[None, :]
-                zb = _zero_bias(z_ptr, g_e[:, None], offs_n[None, :], live, stride_zg, stride_zn, HAS_ZEROS)
-                s = _scale(s_ptr, g_e[:, None], offs_n[None, :], live, stride_sg, stride_sn)
-                w = (qf - zb) * s  # (16, BN)
-                acc += xi[:, :, None] * w[None, :, :]
+                zf = _zeros(z_ptr, g_e[:, None], offs_n[None, :], live, stride_zg, stride_zn, HAS_ZEROS)
+                w = (qf - _bias(zf, i)) * _scale(s_ptr, g_e[:, None], offs_n[None, :], live, stride_sg, stride_sn)
+            inv = _inv_exp(i)  # x * 2^-e undoes the plane's 2^e (exact)
+            x0 = (_x_plane(x_ptr, m0, offs_k, mask_k, M, stride_xm, stride_xk) * inv)[:, None]
+            if SCALES == 0:
+                p0 += x0 * w
+            else:
+                acc0 += x0 * w
+            if BLOCK_M > 1:
+                x1 = (_x_plane(x_ptr, m0 + 1, offs_k, mask_k, M, stride_xm, stride_xk) * inv)[:, None]
+                if SCALES == 0:
+                    p1 += x1 * w
+                else:
+                    acc1 += x1 * w
+            if BLOCK_M > 2:
+                x2 = (_x_plane(x_ptr, m0 + 2, offs_k, mask_k, M, stride_xm, stride_xk) * inv)[:, None]
+                x3 = (_x_plane(x_ptr, m0 + 3, offs_k, mask_k, M, stride_xm, stride_xk) * inv)[:, None]
+                if SCALES == 0:
+                    p2 += x2 * w
+                    p3 += x3 * w
+                else:
+                    acc2 += x2 * w
+                    acc3 += x3 * w
         if SCALES == 0:
-            acc += part * s_t[None, None, :]
-    total = tl.reduce(acc, 1, tl.standard._sum_combine)  # (BM, BN)
+            acc0 += p0 * s_t
+            if BLOCK_M > 1:
+                acc1 += p1 * s_t
+            if BLOCK_M > 2:
+                acc2 += p2 * s_t
+                acc3 += p3 * s_t
 
-    mask_out = mask_m[:, None] & mask_n[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
-    ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-    serial_store(total, out_ptrs, ws_ptrs, M * N, lock_ptr + pid, pid_k, mask_out, SPLIT_K)
+    ws_stride = M * N
+    for j in tl.static_range(BLOCK_M):
+        if j == 0:
+            acc = acc0
+        elif j == 1:
+            acc = acc1
+        elif j == 2:
+            acc = acc2
+        else:
+            acc = acc3
+        row = m0 + j
+        total = tl.reduce(acc, 0, tl.standard._sum_combine)  # (BN,)
+        mask_out = mask_n & ((offs_n * 0 + row) < M)
+        serial_store(total, out_ptr + row * stride_om + offs_n * stride_on, ws_ptr + row * N + offs_n,
+                     ws_stride, lock_ptr + pid * BLOCK_M + j, pid_k, mask_out, SPLIT_K)
 
 
 @triton.jit
@@ -262,32 +326,34 @@ def _w4a16_dot_kernel(
     for t in range(t_start, t_end):
         words = tl.load(qw_ptr + (t * 16 + offs_r)[:, None] * stride_qk + offs_n[None, :] * stride_qn,
                         mask=mask_n[None, :], other=0)  # (16, BN)
+        words_hi = words >> 12
         if SCALES == 0:
             g_t = (t * 128) // group_size
-            s_t = _scale(s_ptr, g_t, offs_n, mask_n, stride_sg, stride_sn)[None, :]
-            zb_t = _zero_bias(z_ptr, g_t, offs_n, mask_n, stride_zg, stride_zn, HAS_ZEROS)[None, :]
+            s_t = _scale(s_ptr, g_t, offs_n, mask_n, stride_sg, stride_sn)
+            z_t = _zeros(z_ptr, g_t, offs_n, mask_n, stride_zg, stride_zn, HAS_ZEROS)
         for i in tl.static_range(8):
             offs_k = t * 128 + i * 16 + offs_r
             mask_k = offs_k < K
             xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                          mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # (BM, 16)
-            qf = _plane(words, i)
+            qf = _plane(words, words_hi, i)
+            inv = _inv_exp(i)  # folded into the scale: w = (q - z) s, as x's dtype
             if SCALES == 0:
-                w = (qf - zb_t) * s_t
+                w = (qf - _bias(z_t, i)[None, :]) * (s_t * inv)[None, :]
             elif SCALES == 1:
                 k0 = t * 128 + i * 16
                 g_i = k0 // group_size
                 live = mask_n & (tl.full([BLOCK_N], k0, tl.int32) < K)
-                zb = _zero_bias(z_ptr, g_i, offs_n, live, stride_zg, stride_zn, HAS_ZEROS)
-                w = (qf - zb[None, :]) * _scale(s_ptr, g_i, offs_n, live, stride_sg, stride_sn)[None, :]
+                zf = _zeros(z_ptr, g_i, offs_n, live, stride_zg, stride_zn, HAS_ZEROS)
+                w = (qf - _bias(zf, i)[None, :]) * (_scale(s_ptr, g_i, offs_n, live, stride_sg, stride_sn) * inv)[None, :]
             else:
                 if HAS_G_IDX:
                     g_e = tl.load(g_ptr + offs_k, mask=mask_k, other=0)
                 else:
                     g_e = offs_k // group_size
                 live = mask_k[:, None] & mask_n[None, :]
-                zb = _zero_bias(z_ptr, g_e[:, None], offs_n[None, :], live, stride_zg, stride_zn, HAS_ZEROS)
-                w = (qf - zb) * _scale(s_ptr, g_e[:, None], offs_n[None, :], live, stride_sg, stride_sn)
+                zf = _zeros(z_ptr, g_e[:, None], offs_n[None, :], live, stride_zg, stride_zn, HAS_ZEROS)
+                w = (qf - _bias(zf, i)) * (_scale(s_ptr, g_e[:, None], offs_n[None, :], live, stride_sg, stride_sn) * inv)
             acc += tl.dot(xi, w.to(xi.dtype), input_precision=DOT_PRECISION)
 
     mask_out = mask_m[:, None] & mask_n[None, :]
@@ -424,7 +490,7 @@ def plan_prepared(x: torch.Tensor, w: W4Weights, *, config: W4A16Config | None =
     out = backend.empty_output((M, N), x.dtype, x.device)
     if split > 1:
         ws = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-        locks = tile_locks(x.device, out_tiles)
+        locks = tile_locks(x.device, out_tiles * cfg.BLOCK_M)  # the gemv counts rows apart
     else:
         ws = locks = out  # unused
     s, z = w.scales, w.zeros if w.zeros is not None else w.scales  # dummy pointer when symmetric
