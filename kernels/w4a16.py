@@ -345,7 +345,8 @@ def _w4a16_dot_kernel(
                 g_i = k0 // group_size
                 live = mask_n & (tl.full([BLOCK_N], k0, tl.int32) < K)
                 zf = _zeros(z_ptr, g_i, offs_n, live, stride_zg, stride_zn, HAS_ZEROS)
-                w = (qf - _bias(zf, i)[None, :]) * (_scale(s_ptr, g_i, offs_n, live, stride_sg, stride_sn) * inv)[None, :]
+                s_i = _scale(s_ptr, g_i, offs_n, live, stride_sg, stride_sn) * inv
+                w = (qf - _bias(zf, i)[None, :]) * s_i[None, :]
             else:
                 if HAS_G_IDX:
                     g_e = tl.load(g_ptr + offs_k, mask=mask_k, other=0)
@@ -353,7 +354,8 @@ def _w4a16_dot_kernel(
                     g_e = offs_k // group_size
                 live = mask_k[:, None] & mask_n[None, :]
                 zf = _zeros(z_ptr, g_e[:, None], offs_n[None, :], live, stride_zg, stride_zn, HAS_ZEROS)
-                w = (qf - _bias(zf, i)) * (_scale(s_ptr, g_e[:, None], offs_n[None, :], live, stride_sg, stride_sn) * inv)
+                s_e = _scale(s_ptr, g_e[:, None], offs_n[None, :], live, stride_sg, stride_sn) * inv
+                w = (qf - _bias(zf, i)) * s_e
             acc += tl.dot(xi, w.to(xi.dtype), input_precision=DOT_PRECISION)
 
     mask_out = mask_m[:, None] & mask_n[None, :]
