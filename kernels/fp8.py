@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_tool.kernels import backend
+from infer_tool.kernels import backend, tuning
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
-from infer_tool.kernels.splitk import sum_partials
+from infer_tool.kernels.splitk import serial_store, tile_locks
 from infer_tool.kernels.tiles import grouped_tile
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -43,7 +43,8 @@ MODES = ("w8a8", "w8a16")
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """Meta-parameters of one launch (split-K partials are reduced deterministically)."""
+    """Meta-parameters of one launch (split-K partials are reduced deterministically, in
+    the same launch: `splitk.serial_store`)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -80,14 +81,14 @@ def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | Non
 @triton.jit
 def _fp8_kernel(
     # pointers
-    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr,
+    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, lock_ptr,
     # sizes
     M, N, K, scale_bn, scale_bk,
     # strides
     stride_xm, stride_xk,
     stride_wn, stride_wk,
     stride_wsn, stride_wsk,
-    stride_os, stride_om, stride_on,
+    stride_om, stride_on,
     # meta-parameters
     W8A8: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     FP8_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -98,8 +99,8 @@ def _fp8_kernel(
 
     x `(M, K)`: e4m3 codes (W8A8) or fp16/bf16/fp32 (W8A16); w fp8 `(N, K)` read as
     `(BK, BN)` tiles; ws fp32 `(N/scale_bn, K/scale_bk)` (per-tensor and per-channel are
-    blocks spanning K); xs fp32 `(M,)` activation scales (W8A8); out `(M, N)` or fp32
-    partials `(SPLIT_K, M, N)`.
+    blocks spanning K); xs fp32 `(M,)` activation scales (W8A8); out `(M, N)`; part fp32
+    `(SPLIT_K, M, N)` split-K partials, lock int32 per output tile (`splitk.serial_store`).
     SCALE_IN_LOOP: the weight scale changes along K (block scales), applied per K-block.
     """
     pid = tl.program_id(0)
@@ -139,12 +140,10 @@ def _fp8_kernel(
         acc = acc * ws[None, :]
     if W8A8:
         acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    part_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
-    else:
-        tl.store(out_ptrs, acc, mask=mask_out)
+    serial_store(acc, out_ptrs, part_ptrs, M * N, lock_ptr + pid, pid_k, mask_out, SPLIT_K)
 
 
 def scale_blocks(w_scale: torch.Tensor, N: int, K: int,
@@ -225,23 +224,24 @@ def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode
     if not use_triton(x):
         return fp8_reference(x, w_fp8, w_scale, mode, block_size, input_scale).to(x.dtype)
     launch, out = plan(x, w_fp8, w_scale, mode, block_size, input_scale, config=config)
-    launch.run()
-    if out.dim() == 2:
-        return out
-    return sum_partials(out, x.dtype)  # fixed-order reduction, no atomics
+    launch.run()  # split-K reduced in the same launch, in a fixed order
+    return out
 
 
 def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
          block_size: tuple[int, int] | None, input_scale: torch.Tensor | None, *,
          config: Fp8Config | None = None) -> tuple[Launch, torch.Tensor]:
     """Check the operands, allocate the output and build the launch: `(launch, out)`,
-    out `(M, N)` in x's dtype, or fp32 partials `(SPLIT_K, M, N)` to be summed."""
+    out `(M, N)` in x's dtype. The config: `config`, else the tuned table's (`tuning.py`,
+    keyed with the scale block along K as the group), else `choose_config`."""
     _check(x, w_fp8, mode, input_scale)
     M, K = x.shape
     N = w_fp8.shape[0]
     grid_s, bn, bk = scale_blocks(w_scale, N, K, block_size)
     scale_in_loop = grid_s.shape[1] > 1  # the weight scale changes along K
-    cfg = config or choose_config(M, N, K, sm_count(x.device), bk if scale_in_loop else None)
+    tuned = tuning.lookup(x.device, f"fp8-{mode}", M, N, K, bk if scale_in_loop else 0)
+    cfg = config or (Fp8Config(**tuned) if tuned is not None else None)
+    cfg = cfg or choose_config(M, N, K, sm_count(x.device), bk if scale_in_loop else None)
     if scale_in_loop and bk % cfg.BLOCK_K:
         raise ValueError(f"fp8: BLOCK_K={cfg.BLOCK_K} must divide the scale block along K ({bk})")
     if cfg.BLOCK_M < 16:
@@ -252,22 +252,24 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         xs = a_scale.reshape(M).contiguous()
     else:
         x, xs = x.contiguous(), grid_s  # xs unused
-    split = cfg.SPLIT_K
-    if split == 1:
-        out = backend.empty_output((M, N), out_dtype, x.device)
-        stride_os = 0
+    num_kb = triton.cdiv(K, cfg.BLOCK_K)
+    split = max(1, min(cfg.SPLIT_K, num_kb))
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    out = backend.empty_output((M, N), out_dtype, x.device)
+    if split > 1:
+        part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        locks = tile_locks(x.device, tiles)
     else:
-        out = backend.empty_output((split, M, N), torch.float32, x.device)
-        stride_os = out.stride(0)
+        part = locks = out  # unused
     # FP8 x FP8 tl.dot needs sm_89+; older GPUs multiply the exact fp16 upcasts instead.
     fp8_dot = x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     args = (
-        x, w_fp8, grid_s, xs, out,
+        x, w_fp8, grid_s, xs, out, part, locks,
         M, N, K, bn, bk,
         x.stride(0), x.stride(1),
         w_fp8.stride(0), w_fp8.stride(1),
         grid_s.stride(0), grid_s.stride(1),
-        stride_os, out.stride(-2), out.stride(-1),
+        out.stride(0), out.stride(1),
     )
     meta = dict(
         W8A8=mode == "w8a8", SCALE_IN_LOOP=scale_in_loop, FP8_DOT=fp8_dot,
@@ -276,5 +278,4 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         SPLIT_K=split, GROUP_M=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
-    return Launch(_fp8_kernel, grid, args, meta), out
+    return Launch(_fp8_kernel, (tiles, split), args, meta), out

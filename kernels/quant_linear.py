@@ -307,7 +307,13 @@ class Fp8Linear(_FixedDtypeBuffers):
         lead = x.shape[:-1]
         bn, bk = self.block_size or (0, 0)
         y = ops.fp8_mm(
-            _flatten(x, self.in_features), self.weight, self.weight_scale, self.mode, bn, bk, self.input_scale
+            _flatten(x, self.in_features),
+            self.weight.view(torch.uint8),
+            self.weight_scale,
+            self.mode,
+            bn,
+            bk,
+            self.input_scale,
         )
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -372,7 +378,8 @@ class Fp4Linear(nn.Module):
         x = _flatten(x, self.in_features)
         if self.w4a4:
             x = nvfp4_qdq_activations(x, self.input_global_scale) if self.fmt == "nvfp4" else mxfp4_qdq_activations(x)
-        y = ops.fp4_mm(x, self.w_packed, self.w_scale, self.global_scale)
+        e4m3 = self.w_scale.dtype == torch.float8_e4m3fn
+        y = ops.fp4_mm(x, self.w_packed, self.w_scale.view(torch.uint8), e4m3, self.global_scale)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)
