@@ -114,8 +114,10 @@ class Launch:
     args: tuple[Any, ...]
     meta: dict[str, Any]
 
-    def run(self) -> None:
-        resolve(self.kernel)[self.grid](*self.args, **self.meta)
+    def run(self) -> Any:
+        """Launch; returns what Triton's launch returns (the compiled kernel on a GPU, whose
+        `n_spills` / `n_regs` the autotuning sweep reads)."""
+        return resolve(self.kernel)[self.grid](*self.args, **self.meta)
 
     def compile_for(self, arch: int = 90) -> Any:
         """Compile for CUDA compute capability `arch` (e.g. 90 = Hopper) without a GPU:
