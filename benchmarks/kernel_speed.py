@@ -433,10 +433,13 @@ def tune(
     max_configs: int,
     budget_s: float,
     log: Callable[[str], None],
+    device: str = "cuda",
 ) -> dict[str, Any]:
     """Sweep the config space of each tunable kernel per (shape, M bucket); keep the
     fastest correct config whose compiled kernel spills no registers (CUDA-graph time);
-    write the winners to the GPU's table as each key finishes. Returns a summary."""
+    write the winners to the GPU's table as each key finishes. Returns a summary. On the
+    CPU (the dry run: interpreter, wall-clock times that mean nothing) the table is named
+    "cpu-dry-run"."""
     import time
     from dataclasses import asdict
 
@@ -445,14 +448,14 @@ def tune(
     from infer_tool.kernels import tuning
 
     t_end = time.monotonic() + budget_s
-    gpu = torch.cuda.get_device_name()
-    dtype = torch.bfloat16
-    tol = REL_TOL["bfloat16"]
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu-dry-run"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    tol = REL_TOL[str(dtype).removeprefix("torch.")]
     done: dict[str, Any] = {}
     for M in ms:  # decode first: the table's most valuable rows
         for K, N in shapes:
-            x = torch.randn(M, K, device="cuda", dtype=dtype)
-            for case in make_cases(K, N, "cuda", dtype):
+            x = torch.randn(M, K, device=device, dtype=dtype)
+            for case in make_cases(K, N, device, dtype):
                 if case.family is None:
                     continue
                 if time.monotonic() > t_end:
@@ -476,7 +479,9 @@ def tune(
                         if spills or not err < tol:
                             continue
                         call = lambda c, cfg=cfg, case=case, x=x: case.run(x, config=cfg, copy=c)  # noqa: E731
-                        t = time_graph_ms(call, case.copies, "cuda", 48)
+                        t = time_graph_ms(call, case.copies, device, 48)
+                        if t is None:  # CPU dry run
+                            t = time_ms(lambda call=call: call(0), device)
                     except Exception as e:  # out of shared memory, bad layout: not a candidate
                         log(f"tune: {case.family} {cand}: {type(e).__name__}")
                         continue
@@ -682,9 +687,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--cudagraph needs a GPU; --dry-run runs on the CPU")
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.tune is not None:
-        if args.dry_run:
-            p.error("--tune times kernels on a GPU; --dry-run runs on the CPU")
-        summary = tune(shapes, ms, directory=args.tune, max_configs=args.tune_max, budget_s=args.tune_budget_s, log=log)
+        summary = tune(
+            shapes,
+            ms,
+            directory=args.tune,
+            max_configs=args.tune_max,
+            budget_s=args.tune_budget_s,
+            log=log,
+            device=device,
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tune.json").write_text(json.dumps(summary, indent=1))
         print(json.dumps({k: v for k, v in summary.items() if k != "winners"}))
