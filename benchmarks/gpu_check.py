@@ -50,7 +50,10 @@ REL_TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
 PPL_REL_TOL = 1e-3  # same checkpoint, CUDA (Triton) vs CPU (torch reference), fp32
 MAIN_JOB_REL_TOL = 0.01  # main job's ppl made on CUDA vs the CPU record (README: 25.2954 / 25.2401)
 MAIN_JOB_CPU_PPL = {"AMD EPYC (no AMX)": 25.2954, "Intel Xeon with AMX": 25.2401}
-CLI = [sys.executable, "-c", "from infer_tool.cli.app import main; main()"]
+# -P: the working directory (the repository root on the device) is not put on sys.path, where
+# its `kernels/` folder would shadow the PyPI package `kernels` that transformers imports.
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+CLI = [sys.executable, *SAFE_PATH, "-c", "from infer_tool.cli.app import main; main()"]
 STEPS = ("env", "correct", "tune", "speed", "demo", "large")
 # Seconds each step may take at most (the deadline caps them too): the whole run fits the
 # 9 minutes of one device call with `--deadline-s 540`.
@@ -404,10 +407,10 @@ def step_speed(out: Path, dry: bool, clock: Clock, cap: float, extra: list[str])
 def _run(cmd: list[str], timeout: float, log_path: Path | None = None) -> dict[str, Any]:
     """Run cmd with a timeout; stdout kept (JSON), stderr appended to log_path."""
     if timeout < 5:
-        log(f"skipped (no time left): {' '.join(cmd[3:] if cmd[:3] == CLI else cmd)}")
+        log(f"skipped (no time left): {' '.join(cmd[len(CLI) :] if cmd[: len(CLI)] == CLI else cmd)}")
         return {"rc": None, "skipped": "deadline"}
     t0 = time.monotonic()
-    log("run: " + " ".join(cmd[3:] if cmd[:3] == CLI else cmd[1:]))
+    log("run: " + " ".join(cmd[len(CLI) :] if cmd[: len(CLI)] == CLI else cmd[1:]))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the dry run's, not theirs
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -634,6 +637,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run on a GPU, or pass --dry-run to rehearse on the CPU", file=sys.stderr)
         return 2
     clock = Clock(args.deadline_s)
+    if args.dry_run:  # the CPU is slower than the GPU by far: the rehearsal's caps are 5x
+        for k in CAPS:
+            CAPS[k] *= 5
+        args.correct_cap, args.tune_cap = args.correct_cap * 5, args.tune_cap * 5
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or args.out.resolve().parent / "gpu_work"
     work.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ and M bucket instead, keeps the fastest correct config without register spills, 
 writes them to `DIR/<gpu>.json` as it goes (the table `kernels/tuning.py` reads).
 
     python benchmarks/kernel_speed.py --out benchmarks/results          # on a CUDA machine
-    python benchmarks/kernel_speed.py --tune infer_tool/kernels/tuned   # fill the table
+    python benchmarks/kernel_speed.py --tune kernels/tuned   # fill the table
     python benchmarks/kernel_speed.py --dry-run                          # CPU: interpreter,
         # tiny shapes, correctness only (checks the script itself before a GPU run)
 """
