@@ -30,12 +30,13 @@ _LOCKS: dict[tuple[str, int | None], torch.Tensor] = {}
 
 def tile_locks(device: torch.device, n: int) -> torch.Tensor:
     """int32 zeros `(>= n,)` on `device`: one counter per output tile, shared by launches
-    (each launch leaves them zero). Allocated once per device and grown, never per call."""
+    (each launch leaves them zero). Allocated once per device (65,536 counters; grown if a
+    launch needs more: call once before capturing a CUDA graph), never per call."""
     device = torch.device(device)
     key = (device.type, device.index)
     locks = _LOCKS.get(key)
     if locks is None or locks.numel() < n:
-        locks = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        locks = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)  # 256 KiB: no regrowth in practice
         _LOCKS[key] = locks
     return locks
 
@@ -51,6 +52,9 @@ def serial_store(acc, out_ptrs, ws_ptrs, stride_ws, lock_ptr, pid_k, mask, SPLIT
         tl.store(out_ptrs, acc.to(out_ptrs.dtype.element_ty), mask=mask)
     else:
         tl.store(ws_ptrs + pid_k * stride_ws, acc, mask=mask)
+        # Every thread's partial is stored before the counter moves (the atomic runs in one
+        # thread, whose release then covers the whole tile, as CUTLASS's semaphore does).
+        tl.debug_barrier()
         arrived = tl.atomic_add(lock_ptr, 1, sem="acq_rel")  # release our partial, acquire theirs
         if arrived == SPLIT_K - 1:
             total = tl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
