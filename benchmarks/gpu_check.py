@@ -469,7 +469,7 @@ def step_demo(out: Path, work: Path, device: str, dry: bool, clock: Clock) -> di
     ok = True
     for name, (cmd, ckpt) in runs.items():
         shutil.rmtree(ckpt, ignore_errors=True)
-        r = _run(CLI + cmd, min(240, clock.left()), dlog)
+        r = _run(CLI + cmd, min(240 * (5 if dry else 1), clock.left()), dlog)
         res["runs"][name] = r
         if r.get("rc") != 0:
             ok = False
@@ -479,7 +479,7 @@ def step_demo(out: Path, work: Path, device: str, dry: bool, clock: Clock) -> di
             e = _run(
                 CLI
                 + ["eval", "ppl", str(ckpt), "--device", dev, "--max-tokens", eval_tokens, "--no-progress", "--json"],
-                min(180, clock.left()),
+                min(180 * (5 if dry else 1), clock.left()),
                 dlog,
             )
             doc = e.get("json") or {}
@@ -524,9 +524,11 @@ def step_large(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok_src = tokenizer or work / "main-awq"
+    demo_dirs = [work / d for d in ("main-awq", "gptq", "nvfp4a16", "fp8")]
+    found = [d for d in demo_dirs if (d / "tokenizer.json").exists()]
+    tok_src = tokenizer or (found[0] if found else demo_dirs[0])
     if not (tok_src / "tokenizer.json").exists():
-        return {"ok": False, "skipped": f"no tokenizer.json in {tok_src}"}
+        return {"ok": False, "skipped": f"no tokenizer.json in {tok_src} (run the demo step first, or --tokenizer)"}
     model_dir = work / "llama8b-shape"
     shutil.rmtree(model_dir, ignore_errors=True)
     dims = (
