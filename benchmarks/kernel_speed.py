@@ -97,6 +97,7 @@ class Case:
     copies: int = 1
     family: str | None = None
     plan: Callable[..., Any] | None = None
+    group: int = 0  # the tuned-table key's group size
 
 
 # Sweep: variations of the default config tried per (shape, M) with --sweep.
@@ -147,10 +148,10 @@ def copies_for(weight_bytes: int, device: str) -> int:
 def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
     import torch
 
+    from infer_tool.kernels import fp4 as fp4_mod
     from infer_tool.kernels import fp8 as fp8_mod
     from infer_tool.kernels import w4a16 as w4_mod
     from infer_tool.kernels.backend import sm_count
-    from infer_tool.kernels.fp4 import choose_config as fp4_config
     from infer_tool.kernels.fp4 import fp4_matmul, fp4_reference
     from infer_tool.kernels.fp4_layout import GROUP_SIZE as FP4_GROUP
     from infer_tool.kernels.fp8 import FP8_MAX, fp8_matmul, fp8_reference
@@ -196,6 +197,10 @@ def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
         M = x.shape[0]
         return w4_mod.tuned_config(dev, M, N, K, GROUP_SIZE) or w4_mod.choose_config(M, N, K, sms)
 
+    def fp4_config(x, fmt):
+        found = lookup(dev, fmt, x.shape[0], N, K, FP4_GROUP[fmt])
+        return fp4_mod.Fp4Config(**found) if found else fp4_mod.choose_config(x.shape[0], N, K, sms)
+
     def fp8_config(x, mode):
         found = lookup(dev, f"fp8-{mode}", x.shape[0], N, K, 0)
         return fp8_mod.Fp8Config(**found) if found else fp8_mod.choose_config(x.shape[0], N, K, sms)
@@ -218,6 +223,7 @@ def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
             copies=len(int4_copies),
             family="w4a16",
             plan=lambda x, config: w4_mod.plan_prepared(x, w4, config=config)[0],
+            group=GROUP_SIZE,
         ),
     ]
     for mode in ("w8a8", "w8a16"):
@@ -246,8 +252,11 @@ def make_cases(K: int, N: int, device: Any, dtype: Any) -> list[Case]:
                 lambda x, config=None, copy=0, c=fp4_copies: fp4_matmul(x, *c[copy], config=config),
                 lambda x, a=fp4_ops: fp4_reference(x, *a),
                 nbytes,
-                lambda x: fp4_config(x.shape[0], N, K, sms),
+                lambda x, fmt=fmt: fp4_config(x, fmt),
                 copies=len(fp4_copies),
+                family=fmt,
+                plan=lambda x, config, a=fp4_ops: fp4_mod.plan(x, *a, config=config)[0],
+                group=FP4_GROUP[fmt],
             )
         )
     return cases
@@ -490,7 +499,7 @@ def tune(
                         best, best_ms = cand, t
                 if best is None:
                     continue
-                key = tuning.key(case.family, M, N, K, GROUP_SIZE if case.family == "w4a16" else 0)
+                key = tuning.key(case.family, M, N, K, case.group)
                 done[key] = {"config": best, "ms": best_ms, "tried": tried}
                 tuning.write_table(gpu, {key: best}, directory)
                 log(f"tune: {key}: {best_ms * 1e3:.1f} us over {tried} configs: {best}")
