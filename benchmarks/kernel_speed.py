@@ -374,6 +374,7 @@ def run(
     log: Callable[[str], None],
     cudagraph: bool = False,
     graph: bool = True,
+    on_row: Callable[[list[Row]], Any] | None = None,
 ) -> list[Row]:
     """Correctness and timings of every case; `graph`: CUDA-graph times beside the plain
     ones (`cudagraph`: the plain column from do_bench_cudagraph instead, the old mode)."""
@@ -426,6 +427,8 @@ def run(
                     if i == 0:
                         rows.append(row)
                         log(_line(row))
+                        if on_row is not None:
+                            on_row(rows)
                     elif ok is not False and (best is None or row.ms < best.ms):
                         best = row
                 if best is not None and best.ms < rows[-1].ms:
@@ -709,16 +712,6 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "tune.json").write_text(json.dumps(summary, indent=1))
         print(json.dumps({k: v for k, v in summary.items() if k != "winners"}))
         return 0
-    rows = run(
-        shapes,
-        ms,
-        device=device,
-        sweep=args.sweep,
-        log=log,
-        cudagraph=args.cudagraph,
-        graph=not args.no_graph and device == "cuda",
-    )
-    targets = [] if args.dry_run else check_targets(rows)  # interpreter timings mean nothing
     name = torch.cuda.get_device_name() if device == "cuda" else f"CPU interpreter ({platform.machine()})"
     meta = {
         "device": name,
@@ -729,17 +722,32 @@ def main(argv: list[str] | None = None) -> int:
         "dry_run": args.dry_run,
         "cudagraph": args.cudagraph,
     }
-    md = markdown(meta, rows, targets)
     args.out.mkdir(parents=True, exist_ok=True)
     slug = "dry_run" if args.dry_run else name.lower().replace(" ", "_") + ("_cudagraph" if args.cudagraph else "")
-    for suffix, text in (
-        (".md", md),
-        (".json", json.dumps({"meta": meta, "rows": [asdict(r) for r in rows], "targets": targets}, indent=2)),
-    ):
-        path = args.out / f"kernels_{slug}{suffix}"
-        tmp = path.with_suffix(suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+
+    def write(rows: list[Row]) -> str:
+        """The tables so far (rewritten after every row: a run stopped by a timeout keeps them)."""
+        targets = [] if args.dry_run else check_targets(rows)  # interpreter timings mean nothing
+        md = markdown(meta, rows, targets)
+        doc = {"meta": meta, "rows": [asdict(r) for r in rows], "targets": targets}
+        for suffix, text in ((".md", md), (".json", json.dumps(doc, indent=2))):
+            path = args.out / f"kernels_{slug}{suffix}"
+            tmp = path.with_suffix(suffix + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        return md
+
+    rows = run(
+        shapes,
+        ms,
+        device=device,
+        sweep=args.sweep,
+        log=log,
+        cudagraph=args.cudagraph,
+        graph=not args.no_graph and device == "cuda",
+        on_row=write,
+    )
+    md = write(rows)
     print(md)
     bad = [r for r in rows if r.correct is False]
     return 1 if bad else 0
