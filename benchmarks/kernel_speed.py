@@ -475,7 +475,9 @@ def tune(
                     return {"gpu": gpu, "keys": len(done), "complete": False, "winners": done}
                 default = case.config(x)
                 base = asdict(default)
-                path = base.get("path") or ("tiled" if base["SPLIT_K"] == 1 and M > 64 else "splitk")
+                path = base.get("path")  # FP8's dot path is "splitk" or "tiled" by M here
+                if path not in ("gemv", "splitk", "tiled"):
+                    path = "tiled" if M > 64 else "splitk"
                 space = tuning.config_space(case.family, path, M, base)
                 space = space[:1] + space[1:][:: max(1, -(-(len(space) - 1) // max(1, max_configs - 1)))]
                 ref = case.reference(x)

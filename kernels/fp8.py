@@ -18,6 +18,11 @@ Operands (the compressed-tensors / vLLM orientation):
 - `input_scale` fp32 `(1,)` static activation scale (w8a8 only) or None = dynamic.
 Result `(M, N)` in x's dtype.
 
+Paths (`Fp8Config.path`, from M by `choose_config`, or the tuned table): "gemv" for M <= 4
+(no `tl.dot`: each weight tile read once along K, its contiguous dimension, upcast to fp32
+and multiplied by each row's activations, the K loop split so one row fills the GPU), "dot"
+otherwise (`tl.dot`, FP8 x FP8 on sm_89+ in W8A8). Split-K is reduced in the same launch.
+
 The activations are rounded by torch's cast (round to nearest even, after clamping to
 ±448), never in the kernel: the Triton interpreter's float->fp8 cast does not round
 correctly, and rounding inside the GEMM would redo it for every output tile.
@@ -53,6 +58,10 @@ class Fp8Config:
     GROUP_M: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    path: str = "dot"  # "gemv" (M <= 4, no tl.dot) or "dot"
+
+
+PATHS = ("gemv", "dot")
 
 
 def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | None = None) -> Fp8Config:
@@ -60,7 +69,11 @@ def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | Non
     (`scale_block_k`), BLOCK_K is shrunk to divide the scale block."""
     # Tile sizes chosen to stay spill-free on sm_90, checked with ptxas through
     # `Launch.compile_for`.
-    if M <= 64:
+    if M <= 4:  # decode: the gemv keeps (BLOCK_N, BLOCK_K) fp32 products per row
+        block_m = triton.next_power_of_2(M)
+        cfg = Fp8Config(BLOCK_M=block_m, BLOCK_N=32 if block_m <= 2 else 16, BLOCK_K=128, num_warps=4,
+                        num_stages=3, path="gemv")
+    elif M <= 64:
         block_m = max(16, triton.next_power_of_2(M))
         cfg = Fp8Config(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=8 if block_m >= 64 else 4)
     else:
@@ -74,7 +87,8 @@ def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | Non
         return cfg
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     k_blocks = triton.cdiv(K, cfg.BLOCK_K)
-    split = max(1, min(triton.cdiv(2 * num_sms, tiles), k_blocks // 2, 16))
+    target = (4 if cfg.path == "gemv" else 2) * num_sms
+    split = max(1, min(triton.cdiv(target, tiles), k_blocks // 2, 16))
     return replace(cfg, SPLIT_K=split)
 
 
@@ -144,6 +158,89 @@ def _fp8_kernel(
     part_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
     serial_store(acc, out_ptrs, part_ptrs, M * N, lock_ptr + pid, pid_k, mask_out, SPLIT_K)
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    # pointers
+    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, lock_ptr,
+    # sizes
+    M, N, K, scale_bn, scale_bk, kb_per_split,
+    # strides
+    stride_xm, stride_xk,
+    stride_wn, stride_wk,
+    stride_wsn, stride_wsk,
+    stride_om, stride_on,
+    # meta-parameters
+    W8A8: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """"gemv" (M <= 4): rows `BLOCK_M` (1, 2 or 4) x columns `BLOCK_N`, K-blocks
+    `pid_k * kb_per_split ..` (a contiguous run), no `tl.dot`: the weight tile `(BN, BK)` is
+    read once along K (its contiguous dimension), upcast to fp32 and multiplied by each
+    row's activations, accumulated elementwise per row and reduced over K at the end.
+    Operands as in `_fp8_kernel`; x e4m3 codes (W8A8) or fp16/bf16/fp32.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    m0 = pid_m * BLOCK_M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    num_kb = (K + BLOCK_K - 1) // BLOCK_K
+    kb_start = pid_k * kb_per_split
+    kb_end = tl.minimum(kb_start + kb_per_split, num_kb)
+
+    acc0 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    acc1 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    acc2 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    acc3 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    for kb in range(kb_start, kb_end):
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                    mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)  # (BN, BK)
+        if SCALE_IN_LOOP:
+            ws = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn + ((kb * BLOCK_K) // scale_bk) * stride_wsk,
+                         mask=mask_n, other=0.0)
+            w = w * ws[:, None]
+        x0 = tl.load(x_ptr + m0 * stride_xm + offs_k * stride_xk, mask=mask_k & (offs_k * 0 + m0 < M),
+                     other=0.0).to(tl.float32)
+        acc0 += w * x0[None, :]
+        if BLOCK_M > 1:
+            x1 = tl.load(x_ptr + (m0 + 1) * stride_xm + offs_k * stride_xk,
+                         mask=mask_k & (offs_k * 0 + m0 + 1 < M), other=0.0).to(tl.float32)
+            acc1 += w * x1[None, :]
+        if BLOCK_M > 2:
+            x2 = tl.load(x_ptr + (m0 + 2) * stride_xm + offs_k * stride_xk,
+                         mask=mask_k & (offs_k * 0 + m0 + 2 < M), other=0.0).to(tl.float32)
+            x3 = tl.load(x_ptr + (m0 + 3) * stride_xm + offs_k * stride_xk,
+                         mask=mask_k & (offs_k * 0 + m0 + 3 < M), other=0.0).to(tl.float32)
+            acc2 += w * x2[None, :]
+            acc3 += w * x3[None, :]
+
+    if not SCALE_IN_LOOP:
+        ws_n = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn, mask=mask_n, other=0.0)
+    for j in tl.static_range(BLOCK_M):
+        if j == 0:
+            acc = acc0
+        elif j == 1:
+            acc = acc1
+        elif j == 2:
+            acc = acc2
+        else:
+            acc = acc3
+        row = m0 + j
+        row_ok = (offs_n * 0 + row) < M
+        total = tl.reduce(acc, 1, tl.standard._sum_combine)  # (BN,)
+        if not SCALE_IN_LOOP:
+            total = total * ws_n
+        if W8A8:
+            total = total * tl.load(xs_ptr + row + offs_n * 0, mask=row_ok, other=0.0)
+        serial_store(total, out_ptr + row * stride_om + offs_n * stride_on, part_ptr + row * N + offs_n,
+                     M * N, lock_ptr + pid * BLOCK_M + j, pid_k, mask_n & row_ok, SPLIT_K)
 
 
 def scale_blocks(w_scale: torch.Tensor, N: int, K: int,
@@ -244,7 +341,12 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
     cfg = cfg or choose_config(M, N, K, sm_count(x.device), bk if scale_in_loop else None)
     if scale_in_loop and bk % cfg.BLOCK_K:
         raise ValueError(f"fp8: BLOCK_K={cfg.BLOCK_K} must divide the scale block along K ({bk})")
-    if cfg.BLOCK_M < 16:
+    if cfg.path not in PATHS:
+        raise ValueError(f"fp8: unknown config path {cfg.path!r}; expected one of {PATHS}")
+    gemv = cfg.path == "gemv"
+    if gemv and cfg.BLOCK_M > 4:
+        raise ValueError(f"fp8: the gemv takes BLOCK_M <= 4, got {cfg.BLOCK_M}")
+    if not gemv and cfg.BLOCK_M < 16:
         raise ValueError(f"fp8: tl.dot needs BLOCK_M >= 16, got {cfg.BLOCK_M}")
     out_dtype = x.dtype
     if mode == "w8a8":  # quantized once here, not per output tile in the kernel
@@ -254,11 +356,14 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         x, xs = x.contiguous(), grid_s  # xs unused
     num_kb = triton.cdiv(K, cfg.BLOCK_K)
     split = max(1, min(cfg.SPLIT_K, num_kb))
+    per_split = triton.cdiv(num_kb, split)
+    if gemv:
+        split = triton.cdiv(num_kb, per_split)  # the gemv's splits are contiguous runs: none empty
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     out = backend.empty_output((M, N), out_dtype, x.device)
     if split > 1:
         part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
-        locks = tile_locks(x.device, tiles)
+        locks = tile_locks(x.device, tiles * cfg.BLOCK_M)  # the gemv counts rows apart
     else:
         part = locks = out  # unused
     # FP8 x FP8 tl.dot needs sm_89+; older GPUs multiply the exact fp16 upcasts instead.
@@ -278,4 +383,8 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         SPLIT_K=split, GROUP_M=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if gemv:
+        args = args[:12] + (per_split,) + args[12:]  # after scale_bn, scale_bk
+        meta = {k: v for k, v in meta.items() if k not in ("FP8_DOT", "DOT_PRECISION", "GROUP_M")}
+        return Launch(_fp8_gemv_kernel, (tiles, split), args, meta), out
     return Launch(_fp8_kernel, (tiles, split), args, meta), out
