@@ -1,24 +1,32 @@
-"""One prepared run on a CUDA machine: the kernels' correctness on the GPU, their speed, and
-the demo's quantize and `eval ppl` on CUDA against the CPU reference.
+"""One prepared run on a CUDA machine: the kernels' correctness on the GPU, their tuned
+configs and speed, the demo's quantize and `eval ppl` on CUDA against the CPU reference, and
+an 8B-shaped model through GPTQ and `eval ppl`.
 
-Steps (each time-boxed; `--steps` picks them, in this order):
+Steps (each time-boxed, results written as each finishes; `--steps` picks them, in order):
 
 - `env`: GPU, driver, CUDA, torch / triton / transformers versions, CPU.
-- `speed`: `benchmarks/kernel_speed.py` (its own correctness check, then `do_bench` timings;
-  `--speed-args --cudagraph`: GPU time from CUDA-graph replay).
 - `correct`: every Triton kernel path on CUDA (W4A16 sym / asym / act-order at groups 32, 64,
   128 and per channel; FP8 W8A8 dynamic and static, W8A16, per tensor / channel / 128x128 block;
   NVFP4A16 and MXFP4A16) at M from 1 to 4096, bf16 / fp16 / fp32 activations, outputs poisoned
   with NaN before each launch, against a float64 product built here from the codes (not from
   our dequantizers). Tolerance, relative Frobenius error: fp32 2e-5, fp16 2e-3, bf16 1e-2.
+  On CUDA also: an `Int4Linear` replayed from a captured CUDA graph and compiled with
+  `torch.compile(fullgraph=True)` gives the eager result bit for bit.
+- `tune`: `kernel_speed.py --tune`: each kernel's config space swept per shape and M bucket
+  (CUDA-graph time, correct and spill-free configs only), winners written to
+  `kernels/tuned/<gpu>.json` (copied into DIR/tuned/) as they come.
+- `speed`: `kernel_speed.py` with that table: correctness, then plain and CUDA-graph timings
+  (shapes 4096x14336, 14336x4096, 8192x28672; M = 1, 16, 2048; bf16; group 128).
 - `demo`: the main job (bare `infer-tool quantize`) on CUDA; GPTQ, FP8 and NVFP4A16 RTN
   checkpoints of the demo model; `eval ppl` of each on CUDA (Triton) and on the CPU (torch
   reference) on the same windows: they must agree within 0.1% (fp32; the two differ only in
   float summation order).
-- `large`: a Llama-3-8B-shaped model with random weights (a few decoder layers, the demo's
-  tokenizer) through `quantize --method gptq` streamed: seconds per decoder layer and peak memory.
+- `large`: a Llama-3-8B-shaped model (32 decoder layers of 4096 / 14336, 32 / 8 heads; the
+  demo's tokenizer and vocabulary) with random bf16 weights built on the device; `eval ppl`
+  of it in bf16; `quantize --method gptq` (128 x 2048 calibration tokens) streamed on the GPU;
+  `eval ppl` of the INT4 checkpoint in bf16: its tokens/s against the bf16 model's.
 
-    python benchmarks/gpu_check.py --out DIR [--steps env,correct,speed] [--deadline-s 300]
+    python benchmarks/gpu_check.py --out DIR [--steps env,correct,speed] [--deadline-s 540]
     python benchmarks/gpu_check.py --dry-run --out DIR   # CPU rehearsal: interpreter, tiny shapes
 
 Writes `summary.json` and each step's files into DIR. Exit 1 if any check failed.
@@ -42,8 +50,14 @@ REL_TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1e-2}
 PPL_REL_TOL = 1e-3  # same checkpoint, CUDA (Triton) vs CPU (torch reference), fp32
 MAIN_JOB_REL_TOL = 0.01  # main job's ppl made on CUDA vs the CPU record (README: 25.2954 / 25.2401)
 MAIN_JOB_CPU_PPL = {"AMD EPYC (no AMX)": 25.2954, "Intel Xeon with AMX": 25.2401}
-CLI = [sys.executable, "-c", "from infer_tool.cli.app import main; main()"]
-STEPS = ("env", "speed", "correct", "demo", "large")
+# -P: the working directory (the repository root on the device) is not put on sys.path, where
+# its `kernels/` folder would shadow the PyPI package `kernels` that transformers imports.
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+CLI = [sys.executable, *SAFE_PATH, "-c", "from infer_tool.cli.app import main; main()"]
+STEPS = ("env", "correct", "tune", "speed", "demo", "large")
+# Seconds each step may take at most (the deadline caps them too): the whole run fits the
+# 9 minutes of one device call with `--deadline-s 540`.
+CAPS = {"correct": 60.0, "tune": 110.0, "speed": 100.0, "demo": 120.0}
 
 
 class Clock:
@@ -246,6 +260,60 @@ def correctness_cases(device: str, dry: bool) -> list[tuple[str, Any]]:
                         return fp4_matmul(x, packed, *ops), x.double() @ Wd
 
                     cases.append((f"{fmt}-a16 K{K} N{N} M{M} {str(dt_)[6:]}", run))
+    cases += module_cases(device, dry)
+
+    def order(case: tuple[str, Any]) -> tuple[int, int]:
+        """Shape, then M: every family is checked at small M before any at large M, so a
+        time-boxed step that stops early has still covered every kernel."""
+        name = case[0]
+        shape = 0 if " K" not in name or name.split(" K")[1].startswith(str(plan[0][0][0])) else 1
+        m = int(name.split(" M")[1].split(" ")[0]) if " M" in name else 0
+        return shape, m
+
+    return sorted(cases, key=order)
+
+
+def module_cases(device: str, dry: bool) -> list[tuple[str, Any]]:
+    """`Int4Linear` as it is served: replayed from a CUDA graph (CUDA only) and compiled with
+    `torch.compile(fullgraph=True)`, each against the same layer's eager output, bit for bit
+    (names end "exact": the step requires a relative error of 0)."""
+    import torch
+
+    from infer_tool.kernels.quant_linear import Int4Linear
+
+    K, N = (256, 72) if dry else (4096, 4096)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    scale = torch.rand(N, K // 128, generator=g) * 0.02 + 0.005
+    dt_ = torch.float16 if dry else torch.bfloat16
+    layer = Int4Linear.from_unpacked(q, scale.to(dt_), None, None, 128).to(device)
+    cases: list[tuple[str, Any]] = []
+    for M in (1, 16):
+        x = torch.randn(M, K, generator=g).to(device=device, dtype=dt_)
+
+        def compiled(x=x):
+            torch._dynamo.reset()
+            eager = layer(x)
+            # the CPU rehearsal traces with aot_eager (inductor's C++ build takes a minute there)
+            out = torch.compile(layer, fullgraph=True, backend="aot_eager" if dry else "inductor")(x)
+            return out, eager.double()
+
+        cases.append((f"int4linear torch.compile K{K} N{N} M{M} exact", compiled))
+        if device == "cuda":
+
+            def replay(x=x):
+                eager = layer(x)
+                static_x = x.clone()
+                layer(static_x)  # warm-up outside capture (compile, split-K counters)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    out = layer(static_x)
+                graph.replay()
+                torch.cuda.synchronize()
+                return out.clone(), eager.double()
+
+            cases.append((f"int4linear cuda-graph replay K{K} N{N} M{M} exact", replay))
     return cases
 
 
@@ -265,14 +333,19 @@ def step_correct(out: Path, device: str, dry: bool, clock: Clock, cap: float, on
             if clock.left() < 5 or time.monotonic() - t0 > cap:
                 log(f"correct: out of time after {len(rows)} of {len(cases)} cases")
                 break
-            res, ref = run()
+            try:
+                res, ref = run()
+                err = _rel(res, ref) if torch.isfinite(res).all() else float("inf")
+            except Exception as e:  # one broken case is a failed case, not a lost step
+                log(f"correct: {name}: {type(e).__name__}: {e}")
+                err = float("inf")
             dtype = name.rsplit(" ", 1)[1]
-            err = _rel(res, ref) if torch.isfinite(res).all() else float("inf")
-            ok = err < REL_TOL[dtype]
-            rows.append({"case": name, "rel_err": err, "tol": REL_TOL[dtype], "ok": ok})
+            tol = 0.0 if dtype == "exact" else REL_TOL[dtype]
+            ok = err == 0.0 if dtype == "exact" else err < tol
+            rows.append({"case": name, "rel_err": err, "tol": tol, "ok": ok})
             if not ok:
                 failed.append(name)
-                log(f"correct: FAIL {name}: rel err {err:.3e} >= {REL_TOL[dtype]}")
+                log(f"correct: FAIL {name}: rel err {err:.3e} (tolerance {tol})")
     finally:
         backend.empty_output = real_empty
     seconds = time.monotonic() - t0
@@ -284,7 +357,8 @@ def step_correct(out: Path, device: str, dry: bool, clock: Clock, cap: float, on
     for fam, err in worst.items():
         kind, dtype = fam.rsplit(" ", 1)
         n = sum(1 for r in rows if r["case"].startswith(kind + " K") and r["case"].endswith(dtype))
-        md.append(f"| {kind} | {dtype} | {n} | {err:.2e} | {REL_TOL[dtype]:.0e} |")
+        tol = "bitwise" if dtype == "exact" else f"{REL_TOL[dtype]:.0e}"
+        md.append(f"| {kind} | {dtype} | {n} | {err:.2e} | {tol} |")
     (out / "correct.md").write_text("\n".join(md) + "\n")
     (out / "correct.json").write_text(json.dumps({"rows": rows, "seconds": seconds}, indent=1))
     log(f"correct: {len(rows) - len(failed)} of {len(rows)} cases within tolerance ({seconds:.0f} s)")
@@ -300,9 +374,29 @@ def step_correct(out: Path, device: str, dry: bool, clock: Clock, cap: float, on
 # --- speed -------------------------------------------------------------------------------------
 
 
+def step_tune(out: Path, dry: bool, clock: Clock, cap: float) -> dict[str, Any]:
+    """`kernel_speed.py --tune` into the repository's table (the speed and demo steps then
+    run with it); the table is copied into OUT/tuned/. The dry run tunes the tiny shapes
+    on the interpreter into OUT/tuned/ only."""
+    from infer_tool.kernels import tuning
+
+    table_dir = out / "tuned" if dry else tuning.TUNED_DIR
+    budget = max(5.0, min(cap, clock.left()) - 20)  # leave the child time to write and exit
+    cmd = [sys.executable, str(Path(__file__).with_name("kernel_speed.py")), "--out", str(out)]
+    cmd += ["--tune", str(table_dir), "--tune-budget-s", str(round(budget))]
+    cmd += ["--dry-run", "--shapes", "160x72", "--ms", "1,16", "--tune-max", "3"] if dry else []
+    r = _run(cmd, min(cap, clock.left()), out / "tune.log")
+    if not dry:
+        (out / "tuned").mkdir(exist_ok=True)
+        for f in table_dir.glob("*.json"):
+            shutil.copy(f, out / "tuned" / f.name)
+    doc = r.get("json") or {}
+    return {"ok": r["rc"] == 0 and doc.get("keys", 0) > 0, "table_dir": str(table_dir), **r}
+
+
 def step_speed(out: Path, dry: bool, clock: Clock, cap: float, extra: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).with_name("kernel_speed.py")), "--out", str(out), *extra]
-    cmd += ["--dry-run"] if dry else []
+    cmd += ["--dry-run", "--shapes", "160x72"] if dry else []
     r = _run(cmd, min(cap, clock.left()), out / "speed.log")
     return {"ok": r["rc"] == 0, **r}
 
@@ -313,10 +407,10 @@ def step_speed(out: Path, dry: bool, clock: Clock, cap: float, extra: list[str])
 def _run(cmd: list[str], timeout: float, log_path: Path | None = None) -> dict[str, Any]:
     """Run cmd with a timeout; stdout kept (JSON), stderr appended to log_path."""
     if timeout < 5:
-        log(f"skipped (no time left): {' '.join(cmd[3:] if cmd[:3] == CLI else cmd)}")
+        log(f"skipped (no time left): {' '.join(cmd[len(CLI) :] if cmd[: len(CLI)] == CLI else cmd)}")
         return {"rc": None, "skipped": "deadline"}
     t0 = time.monotonic()
-    log("run: " + " ".join(cmd[3:] if cmd[:3] == CLI else cmd[1:]))
+    log("run: " + " ".join(cmd[len(CLI) :] if cmd[: len(CLI)] == CLI else cmd[1:]))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the dry run's, not theirs
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -375,7 +469,7 @@ def step_demo(out: Path, work: Path, device: str, dry: bool, clock: Clock) -> di
     ok = True
     for name, (cmd, ckpt) in runs.items():
         shutil.rmtree(ckpt, ignore_errors=True)
-        r = _run(CLI + cmd, min(240, clock.left()), dlog)
+        r = _run(CLI + cmd, min(240 * (5 if dry else 1), clock.left()), dlog)
         res["runs"][name] = r
         if r.get("rc") != 0:
             ok = False
@@ -385,7 +479,7 @@ def step_demo(out: Path, work: Path, device: str, dry: bool, clock: Clock) -> di
             e = _run(
                 CLI
                 + ["eval", "ppl", str(ckpt), "--device", dev, "--max-tokens", eval_tokens, "--no-progress", "--json"],
-                min(180, clock.left()),
+                min(180 * (5 if dry else 1), clock.left()),
                 dlog,
             )
             doc = e.get("json") or {}
@@ -424,14 +518,17 @@ def step_large(
     out: Path, work: Path, device: str, dry: bool, clock: Clock, layers: int, tokenizer: Path | None
 ) -> dict[str, Any]:
     """A Llama-3-8B-shaped model (random bf16 weights, `layers` decoder layers, the demo's
-    tokenizer: from `tokenizer` or the demo step's checkpoint) quantized by GPTQ, streamed,
-    on `device`."""
+    tokenizer and vocabulary: from `tokenizer` or the demo step's checkpoint) built on
+    `device`; `eval ppl` of it in bf16; GPTQ (128 x 2048 calibration tokens) streamed on
+    `device`; `eval ppl` of the INT4 checkpoint. Results are written after each part."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok_src = tokenizer or work / "main-awq"
+    demo_dirs = [work / d for d in ("main-awq", "gptq", "nvfp4a16", "fp8")]
+    found = [d for d in demo_dirs if (d / "tokenizer.json").exists()]
+    tok_src = tokenizer or (found[0] if found else demo_dirs[0])
     if not (tok_src / "tokenizer.json").exists():
-        return {"ok": False, "skipped": f"no tokenizer.json in {tok_src}"}
+        return {"ok": False, "skipped": f"no tokenizer.json in {tok_src} (run the demo step first, or --tokenizer)"}
     model_dir = work / "llama8b-shape"
     shutil.rmtree(model_dir, ignore_errors=True)
     dims = (
@@ -448,28 +545,67 @@ def step_large(
         torch_dtype="bfloat16",
         **dims,
     )
+    res: dict[str, Any] = {"layers": layers, "dims": dims}
+
+    def save() -> None:
+        (out / "large.json").write_text(json.dumps(res, indent=1, default=str))
+
     t0 = time.monotonic()
     torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of 8B parameters
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(default_dtype)
     model.save_pretrained(model_dir)
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     for f in tok_src.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(f, model_dir / f.name)
-    build_s = time.monotonic() - t0
+    res["build_seconds"] = round(time.monotonic() - t0, 1)
+    save()
+    log(f"large: built and saved in {res['build_seconds']} s")
+    tokens = "2048" if dry else "8192"
+    evals = {}
+
+    def ppl(name: str, path: Path, timeout: float) -> None:
+        e = _run(
+            CLI
+            + ["eval", "ppl", str(path), "--device", device, "--dtype", "bfloat16" if not dry else "float32"]
+            + ["--max-tokens", tokens, "--no-progress", "--json"],
+            timeout,
+            out / "large.log",
+        )
+        doc = e.get("json") or {}
+        evals[name] = {k: doc.get(k) for k in ("ppl", "tokens_per_second", "backend", "tokens")}
+        evals[name].update(rc=e.get("rc"), seconds=e.get("seconds"))
+        res["eval"] = evals
+        save()
+
+    ppl("bf16", model_dir, min(90, clock.left() - 10))
     ckpt = work / "llama8b-shape-gptq"
     shutil.rmtree(ckpt, ignore_errors=True)
-    calib = ["--num-samples", "4", "--seq-len", "128"] if dry else ["--num-samples", "128", "--seq-len", "512"]
+    calib = ["--num-samples", "4", "--seq-len", "128"] if dry else ["--num-samples", "128", "--seq-len", "2048"]
     r = _run(
         CLI
         + ["quantize", str(model_dir), "--method", "gptq", *calib, "--device", device, "--out", str(ckpt), "--json"],
-        clock.left() - 5,
+        clock.left() - (60 if not dry else 5),  # the INT4 eval's share
         out / "large.log",
     )
-    res = {"layers": layers, "dims": dims, "build_seconds": round(build_s, 1), **r}
-    res["ok"] = r.get("rc") == 0
-    (out / "large.json").write_text(json.dumps(res, indent=1))
+    res["gptq"] = r
+    save()
+    if r.get("rc") == 0:
+        ppl("int4", ckpt, clock.left() - 5)
+    bf16_tps = (evals.get("bf16") or {}).get("tokens_per_second")
+    int4_tps = (evals.get("int4") or {}).get("tokens_per_second")
+    if bf16_tps and int4_tps:
+        res["int4_over_bf16_tokens_per_second"] = round(int4_tps / bf16_tps, 3)
+    res["ok"] = r.get("rc") == 0 and all(v.get("rc") == 0 for v in evals.values()) and len(evals) == 2
+    save()
     return res
 
 
@@ -482,8 +618,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None, help="checkpoints and models (default: OUT/../gpu_work)")
     p.add_argument("--steps", default=",".join(STEPS))
     p.add_argument("--deadline-s", type=float, default=540.0, help="stop starting work after this many seconds")
-    p.add_argument("--correct-cap", type=float, default=180.0, help="seconds the correct step may take")
-    p.add_argument("--large-layers", type=int, default=4)
+    p.add_argument("--correct-cap", type=float, default=CAPS["correct"], help="seconds the correct step may take")
+    p.add_argument("--tune-cap", type=float, default=CAPS["tune"], help="seconds the tune step may take")
+    p.add_argument("--large-layers", type=int, default=32)
     p.add_argument("--tokenizer", type=Path, default=None, help="large: folder with the demo's tokenizer.json")
     p.add_argument("--correct-only", default=None, help="correct: only cases whose name holds every '&'-joined part")
     p.add_argument("--speed-args", default="", help="speed: extra kernel_speed.py arguments, e.g. '--cudagraph'")
@@ -502,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run on a GPU, or pass --dry-run to rehearse on the CPU", file=sys.stderr)
         return 2
     clock = Clock(args.deadline_s)
+    if args.dry_run:  # the CPU is slower than the GPU by far: the rehearsal's caps are 5x
+        for k in CAPS:
+            CAPS[k] *= 5
+        args.correct_cap, args.tune_cap = args.correct_cap * 5, args.tune_cap * 5
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or args.out.resolve().parent / "gpu_work"
     work.mkdir(parents=True, exist_ok=True)
@@ -515,12 +656,15 @@ def main(argv: list[str] | None = None) -> int:
                 r = step_env(args.out, device)
             elif step == "correct":
                 r = step_correct(args.out, device, args.dry_run, clock, cap=args.correct_cap, only=args.correct_only)
+            elif step == "tune":
+                r = step_tune(args.out, args.dry_run, clock, cap=args.tune_cap)
             elif step == "speed":
-                r = step_speed(args.out, args.dry_run, clock, cap=210, extra=args.speed_args.split())
+                r = step_speed(args.out, args.dry_run, clock, cap=CAPS["speed"], extra=args.speed_args.split())
             elif step == "demo":
-                r = step_demo(args.out, work, device, args.dry_run, clock)
+                r = step_demo(args.out, work, device, args.dry_run, Clock(min(CAPS["demo"], clock.left())))
             else:
-                r = step_large(args.out, work, device, args.dry_run, clock, args.large_layers, args.tokenizer)
+                layers = min(args.large_layers, 2) if args.dry_run else args.large_layers
+                r = step_large(args.out, work, device, args.dry_run, clock, layers, args.tokenizer)
         except Exception as e:  # one broken step must not lose the others' results
             r = {"ok": False, "error": f"{type(e).__name__}: {e}"}
             log(f"{step}: {r['error']}")

@@ -114,26 +114,41 @@ class Launch:
     args: tuple[Any, ...]
     meta: dict[str, Any]
 
-    def run(self) -> None:
-        resolve(self.kernel)[self.grid](*self.args, **self.meta)
+    def run(self) -> Any:
+        """Launch; returns what Triton's launch returns (the compiled kernel on a GPU, whose
+        `n_spills` / `n_regs` the autotuning sweep reads)."""
+        return resolve(self.kernel)[self.grid](*self.args, **self.meta)
 
     def compile_for(self, arch: int = 90) -> Any:
         """Compile for CUDA compute capability `arch` (e.g. 90 = Hopper) without a GPU:
         catches what the interpreter cannot (layouts, dot shapes, fp8 instructions)."""
         import triton
-        from triton.backends.compiler import GPUTarget
+        from triton.backends.compiler import BaseBackend, GPUTarget
         from triton.compiler import ASTSource
-        from triton.runtime.jit import mangle_type
+        from triton.runtime.jit import native_specialize_impl
 
         fn = self.kernel.fn if hasattr(self.kernel, "fn") else self.kernel
         names = fn.__code__.co_varnames[: fn.__code__.co_argcount]
         options = {k: self.meta[k] for k in ("num_warps", "num_stages") if k in self.meta}
         constexprs = {k: v for k, v in self.meta.items() if k not in options}
-        signature = {name: mangle_type(arg) for name, arg in zip(names, self.args)}
-        signature.update({name: "constexpr" for name in constexprs})
+        signature, attrs = {}, {}
         indices = {name: i for i, name in enumerate(names)}
+        for name, arg in zip(names, self.args):
+            # As the JIT specializes a launch: ints equal to 1 become constants, and
+            # pointers / ints divisible by 16 are marked so (vector loads need it).
+            kind, spec = native_specialize_impl(BaseBackend, arg, False, True, True)
+            if kind == "constexpr":
+                constexprs[name] = spec
+                continue
+            signature[name] = kind
+            if spec:
+                attrs[(indices[name],)] = BaseBackend.parse_attr(spec)
+        signature.update({name: "constexpr" for name in constexprs})
         src = ASTSource(
-            fn=self.kernel, signature=signature, constexprs={(indices[k],): v for k, v in constexprs.items()}
+            fn=self.kernel,
+            signature=signature,
+            constexprs={(indices[k],): v for k, v in constexprs.items()},
+            attrs=attrs,
         )
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 

@@ -21,8 +21,9 @@ Kernel paths, chosen from M by `choose_config` (or forced with `config=`), as in
             once at the end; split over K so that one row still fills the GPU;
 - "splitk" (M <= 64): `tl.dot` tiles with the K loop split over `SPLIT_K` programs;
 - "tiled"  (larger M): classic `tl.dot` tiling, grouped program order for L2 reuse.
-Split-K writes fp32 partials `(SPLIT_K, M, N)` summed in a fixed order afterwards (no
-atomics: bitwise reproducible). No `@triton.autotune`; pass `config=` to choose.
+Split-K is reduced in the same launch (`splitk.serial_store`: the last program of a tile
+sums the fp32 partials in a fixed order; bitwise reproducible). No `@triton.autotune`:
+the tuned table (`tuning.py`) or `choose_config`, or pass `config=`.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_tool.kernels import backend
+from infer_tool.kernels import backend, tuning
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
 from infer_tool.kernels.fp4_layout import GROUP_SIZE, dequantize_codes, effective_scale, unpack_fp4
-from infer_tool.kernels.splitk import sum_partials
+from infer_tool.kernels.splitk import serial_store, tile_locks
 from infer_tool.kernels.tiles import grouped_tile
 
 PATHS = ("gemv", "splitk", "tiled")
@@ -81,14 +82,14 @@ def choose_config(M: int, N: int, K: int, num_sms: int) -> Fp4Config:
 @triton.jit
 def _fp4_kernel(
     # pointers
-    x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr,
+    x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, part_ptr, lock_ptr,
     # sizes
     M, N, K,
     # strides
     stride_xm, stride_xk,
     stride_wn, stride_wk,
     stride_sn, stride_sg,
-    stride_os, stride_om, stride_on,
+    stride_om, stride_on,
     # meta-parameters
     IS_NVFP4: tl.constexpr, GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -98,7 +99,7 @@ def _fp4_kernel(
     K-blocks `pid_k, pid_k + SPLIT_K, ...`.
 
     x `(M, K)`; w uint8 `(N, K/2)`; s uint8 bits `(N, K/GROUP)` (E4M3 or E8M0); gs float32
-    `(1,)` (NVFP4); out `(M, N)` when SPLIT_K == 1, else fp32 partials `(SPLIT_K, M, N)`.
+    `(1,)` (NVFP4); out `(M, N)`; part fp32 `(SPLIT_K, M, N)` split-K partials, lock int32 per tile.
     """
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -145,25 +146,23 @@ def _fp4_kernel(
         w = (v2 * (0.5 * s)).to(x.dtype)  # (BK, BN), value * s_eff rounded like the reference
         acc += tl.dot(x, w, input_precision=DOT_PRECISION)
 
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    part_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
-    else:
-        tl.store(out_ptrs, acc, mask=mask_out)
+    serial_store(acc, out_ptrs, part_ptrs, M * N, lock_ptr + pid, pid_k, mask_out, SPLIT_K)
 
 
 @triton.jit
 def _fp4_gemv_kernel(
     # pointers
-    x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr,
+    x_ptr, w_ptr, s_ptr, gs_ptr, out_ptr, part_ptr, lock_ptr,
     # sizes
     M, N, K,
     # strides
     stride_xm, stride_xk,
     stride_wn, stride_wk,
     stride_sn, stride_sg,
-    stride_os, stride_om, stride_on,
+    stride_om, stride_on,
     # meta-parameters
     IS_NVFP4: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -212,12 +211,10 @@ def _fp4_gemv_kernel(
         acc += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]
     acc2 = tl.reduce(acc, 1, tl.standard._sum_combine)  # (BM, BN)
 
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    part_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc2.to(out_ptr.dtype.element_ty), mask=mask_out)
-    else:
-        tl.store(out_ptrs, acc2, mask=mask_out)
+    serial_store(acc2, out_ptrs, part_ptrs, M * N, lock_ptr + pid, pid_k, mask_out, SPLIT_K)
 
 
 def fp4_format(w_scale: torch.Tensor, global_scale: torch.Tensor | None) -> str:
@@ -279,49 +276,50 @@ def fp4_matmul(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor,
     if not use_triton(x):
         return fp4_reference(x, w_packed, w_scale, global_scale).to(x.dtype)
     launch, out = plan(x, w_packed, w_scale, global_scale, config=config)
-    launch.run()
-    if out.dim() == 2:
-        return out
-    return sum_partials(out, x.dtype)  # fixed-order reduction, no atomics
+    launch.run()  # split-K reduced in the same launch, in a fixed order (splitk.serial_store)
+    return out
 
 
 def plan(x: torch.Tensor, w_packed: torch.Tensor, w_scale: torch.Tensor, global_scale: torch.Tensor | None,
          *, config: Fp4Config | None = None) -> tuple[Launch, torch.Tensor]:
     """Check the operands, allocate the output and build the launch: `(launch, out)`,
-    out `(M, N)` in x's dtype, or fp32 partials `(SPLIT_K, M, N)` to be summed."""
+    out `(M, N)` in x's dtype. The config: `config`, else the tuned table's (`tuning.py`,
+    family "nvfp4" / "mxfp4"), else `choose_config`."""
     fmt = _check(x, w_packed, w_scale, global_scale)
     M, K = x.shape
     N = w_packed.shape[0]
-    cfg = config or choose_config(M, N, K, sm_count(x.device))
+    tuned = tuning.lookup(x.device, fmt, M, N, K, GROUP_SIZE[fmt])
+    cfg = config or (Fp4Config(**tuned) if tuned is not None else None) or choose_config(M, N, K, sm_count(x.device))
     if cfg.path not in PATHS:
         raise ValueError(f"fp4: unknown config path {cfg.path!r}; expected one of {PATHS}")
     use_dot = cfg.path != "gemv"
     if use_dot and cfg.BLOCK_M < 16:
         raise ValueError(f"fp4: tl.dot paths need BLOCK_M >= 16, got {cfg.BLOCK_M}")
     x = x.contiguous()
-    split = cfg.SPLIT_K
-    if split == 1:
-        out = backend.empty_output((M, N), x.dtype, x.device)
-        stride_os = 0
+    split = max(1, min(cfg.SPLIT_K, triton.cdiv(K, cfg.BLOCK_K)))
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    out = backend.empty_output((M, N), x.dtype, x.device)
+    if split > 1:
+        part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        locks = tile_locks(x.device, tiles)
     else:
-        out = backend.empty_output((split, M, N), torch.float32, x.device)
-        stride_os = out.stride(0)
+        part = locks = out  # unused
     s_bits = w_scale.view(torch.uint8)
     gs = global_scale if global_scale is not None else s_bits  # dummy pointer for MXFP4
     args = (
-        x, w_packed, s_bits, gs, out,
+        x, w_packed, s_bits, gs, out, part, locks,
         M, N, K,
         x.stride(0), x.stride(1),
         w_packed.stride(0), w_packed.stride(1),
         s_bits.stride(0), s_bits.stride(1),
-        stride_os, out.stride(-2), out.stride(-1),
+        out.stride(0), out.stride(1),
     )
     meta = {
         "IS_NVFP4": fmt == "nvfp4", "GROUP": GROUP_SIZE[fmt],
         "BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, "BLOCK_K": cfg.BLOCK_K, "SPLIT_K": split,
         "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
     }
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
+    grid = (tiles, split)
     if not use_dot:
         return Launch(_fp4_gemv_kernel, grid, args, meta), out
     meta.update(DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", GROUP_M=cfg.GROUP_M)

@@ -18,6 +18,11 @@ Operands (the compressed-tensors / vLLM orientation):
 - `input_scale` fp32 `(1,)` static activation scale (w8a8 only) or None = dynamic.
 Result `(M, N)` in x's dtype.
 
+Paths (`Fp8Config.path`, from M by `choose_config`, or the tuned table): "gemv" for M <= 4
+(no `tl.dot`: each weight tile read once along K, its contiguous dimension, upcast to fp32
+and multiplied by each row's activations, the K loop split so one row fills the GPU), "dot"
+otherwise (`tl.dot`, FP8 x FP8 on sm_89+ in W8A8). Split-K is reduced in the same launch.
+
 The activations are rounded by torch's cast (round to nearest even, after clamping to
 ±448), never in the kernel: the Triton interpreter's float->fp8 cast does not round
 correctly, and rounding inside the GEMM would redo it for every output tile.
@@ -31,9 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_tool.kernels import backend
+from infer_tool.kernels import backend, tuning
 from infer_tool.kernels.backend import Launch, sm_count, use_triton
-from infer_tool.kernels.splitk import sum_partials
+from infer_tool.kernels.splitk import serial_store, tile_locks
 from infer_tool.kernels.tiles import grouped_tile
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -43,7 +48,8 @@ MODES = ("w8a8", "w8a16")
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """Meta-parameters of one launch (split-K partials are reduced deterministically)."""
+    """Meta-parameters of one launch (split-K partials are reduced deterministically, in
+    the same launch: `splitk.serial_store`)."""
 
     BLOCK_M: int
     BLOCK_N: int
@@ -52,6 +58,10 @@ class Fp8Config:
     GROUP_M: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    path: str = "dot"  # "gemv" (M <= 4, no tl.dot) or "dot"
+
+
+PATHS = ("gemv", "dot")
 
 
 def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | None = None) -> Fp8Config:
@@ -59,7 +69,11 @@ def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | Non
     (`scale_block_k`), BLOCK_K is shrunk to divide the scale block."""
     # Tile sizes chosen to stay spill-free on sm_90, checked with ptxas through
     # `Launch.compile_for`.
-    if M <= 64:
+    if M <= 4:  # decode: the gemv keeps (BLOCK_N, BLOCK_K) fp32 products per row
+        block_m = triton.next_power_of_2(M)
+        cfg = Fp8Config(BLOCK_M=block_m, BLOCK_N=32 if block_m <= 2 else 16, BLOCK_K=128, num_warps=4,
+                        num_stages=3, path="gemv")
+    elif M <= 64:
         block_m = max(16, triton.next_power_of_2(M))
         cfg = Fp8Config(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128, num_warps=8 if block_m >= 64 else 4)
     else:
@@ -73,21 +87,22 @@ def choose_config(M: int, N: int, K: int, num_sms: int, scale_block_k: int | Non
         return cfg
     tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
     k_blocks = triton.cdiv(K, cfg.BLOCK_K)
-    split = max(1, min(triton.cdiv(2 * num_sms, tiles), k_blocks // 2, 16))
+    target = (4 if cfg.path == "gemv" else 2) * num_sms
+    split = max(1, min(triton.cdiv(target, tiles), k_blocks // 2, 16))
     return replace(cfg, SPLIT_K=split)
 
 
 @triton.jit
 def _fp8_kernel(
     # pointers
-    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr,
+    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, lock_ptr,
     # sizes
     M, N, K, scale_bn, scale_bk,
     # strides
     stride_xm, stride_xk,
     stride_wn, stride_wk,
     stride_wsn, stride_wsk,
-    stride_os, stride_om, stride_on,
+    stride_om, stride_on,
     # meta-parameters
     W8A8: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
     FP8_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -98,8 +113,8 @@ def _fp8_kernel(
 
     x `(M, K)`: e4m3 codes (W8A8) or fp16/bf16/fp32 (W8A16); w fp8 `(N, K)` read as
     `(BK, BN)` tiles; ws fp32 `(N/scale_bn, K/scale_bk)` (per-tensor and per-channel are
-    blocks spanning K); xs fp32 `(M,)` activation scales (W8A8); out `(M, N)` or fp32
-    partials `(SPLIT_K, M, N)`.
+    blocks spanning K); xs fp32 `(M,)` activation scales (W8A8); out `(M, N)`; part fp32
+    `(SPLIT_K, M, N)` split-K partials, lock int32 per output tile (`splitk.serial_store`).
     SCALE_IN_LOOP: the weight scale changes along K (block scales), applied per K-block.
     """
     pid = tl.program_id(0)
@@ -139,12 +154,93 @@ def _fp8_kernel(
         acc = acc * ws[None, :]
     if W8A8:
         acc = acc * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
+    part_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
     mask_out = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask_out)
-    else:
-        tl.store(out_ptrs, acc, mask=mask_out)
+    serial_store(acc, out_ptrs, part_ptrs, M * N, lock_ptr + pid, pid_k, mask_out, SPLIT_K)
+
+
+@triton.jit
+def _fp8_gemv_kernel(
+    # pointers
+    x_ptr, w_ptr, ws_ptr, xs_ptr, out_ptr, part_ptr, lock_ptr,
+    # sizes
+    M, N, K, scale_bn, scale_bk, kb_per_split,
+    # strides
+    stride_xm, stride_xk,
+    stride_wn, stride_wk,
+    stride_wsn, stride_wsk,
+    stride_om, stride_on,
+    # meta-parameters
+    W8A8: tl.constexpr, SCALE_IN_LOOP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """"gemv" (M <= 4): rows `BLOCK_M` (1, 2 or 4) x columns `BLOCK_N`, K-blocks
+    `pid_k * kb_per_split ..` (a contiguous run), no `tl.dot`: the weight tile `(BN, BK)` is
+    read once along K (its contiguous dimension), upcast to fp32 and multiplied by each
+    row's activations, accumulated elementwise per row and reduced over K at the end.
+    Operands as in `_fp8_kernel`; x e4m3 codes (W8A8) or fp16/bf16/fp32.
+    """
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    m0 = pid_m * BLOCK_M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    num_kb = (K + BLOCK_K - 1) // BLOCK_K
+    kb_start = pid_k * kb_per_split
+    kb_end = tl.minimum(kb_start + kb_per_split, num_kb)
+
+    acc0 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    acc1 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    acc2 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    acc3 = tl.full((BLOCK_N, BLOCK_K), 0.0, tl.float32)
+    for kb in range(kb_start, kb_end):
+        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                    mask=mask_n[:, None] & mask_k[None, :], other=0.0).to(tl.float32)  # (BN, BK)
+        if SCALE_IN_LOOP:
+            ws = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn + ((kb * BLOCK_K) // scale_bk) * stride_wsk,
+                         mask=mask_n, other=0.0)
+            w = w * ws[:, None]
+        x0 = tl.load(x_ptr + m0 * stride_xm + offs_k * stride_xk, mask=mask_k & (offs_k * 0 + m0 < M),
+                     other=0.0).to(tl.float32)
+        acc0 += w * x0[None, :]
+        if BLOCK_M > 1:
+            x1 = tl.load(x_ptr + (m0 + 1) * stride_xm + offs_k * stride_xk,
+                         mask=mask_k & (offs_k * 0 + m0 + 1 < M), other=0.0).to(tl.float32)
+            acc1 += w * x1[None, :]
+        if BLOCK_M > 2:
+            x2 = tl.load(x_ptr + (m0 + 2) * stride_xm + offs_k * stride_xk,
+                         mask=mask_k & (offs_k * 0 + m0 + 2 < M), other=0.0).to(tl.float32)
+            x3 = tl.load(x_ptr + (m0 + 3) * stride_xm + offs_k * stride_xk,
+                         mask=mask_k & (offs_k * 0 + m0 + 3 < M), other=0.0).to(tl.float32)
+            acc2 += w * x2[None, :]
+            acc3 += w * x3[None, :]
+
+    if not SCALE_IN_LOOP:
+        ws_n = tl.load(ws_ptr + (offs_n // scale_bn) * stride_wsn, mask=mask_n, other=0.0)
+    for j in tl.static_range(BLOCK_M):
+        if j == 0:
+            acc = acc0
+        elif j == 1:
+            acc = acc1
+        elif j == 2:
+            acc = acc2
+        else:
+            acc = acc3
+        row = m0 + j
+        row_ok = (offs_n * 0 + row) < M
+        total = tl.reduce(acc, 1, tl.standard._sum_combine)  # (BN,)
+        if not SCALE_IN_LOOP:
+            total = total * ws_n
+        if W8A8:
+            total = total * tl.load(xs_ptr + row + offs_n * 0, mask=row_ok, other=0.0)
+        serial_store(total, out_ptr + row * stride_om + offs_n * stride_on, part_ptr + row * N + offs_n,
+                     M * N, lock_ptr + pid * BLOCK_M + j, pid_k, mask_n & row_ok, SPLIT_K)
 
 
 def scale_blocks(w_scale: torch.Tensor, N: int, K: int,
@@ -225,26 +321,32 @@ def fp8_matmul(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode
     if not use_triton(x):
         return fp8_reference(x, w_fp8, w_scale, mode, block_size, input_scale).to(x.dtype)
     launch, out = plan(x, w_fp8, w_scale, mode, block_size, input_scale, config=config)
-    launch.run()
-    if out.dim() == 2:
-        return out
-    return sum_partials(out, x.dtype)  # fixed-order reduction, no atomics
+    launch.run()  # split-K reduced in the same launch, in a fixed order
+    return out
 
 
 def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
          block_size: tuple[int, int] | None, input_scale: torch.Tensor | None, *,
          config: Fp8Config | None = None) -> tuple[Launch, torch.Tensor]:
     """Check the operands, allocate the output and build the launch: `(launch, out)`,
-    out `(M, N)` in x's dtype, or fp32 partials `(SPLIT_K, M, N)` to be summed."""
+    out `(M, N)` in x's dtype. The config: `config`, else the tuned table's (`tuning.py`,
+    keyed with the scale block along K as the group), else `choose_config`."""
     _check(x, w_fp8, mode, input_scale)
     M, K = x.shape
     N = w_fp8.shape[0]
     grid_s, bn, bk = scale_blocks(w_scale, N, K, block_size)
     scale_in_loop = grid_s.shape[1] > 1  # the weight scale changes along K
-    cfg = config or choose_config(M, N, K, sm_count(x.device), bk if scale_in_loop else None)
+    tuned = tuning.lookup(x.device, f"fp8-{mode}", M, N, K, bk if scale_in_loop else 0)
+    cfg = config or (Fp8Config(**tuned) if tuned is not None else None)
+    cfg = cfg or choose_config(M, N, K, sm_count(x.device), bk if scale_in_loop else None)
     if scale_in_loop and bk % cfg.BLOCK_K:
         raise ValueError(f"fp8: BLOCK_K={cfg.BLOCK_K} must divide the scale block along K ({bk})")
-    if cfg.BLOCK_M < 16:
+    if cfg.path not in PATHS:
+        raise ValueError(f"fp8: unknown config path {cfg.path!r}; expected one of {PATHS}")
+    gemv = cfg.path == "gemv"
+    if gemv and cfg.BLOCK_M > 4:
+        raise ValueError(f"fp8: the gemv takes BLOCK_M <= 4, got {cfg.BLOCK_M}")
+    if not gemv and cfg.BLOCK_M < 16:
         raise ValueError(f"fp8: tl.dot needs BLOCK_M >= 16, got {cfg.BLOCK_M}")
     out_dtype = x.dtype
     if mode == "w8a8":  # quantized once here, not per output tile in the kernel
@@ -252,22 +354,27 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         xs = a_scale.reshape(M).contiguous()
     else:
         x, xs = x.contiguous(), grid_s  # xs unused
-    split = cfg.SPLIT_K
-    if split == 1:
-        out = backend.empty_output((M, N), out_dtype, x.device)
-        stride_os = 0
+    num_kb = triton.cdiv(K, cfg.BLOCK_K)
+    split = max(1, min(cfg.SPLIT_K, num_kb))
+    per_split = triton.cdiv(num_kb, split)
+    if gemv:
+        split = triton.cdiv(num_kb, per_split)  # the gemv's splits are contiguous runs: none empty
+    tiles = triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N)
+    out = backend.empty_output((M, N), out_dtype, x.device)
+    if split > 1:
+        part = torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+        locks = tile_locks(x.device, tiles * cfg.BLOCK_M)  # the gemv counts rows apart
     else:
-        out = backend.empty_output((split, M, N), torch.float32, x.device)
-        stride_os = out.stride(0)
+        part = locks = out  # unused
     # FP8 x FP8 tl.dot needs sm_89+; older GPUs multiply the exact fp16 upcasts instead.
     fp8_dot = x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) >= (8, 9)
     args = (
-        x, w_fp8, grid_s, xs, out,
+        x, w_fp8, grid_s, xs, out, part, locks,
         M, N, K, bn, bk,
         x.stride(0), x.stride(1),
         w_fp8.stride(0), w_fp8.stride(1),
         grid_s.stride(0), grid_s.stride(1),
-        stride_os, out.stride(-2), out.stride(-1),
+        out.stride(0), out.stride(1),
     )
     meta = dict(
         W8A8=mode == "w8a8", SCALE_IN_LOOP=scale_in_loop, FP8_DOT=fp8_dot,
@@ -276,5 +383,8 @@ def plan(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.Tensor, mode: str,
         SPLIT_K=split, GROUP_M=cfg.GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    grid = (triton.cdiv(M, cfg.BLOCK_M) * triton.cdiv(N, cfg.BLOCK_N), split)
-    return Launch(_fp8_kernel, grid, args, meta), out
+    if gemv:
+        args = args[:12] + (per_split,) + args[12:]  # after scale_bn, scale_bk
+        meta = {k: v for k, v in meta.items() if k not in ("FP8_DOT", "DOT_PRECISION", "GROUP_M")}
+        return Launch(_fp8_gemv_kernel, (tiles, split), args, meta), out
+    return Launch(_fp8_kernel, (tiles, split), args, meta), out

@@ -7,11 +7,13 @@ Int8 activations are rounded as the named vLLM kernel rounds them (`kernels/int8
 and multiplied in float32 as their dequantized values ("fake quant"): the same products as
 the int32 GEMM up to float32 summation order.
 
-`forward` accepts any leading batch dims `(..., K) -> (..., N)`. On CUDA it runs the
-fused Triton kernels; on CPU the pure-torch reference (one dequantisation per forward,
-vectorised), or the Triton interpreter when TRITON_INTERPRET=1. `backend_name(device)`
-says which path a forward on `device` takes. The modules know nothing about
-checkpoint formats or model architectures: loaders translate into these operands.
+`forward` accepts any leading batch dims `(..., K) -> (..., N)`. The products are
+`torch.library` custom ops (`kernels/ops.py`), so `torch.compile(fullgraph=True)` and
+CUDA-graph capture see one node per linear. On CUDA they run the fused Triton kernels;
+on CPU the pure-torch reference (one dequantisation per forward, vectorised), or the
+Triton interpreter when TRITON_INTERPRET=1. `backend_name(device)` says which path a
+forward on `device` takes. The modules know nothing about checkpoint formats or model
+architectures: loaders translate into these operands.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from infer_tool.kernels.backend import backend_name
-from infer_tool.kernels.fp4 import fp4_format, fp4_matmul
+from infer_tool.kernels import ops
+from infer_tool.kernels.backend import backend_name, use_triton
+from infer_tool.kernels.fp4 import fp4_format
 from infer_tool.kernels.fp4_act import mxfp4_qdq_activations, nvfp4_qdq_activations
-from infer_tool.kernels.fp8 import MODES, fp8_matmul, scale_blocks
+from infer_tool.kernels.fp8 import MODES, scale_blocks
 from infer_tool.kernels.int8_act import KERNELS, fake_quantize
 from infer_tool.kernels.layout import pack_int4_k
-from infer_tool.kernels.w4a16 import w4a16_matmul
+from infer_tool.kernels.w4_layout import prepare
 
 __all__ = ["Fp4Linear", "Fp8Linear", "Int4Linear", "Int8Linear", "backend_name"]
 INT8_ACTIVATIONS = ("none", "int8")
@@ -84,6 +87,11 @@ class Int4Linear(nn.Module):
     or None (symmetric, zero point 8); `g_idx` int32 `(K,)` or None; `bias` `(N,)` or None.
     `activations` "int8": W4A8, each token quantized to int8 as vLLM's AMX kernel does
     (`kernel` "sgl", `kernels/w4a8.py`), the product in float32; "none": W4A16.
+
+    The Triton kernels read the weight in the planar-128 layout (`kernels/w4_layout.py`):
+    `prepare_kernel()` repacks it once into non-persistent buffers `_kqweight`, `_kg_idx`,
+    `_kperm` (not in the state dict). It runs when the layer moves to a CUDA device, when a
+    state dict is loaded into a prepared layer, and at the first kernel call otherwise.
     """
 
     def __init__(
@@ -115,6 +123,24 @@ class Int4Linear(nn.Module):
         self.register_buffer("zeros", zeros)
         self.register_buffer("g_idx", g_idx)
         self.register_buffer("bias", bias)
+        for name in self._KERNEL_BUFFERS:
+            self.register_buffer(name, None, persistent=False)
+        self.register_load_state_dict_post_hook(_reprepare)
+        if qweight.is_cuda:
+            self.prepare_kernel()
+
+    _KERNEL_BUFFERS = ("_kqweight", "_kg_idx", "_kperm")
+
+    def prepare_kernel(self) -> None:
+        """Repack the canonical weight for the Triton kernels (planar-128, act-order sorted)."""
+        w = prepare(self.qweight, self.scales, self.zeros, self.g_idx, self.group_size, self.in_features)
+        self._kqweight, self._kg_idx, self._kperm = w.qweight, w.g_idx, w.perm
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Int4Linear:
+        out = super()._apply(fn, recurse)
+        if self.qweight.is_cuda and (self._kqweight is None or self._kqweight.device != self.qweight.device):
+            self.prepare_kernel()
+        return out
 
     @classmethod
     def from_unpacked(
@@ -138,17 +164,15 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = _flatten(x, self.in_features)
+        if not torch.compiler.is_compiling() and self._kqweight is None and use_triton(x2):
+            self.prepare_kernel()  # once (CPU tensors under TRITON_INTERPRET=1)
+        kernel = (self._kqweight, self._kg_idx, self._kperm)
         if self.activations == "int8":
-            y = w4a16_matmul(
-                fake_quantize(x2, kernel=self.kernel),
-                self.qweight,
-                self.scales.float(),
-                self.zeros,
-                self.g_idx,
-                self.group_size,
-            ).to(x.dtype)
+            a = fake_quantize(x2, kernel=self.kernel)
+            y = ops.w4a16_mm(a, self.qweight, self.scales.float(), self.zeros, self.g_idx, self.group_size, *kernel)
+            y = y.to(x.dtype)
         else:
-            y = w4a16_matmul(x2, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size)
+            y = ops.w4a16_mm(x2, self.qweight, self.scales, self.zeros, self.g_idx, self.group_size, *kernel)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)
@@ -159,6 +183,12 @@ class Int4Linear(nn.Module):
             f"group_size={self.group_size}, symmetric={self.zeros is None}, "
             f"act_order={self.g_idx is not None}, activations={self.activations}"
         )
+
+
+def _reprepare(module: Int4Linear, incompatible_keys: object) -> None:
+    """After `load_state_dict`: the kernel copy of a prepared layer follows the new weight."""
+    if module._kqweight is not None:
+        module.prepare_kernel()
 
 
 def _check_activations(activations: str, kernel: str) -> None:
@@ -275,8 +305,15 @@ class Fp8Linear(_FixedDtypeBuffers):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = fp8_matmul(
-            _flatten(x, self.in_features), self.weight, self.weight_scale, self.mode, self.block_size, self.input_scale
+        bn, bk = self.block_size or (0, 0)
+        y = ops.fp8_mm(
+            _flatten(x, self.in_features),
+            self.weight.view(torch.uint8),
+            self.weight_scale,
+            self.mode,
+            bn,
+            bk,
+            self.input_scale,
         )
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
@@ -341,7 +378,8 @@ class Fp4Linear(nn.Module):
         x = _flatten(x, self.in_features)
         if self.w4a4:
             x = nvfp4_qdq_activations(x, self.input_global_scale) if self.fmt == "nvfp4" else mxfp4_qdq_activations(x)
-        y = fp4_matmul(x, self.w_packed, self.w_scale, self.global_scale)
+        e4m3 = self.w_scale.dtype == torch.float8_e4m3fn
+        y = ops.fp4_mm(x, self.w_packed, self.w_scale.view(torch.uint8), e4m3, self.global_scale)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)

@@ -77,3 +77,31 @@ def test_gpu_check_fails_a_kernel_that_is_off(tmp_path, monkeypatch):
     assert rc == 1
     summary = json.loads((tmp_path / "summary.json").read_text())["correct"]
     assert summary["failed"] and all("fp4-a16" in name for name in summary["failed"])
+
+
+def test_tune_dry_run_writes_a_table_the_launchers_accept(tmp_path, monkeypatch):
+    """The tuning sweep, rehearsed on the interpreter: one winner per kernel family and M
+    bucket, written as the table `kernels/tuning.py` reads, each a valid launch config."""
+    from infer_tool.kernels import fp4, fp8, tuning, w4a16
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = importlib.util.spec_from_file_location("bench_kernels_tune", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_kernels_tune", bench)
+    spec.loader.exec_module(bench)
+    table = tmp_path / "tuned"
+    rc = bench.main(
+        ["--dry-run", "--tune", str(table), "--shapes", "160x72", "--ms", "1", "--tune-max", "2"]
+        + ["--out", str(tmp_path)]
+    )
+    assert rc == 0
+    tuning.load_table.cache_clear()
+    configs = tuning.load_table("cpu-dry-run", table)
+    assert set(configs) == {
+        "w4a16|m1|n72|k160|g128", "fp8-w8a8|m1|n72|k160|g0", "fp8-w8a16|m1|n72|k160|g0",
+        "nvfp4|m1|n72|k160|g16", "mxfp4|m1|n72|k160|g32",
+    }  # fmt: skip
+    assert w4a16.config_from(configs["w4a16|m1|n72|k160|g128"]).path == "gemv"
+    fp8.Fp8Config(**configs["fp8-w8a8|m1|n72|k160|g0"])
+    fp4.Fp4Config(**configs["nvfp4|m1|n72|k160|g16"])
+    tuning.load_table.cache_clear()

@@ -144,3 +144,31 @@ def test_rejects_bad_operands():
         fp8_matmul(x, w_fp8, scale, "w4a8", block)
     with pytest.raises(ValueError, match="none of"):
         fp8_matmul(x, w_fp8, torch.ones(3, 3), "w8a16")
+
+
+@pytest.mark.parametrize("mode", ["w8a8", "w8a16"])
+@pytest.mark.parametrize("M", [1, 3])
+def test_gemv_split_k_matches_float64_in_one_launch(mode, M, monkeypatch):
+    """The decode gemv (M <= 4, no tl.dot), its K split three ways and reduced in the same
+    launch: one launch per product, the same bits twice, float64 reference within tolerance."""
+    from infer_tool.kernels import backend
+
+    w_fp8, scale, block = make_weight("block", seed=20 + M)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(21)).half()
+    cfg = Fp8Config(BLOCK_M=4, BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, path="gemv")
+    launches = []
+    real_run = backend.Launch.run
+    monkeypatch.setattr(backend.Launch, "run", lambda self: (launches.append(self), real_run(self))[1])
+    first = fp8_matmul(x, w_fp8, scale, mode, block, config=cfg)
+    assert torch.equal(first, fp8_matmul(x, w_fp8, scale, mode, block, config=cfg))
+    assert len(launches) == 2 and launches[0].grid[1] == 3 and launches[0].kernel.fn.__name__ == "_fp8_gemv_kernel"
+    ref = fp8_reference(x, w_fp8, scale, mode, block, compute_dtype=torch.float64)
+    assert rel_err(first, ref) < TOL[torch.float16]
+
+
+def test_decode_defaults_to_the_gemv():
+    from infer_tool.kernels.fp8 import choose_config
+
+    assert choose_config(1, 14336, 4096, 132).path == "gemv"
+    assert choose_config(1, 14336, 4096, 132).SPLIT_K > 1
+    assert choose_config(5, 14336, 4096, 132).path == "dot"

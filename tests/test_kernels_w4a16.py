@@ -1,4 +1,5 @@
-"""W4A16 Triton kernel under TRITON_INTERPRET=1 against an independent float64 reference.
+"""W4A16 Triton kernels (on the planar-128 layout, `kernels/w4_layout.py`) under
+TRITON_INTERPRET=1 against an independent float64 reference.
 
 Tolerance: relative Frobenius error ||out - ref|| / ||ref||. fp32 activations: 1e-5
 (fp32 accumulation of K <= 512 terms); fp16: 2e-3 (the dequantised weight and the
@@ -8,9 +9,10 @@ output are rounded to fp16, unit roundoff 4.9e-4).
 import pytest
 import torch
 
-from infer_tool.kernels import backend
+from infer_tool.kernels import backend, splitk
 from infer_tool.kernels.layout import pack_int4_k
-from infer_tool.kernels.w4a16 import W4A16Config, choose_config, w4a16_matmul, w4a16_reference
+from infer_tool.kernels.w4_layout import prepare
+from infer_tool.kernels.w4a16 import W4A16Config, choose_config, plan, w4a16_matmul, w4a16_prepared, w4a16_reference
 
 TOL = {torch.float16: 2e-3, torch.float32: 1e-5}
 K, N = 328, 200  # neither a multiple of any BLOCK_K (>= 16) nor of BLOCK_N
@@ -74,10 +76,10 @@ def test_matches_float64_reference(M, dtype, variant):
     assert rel_err(out, ref) < TOL[dtype]
 
 
-FORCED = {
-    "gemv-splitk": W4A16Config("gemv", BLOCK_M=4, BLOCK_N=32, BLOCK_K=64, SPLIT_K=3),
-    "splitk": W4A16Config("splitk", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, SPLIT_K=4),
-    "tiled": W4A16Config("tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=2),
+FORCED = {  # K = 328 is 3 tiles of 128: SPLIT_K=3 gives each split one tile
+    "gemv-splitk": W4A16Config("gemv", BLOCK_M=4, BLOCK_N=32, SPLIT_K=3),
+    "splitk": W4A16Config("splitk", BLOCK_M=16, BLOCK_N=32, SPLIT_K=3),
+    "tiled": W4A16Config("tiled", BLOCK_M=16, BLOCK_N=32, GROUP_M=2),
 }
 
 
@@ -112,12 +114,76 @@ def test_k_not_a_multiple_of_eight():
 
 
 @pytest.mark.parametrize("name", ["gemv-splitk", "splitk"])
-def test_split_k_is_bitwise_deterministic(name):
-    x, qw, s, z, g_idx, _ = make_problem(5, K, N, 32, asym=True, act_order=False, seed=13)
-    xh, sh = x.half(), s.half()
-    first = w4a16_matmul(xh, qw, sh, z, g_idx, 32, config=FORCED[name])
-    second = w4a16_matmul(xh, qw, sh, z, g_idx, 32, config=FORCED[name])
-    assert torch.equal(first, second)
+def test_split_k_is_bitwise_deterministic_in_one_launch(name, monkeypatch):
+    """Serial split-K: one launch per product, the same bits on every run, and the tile
+    counters left at zero for the next launch (and for CUDA-graph replays)."""
+    x, qw, s, z, g_idx, ref = make_problem(4, K, N, 32, asym=True, act_order=False, seed=13)
+    w = prepare(qw, s.half(), z, g_idx, 32, K)
+    launches = []
+    real_run = backend.Launch.run
+    monkeypatch.setattr(backend.Launch, "run", lambda self: (launches.append(self.grid), real_run(self))[1])
+    runs = [w4a16_prepared(x.half(), w, config=FORCED[name]) for _ in range(3)]
+    assert len(launches) == 3 and all(grid[1] == 3 for grid in launches)  # 3 splits, one launch each
+    assert all(torch.equal(runs[0], r) for r in runs[1:])
+    assert rel_err(runs[0], ref) < TOL[torch.float16]
+    assert int(splitk.tile_locks(torch.device("cpu"), 1).abs().sum()) == 0
+
+
+def test_split_k_matches_one_split_to_rounding():
+    """Splitting K changes only the fp32 summation order: against SPLIT_K=1, fp32 results
+    agree to a few ulps (not bitwise, and not required to)."""
+    x, qw, s, z, g_idx, ref = make_problem(2, K, N, 128, asym=False, act_order=False, seed=19)
+    one = w4a16_matmul(x.float(), qw, s.float(), z, g_idx, 128, config=W4A16Config("gemv", 2, 64, SPLIT_K=1))
+    three = w4a16_matmul(x.float(), qw, s.float(), z, g_idx, 128, config=W4A16Config("gemv", 2, 64, SPLIT_K=3))
+    assert ((one.double() - three.double()).abs().max() / ref.abs().max()).item() < 1e-6
+    assert rel_err(one, ref) < TOL[torch.float32] and rel_err(three, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("M", [2, 4])
+def test_gemv_rows_of_two_and_four(M):
+    x, qw, s, z, g_idx, ref = make_problem(M, K, N, 128, asym=True, act_order=False, seed=23 + M)
+    out = w4a16_matmul(x.half(), qw, s.half(), z, g_idx, 128)
+    assert rel_err(out, ref) < TOL[torch.float16]
+
+
+GROUPINGS = {  # name: (K, group_size, g_idx kind): each scale mode of the kernels
+    "g256-two-tiles-per-group": (328, 256, None),  # per tile, a group spanning tiles
+    "per-channel": (512, 512, None),  # one group over K
+    "g40-per-element": (328, 40, None),  # not a multiple of the 16-channel plane
+    "g16-per-plane": (200, 16, None),
+    "dynamic-groups": (328, 32, "uneven"),  # g_idx that sorting cannot make contiguous
+}
+
+
+@pytest.mark.parametrize("name", list(GROUPINGS))
+@pytest.mark.parametrize("M", [1, 20])
+def test_every_scale_mode(name, M):
+    Kg, group, kind = GROUPINGS[name]
+    x, qw, s, z, g_idx, ref = make_problem(M, Kg, 72, group, asym=True, act_order=False, seed=29)
+    if kind == "uneven":  # group sizes 1 .. G apart: g_idx keeps per-element gathers
+        gen = torch.Generator().manual_seed(31)
+        G = s.shape[0]
+        g_idx = torch.randint(0, G, (Kg,), generator=gen, dtype=torch.int32)
+        zf = z.double()[g_idx.long()]
+        q = torch.stack([(qw[k // 8] >> (4 * (k % 8))) & 0xF for k in range(Kg)]).double()  # (K, N) codes
+        ref = x @ ((q - zf) * s[g_idx.long()])
+        assert prepare(qw, s, z, g_idx, group, Kg).g_idx is not None
+    out = w4a16_matmul(x.float(), qw, s.float(), z, g_idx, group)
+    assert rel_err(out, ref) < TOL[torch.float32]
+
+
+def test_act_order_is_sorted_once_and_x_gathered():
+    x, qw, s, z, g_idx, ref = make_problem(3, K, N, 32, asym=True, act_order=True, seed=37)
+    w = prepare(qw, s.float(), z, g_idx, 32, K)
+    assert w.g_idx is None and w.perm is not None  # contiguous groups: per-plane scales
+    assert torch.equal(g_idx.long()[w.perm], torch.arange(K) // 32)
+    assert rel_err(w4a16_prepared(x.float(), w), ref) < TOL[torch.float32]
+
+
+def test_rejects_a_block_k_other_than_the_layout_tile():
+    x, qw, s, z, g_idx, _ = make_problem(1, K, N, 128, asym=False, act_order=False, seed=41)
+    with pytest.raises(ValueError, match="BLOCK_K is the layout's tile"):
+        plan(x.half(), qw, s.half(), z, g_idx, 128, config=W4A16Config("gemv", 1, 64, BLOCK_K=64))
 
 
 def test_cpu_without_interpreter_runs_the_reference(monkeypatch):
