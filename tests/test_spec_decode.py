@@ -5,6 +5,7 @@ target's first layers."""
 
 import pytest
 import torch
+from spec_tiny import V, one_thread, tiny  # noqa: F401 - one_thread applies to this module
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from infer_tool.spec.acceptance import beta, expected_tokens, summarize, vllm_rate
@@ -14,34 +15,7 @@ from infer_tool.spec.drafts import ModelDraft, NgramDraft, truncated_copy
 from infer_tool.spec.profile import profile
 from infer_tool.spec.sampling import warp
 
-V = 96
 NEW = 24
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are dispatch-bound: one thread avoids oversubscribing shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def tiny(layers: int, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=V,
-        max_position_embeddings=256,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return LlamaForCausalLM(cfg).eval()
 
 
 def noisy_copy(seed: int, scale: float = 0.5) -> LlamaForCausalLM:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from spec_tiny import V, one_thread, tiny  # noqa: F401 - one_thread applies to this module
+from transformers import LlamaForCausalLM
 
 from infer_tool.common.errors import BadInput
 from infer_tool.spec.cached_lm import CachedLM
@@ -21,33 +22,7 @@ from infer_tool.spec.predict import greedy_rounds, vllm_rule_rounds
 from infer_tool.spec.sampling import warp
 from infer_tool.spec.vllm_engine import analyse, cell, parse_config, recommended_config, schedule, truncated_dir
 
-V = 96
 NEW = 24
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def tiny(layers: int, seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        hidden_size=48,
-        intermediate_size=96,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=V,
-        max_position_embeddings=256,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    return LlamaForCausalLM(cfg).eval()
 
 
 def test_schedule_ranges() -> None:
