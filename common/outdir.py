@@ -22,6 +22,7 @@ import tempfile
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from infer_tool.common.errors import BadInput
 
@@ -105,16 +106,20 @@ def _entries(directory: Path) -> list[Path]:
     return sorted(out)
 
 
-def _read_owner(directory: Path) -> dict[str, int] | None:
-    """The files `directory`'s owner record lists ({relative path: bytes}), or None when it
-    has no record that `sign` wrote."""
-    path = directory / OWNER
+def _json(path: Path) -> Any:
+    """The JSON document in the regular file `path` (not a link, at most 64 MiB), or None."""
     try:
         if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_OWNER_BYTES:
             return None
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
+
+
+def _read_owner(directory: Path) -> dict[str, int] | None:
+    """The files `directory`'s owner record lists ({relative path: bytes}), or None when it
+    has no record that `sign` wrote."""
+    doc = _json(directory / OWNER)
     files = doc.get("files") if isinstance(doc, dict) and doc.get("writer") == WRITER else None
     if not isinstance(files, dict) or not all(
         isinstance(k, str) and type(v) is int and v >= 0 for k, v in files.items()
@@ -124,12 +129,7 @@ def _read_owner(directory: Path) -> dict[str, int] | None:
 
 
 def _is_writers_document(path: Path, keys: tuple[str, ...]) -> bool:
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > _MAX_OWNER_BYTES:
-            return False
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
+    doc = _json(path)
     return isinstance(doc, dict) and all(k in doc for k in keys)
 
 
