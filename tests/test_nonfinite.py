@@ -45,6 +45,27 @@ def _run(*args: object) -> tuple[int, str]:
     return r.exit_code, r.output
 
 
+def _quantize(model: Path, out: Path, method: str, calib: Path, *extra: object) -> tuple[int, str]:
+    """`quantize` of `model` into `out` with `method`, group 32, 2 x 32 calibration tokens of `calib`."""
+    return _run(
+        "quantize",
+        model,
+        "--out",
+        out,
+        "--method",
+        method,
+        "--group-size",
+        "32",
+        "--calib",
+        calib,
+        "--num-samples",
+        "2",
+        "--seq-len",
+        "32",
+        *extra,
+    )
+
+
 def test_eval_ppl_of_a_nan_model_exits_2_naming_the_window(models: Path) -> None:
     code, out = _run("eval", "ppl", models / "nan", "--data", models / "corpus.txt", "--seq-len", "64", "--json")
     assert code == 2, out
@@ -63,21 +84,11 @@ def test_eval_kld_names_the_model_or_the_reference(models: Path) -> None:
 
 
 def test_quantize_evaluation_of_an_overflowing_model_exits_2(models: Path, tmp_path: Path) -> None:
-    code, out = _run(
-        "quantize",
+    code, out = _quantize(
         models / "nan",
-        "--out",
         tmp_path / "q",
-        "--method",
         "rtn",
-        "--group-size",
-        "32",
-        "--calib",
         models / "corpus.txt",
-        "--num-samples",
-        "2",
-        "--seq-len",
-        "32",
         "--eval",
         models / "corpus.txt",
         "--eval-tokens",
@@ -110,22 +121,7 @@ class _Logits(torch.nn.Module):
 
 
 def test_quantize_names_the_first_layer_whose_outputs_are_not_finite(models: Path, tmp_path: Path) -> None:
-    code, out = _run(
-        "quantize",
-        models / "nan-layer",
-        "--out",
-        tmp_path / "q",
-        "--method",
-        "gptq",
-        "--group-size",
-        "32",
-        "--calib",
-        models / "corpus.txt",
-        "--num-samples",
-        "2",
-        "--seq-len",
-        "32",
-    )
+    code, out = _quantize(models / "nan-layer", tmp_path / "q", "gptq", models / "corpus.txt")
     assert code == 2, out
     assert "model.layers.1: the fp layer's outputs on the calibration text are NaN or infinite" in out, out
     assert not (tmp_path / "q").exists()
