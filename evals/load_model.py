@@ -35,19 +35,10 @@ def backend_of(model: Any) -> str:
 
 def activations_of(model: Any) -> str:
     """What the model's quantized linears do to their inputs, e.g. "int8 per token (onednn)",
-    "int8 static input_scale (onednn)", "fp8 (e4m3)", "nvfp4 W4A4 (vLLM's emulation)" or "unquantized"."""
-    kinds = set()
-    for m in model.modules():
-        kind = type(m).__name__
-        if kind in ("Int4Linear", "Int8Linear") and m.activations == "int8":
-            static = kind == "Int8Linear" and m.input_scale is not None and m.kernel != "sgl"
-            w4a8 = ", W4A8" if kind == "Int4Linear" else ""
-            kinds.add(f"int8 {'static input_scale' if static else 'per token'}{w4a8} ({m.kernel})")
-        elif kind == "Fp8Linear" and m.mode == "w8a8":
-            kinds.add("fp8 (e4m3)")
-        elif kind == "Fp4Linear" and m.w4a4:
-            kinds.add(f"{m.fmt} W4A4 (vLLM's emulation)")
-    return "; ".join(sorted(kinds)) or "unquantized"
+    "int8 static input_scale (onednn)", "fp8 (e4m3)", "nvfp4 W4A4 (vLLM's emulation)" or
+    "unquantized": each evaluation module's `activations_label()` (`kernels/quant_linear.py`)."""
+    labels = {m.activations_label() for m in model.modules() if hasattr(m, "activations_label")}
+    return "; ".join(sorted(label for label in labels if label)) or "unquantized"
 
 
 def load_for_eval(

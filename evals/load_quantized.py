@@ -32,15 +32,6 @@ from infer_tool.calib.architectures import ARCHITECTURES
 from infer_tool.common.errors import BadInput
 
 
-def _fp8_mode(config: dict[str, Any]) -> str:
-    """w8a8 when the checkpoint quantizes activations, else w8a16."""
-    qc = config["quantization_config"]
-    if qc.get("quant_method") == "fp8":
-        return "w8a8" if qc.get("activation_scheme") in ("dynamic", "static") else "w8a16"
-    groups = list(qc.get("config_groups", {}).values())
-    return "w8a8" if groups and groups[0].get("input_activations") else "w8a16"
-
-
 def _per_expert(model: Any, model_type: str) -> int:
     """Split an MoE model's fused experts into per-expert linears; the number of MoE layers."""
     from infer_tool.calib.moe import unfuse_experts
@@ -56,46 +47,6 @@ def _set_module(model: Any, name: str, module: Any) -> None:
 
 
 KV_CACHE_DTYPES = ("auto", "fp8")
-ACTIVATIONS = ("auto", "none", "int8")
-INT8_KERNELS = ("auto", "onednn", "sgl", "cuda")
-
-
-def _is_w8a8(config: dict[str, Any]) -> bool:
-    qc = config["quantization_config"]
-    groups = list(qc.get("config_groups", {}).values())
-    return qc.get("format") == "int-quantized" and bool(groups) and bool(groups[0].get("input_activations"))
-
-
-def activations_note(
-    config: dict[str, Any], layers: dict[str, Any], activations: str, kernels: set[str], dtype: Any
-) -> str:
-    """What the evaluation did to activations, for the report."""
-    import torch
-
-    qc = config["quantization_config"]
-    if qc.get("quant_method") == "fp8" or qc.get("format") == "float-quantized":
-        return (
-            "activations unquantized (FP8 W8A16)"
-            if activations == "none"
-            else "activations e4m3 as the checkpoint says (FP8)"
-        )
-    if qc.get("format") in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
-        w4a4 = any(getattr(w, "activations", None) == "fp4" for w in layers.values())
-        if w4a4 and activations != "none":
-            return "activations FP4 as the checkpoint says (W4A4, vLLM's emulation)"
-        return "activations unquantized"
-    if activations == "none" or not kernels:
-        return "activations unquantized"
-    how = f"int8 activations rounded as vLLM's {'/'.join(sorted(kernels))} kernel"
-    if _is_w8a8(config):
-        static = any(getattr(w, "input_scale", None) is not None for w in layers.values())
-        if static and "sgl" in kernels:
-            return f"{how}: static input_scale read only where oneDNN runs; the AMX (sgl) path quantizes per token"
-        return f"{how}: {'static per-tensor input_scale' if static else 'per token, dynamic'}"
-    note = f"{how}: W4A8 per token, as vLLM's CPU build serves INT4 on AMX CPUs (VLLM_CPU_INT4_W4A8=1)"
-    if dtype != torch.bfloat16:
-        note += "; vLLM takes W4A8 only for bfloat16 models (this evaluation is not bfloat16)"
-    return note
 
 
 def load_quantized(
@@ -116,30 +67,21 @@ def load_quantized(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from infer_tool.kernels.fp4_layout import pack_fp4
-    from infer_tool.kernels.int8_act import vllm_kernel
-    from infer_tool.kernels.quant_linear import Fp4Linear, Fp8Linear, Int4Linear, Int8Linear
-    from infer_tool.packers.checkpoint import read_checkpoint
-    from infer_tool.packers.fp4_weight import Fp4Weight
-    from infer_tool.packers.fp8 import Fp8Weight
+    from infer_tool.packers.checkpoint import format_of, read_checkpoint
+    from infer_tool.packers.deploy import ACTIVATIONS, INT8_KERNELS, Deploy
     from infer_tool.packers.fp8_formats import read_kv_scales
-    from infer_tool.packers.int8 import int8_weight
-    from infer_tool.packers.quantized import QuantizedWeight
 
     if activations not in ACTIVATIONS:
         raise BadInput(f"unknown --activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     if int8_kernel not in INT8_KERNELS:
         raise BadInput(f"unknown --int8-kernel {int8_kernel!r}: expected one of {', '.join(INT8_KERNELS)}")
     config, layers, rest = read_checkpoint(directory)
-    w8a8 = _is_w8a8(config)
+    codec = format_of(config["quantization_config"])
+    deploy = Deploy(
+        activations, int8_kernel, torch.device(device).type, codec.activations_quantized(config["quantization_config"])
+    )
     if activations == "int8":
-        bad = sorted(
-            {
-                f"{w.bits}-bit" if isinstance(w, QuantizedWeight) else "FP4" if isinstance(w, Fp4Weight) else "FP8"
-                for w in layers.values()
-                if not (isinstance(w, QuantizedWeight) and (w.bits == 4 or w8a8))
-            }
-        )
+        bad = sorted({w.label for w in layers.values() if not w.takes_int8_activations(deploy)})
         if bad:
             raise BadInput(
                 f"--activations int8 applies to INT4 checkpoints (W4A8, as vLLM's CPU build serves them on "
@@ -167,46 +109,17 @@ def load_quantized(
             ) from None
         bias = rest.pop(f"{name}.bias", None)
         bias = bias.to(dtype) if bias is not None else None
-        quantize_acts = activations == "int8" or (activations == "auto" and w8a8)
-        n, k = w.shape
-        kernel = vllm_kernel(torch.device(device).type, n, k) if int8_kernel == "auto" else int8_kernel
-        if isinstance(w, QuantizedWeight) and w.bits == 4:
-            kernel = "sgl" if int8_kernel == "auto" else kernel  # W4A8 exists only on vLLM's AMX path
-            module = Int4Linear.from_unpacked(
-                w.q, w.scale.to(dtype), w.zero, w.g_idx, w.group_size, bias, "int8" if quantize_acts else "none", kernel
-            )
-        elif isinstance(w, QuantizedWeight) and w.bits == 8 and w.symmetric and w.has_trivial_g_idx():
-            w8, scale = int8_weight(w)
-            module = Int8Linear(w8, scale, w.input_scale, bias, "int8" if quantize_acts else "none", kernel)
-        elif isinstance(w, QuantizedWeight):
-            raise BadInput(
-                f"{directory}: layer {name} has {w.bits}-bit {'symmetric' if w.symmetric else 'asymmetric'} "
-                "weights; the kernels take 4-bit, and 8-bit symmetric ones"
-            )
-        elif isinstance(w, Fp8Weight):
-            mode = "w8a16" if activations == "none" else _fp8_mode(config)
-            module = Fp8Linear(
-                w.weight, w.weight_scale.float(), w.input_scale if mode == "w8a8" else None, bias, w.block_size, mode
-            )
-            quantize_acts = False
-        elif isinstance(w, Fp4Weight):
-            module = Fp4Linear(
-                pack_fp4(w.codes),
-                w.w_scale,
-                w.global_scale,
-                bias,
-                w4a4=w.activations == "fp4" and activations != "none",
-                input_global_scale=w.input_global_scale,
-            )
-            quantize_acts = False
-        else:
-            raise BadInput(f"{directory}: layer {name} has an unknown weight type {type(w).__name__}")
+        module = w.to_linear(bias, dtype, deploy, f"{directory}: layer {name}")
         if (module.in_features, module.out_features) != (linear.in_features, linear.out_features):
             raise BadInput(f"{directory}: layer {name} shape does not match the model config")
         _set_module(model, name, module)
-        if quantize_acts:
-            kernels.add(kernel)
-    notes.append(activations_note(config, layers, activations, kernels, dtype))
+        if module.int8_kernel is not None:
+            kernels.add(module.int8_kernel)
+    weight_types = {type(w) for w in layers.values()}
+    if len(weight_types) == 1:
+        notes.append(weight_types.pop().activations_note(layers, deploy, kernels, dtype))
+    elif not weight_types:
+        notes.append("activations unquantized")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise BadInput(f"unknown --kv-cache-dtype {kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
     kv_scales = read_kv_scales(rest)

@@ -33,7 +33,8 @@ def check(opts: EvalOptions) -> None:
     from infer_tool.calib.corpora import check_corpus
     from infer_tool.calib.models import classify_model_spec
     from infer_tool.common.device import check_device, torch_dtype
-    from infer_tool.evals.load_quantized import ACTIVATIONS, INT8_KERNELS, KV_CACHE_DTYPES
+    from infer_tool.evals.load_quantized import KV_CACHE_DTYPES
+    from infer_tool.packers.deploy import ACTIVATIONS, INT8_KERNELS
 
     if opts.seq_len < 2:
         raise BadInput(f"--seq-len must be >= 2 (got {opts.seq_len})")

@@ -24,6 +24,7 @@ from infer_tool.calib.recipe import EVAL_ACTIVATIONS, QuantizeOptions, scheme_fr
 from infer_tool.common.device import check_device
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.formats.registry import format_of_kind
 from infer_tool.jobs.moe_report import moe_calibration
 from infer_tool.jobs.preflight import check_processes, parse_limits
 from infer_tool.jobs.quantize_report import QuantizeReport
@@ -57,11 +58,7 @@ def check(opts: QuantizeOptions, overwrite: bool) -> tuple[Scheme, CheckpointFor
     if opts.eval_activations == "int8":
         if opts.eval is None:
             raise BadInput("--eval-activations int8 needs --eval CORPUS")
-        if (
-            scheme.kind not in ("int", "w8a8")
-            or getattr(scheme, "bits", None) not in (4, 8)
-            or (scheme.kind == "int" and scheme.bits != 4)
-        ):
+        if "int8" not in format_of_kind(scheme.kind).runtime().eval_activation_modes(scheme):
             raise BadInput(
                 f"--eval-activations int8 applies to INT4 schemes (served W4A8 by vLLM's CPU build on AMX) "
                 f"and W8A8; {scheme.describe()} is neither"

@@ -11,25 +11,6 @@ from typing import Any
 
 from infer_tool.jobs.moe_report import MoeSummary
 
-# What `--eval`'s "ppl after" measures, per scheme kind.
-EVALUATED = {
-    "int": "the quantized model in memory, whose linear weights are exactly the checkpoint's dequantized values",
-    "fp8": "the FP8 model as deployed: quantized linears run as the kernels' Fp8Linear (W8A8: e4m3 weights, "
-    "activations rounded to e4m3 per token or with the static input_scale), KV cache rounded through "
-    "e4m3 with the calibrated k_scale/v_scale when --kv-cache fp8",
-    "fp4": "the FP4 model as vLLM's emulation runs it: linear weights exactly the checkpoint's dequantized E2M1 "
-    "values; with W4A4 activations (NVFP4 / MXFP4), each quantized linear (the kernels' Fp4Linear) "
-    "quantize-dequantizes its input as vLLM 0.32's CPU emulation does (NVFP4: the static input_global_scale and "
-    "dynamic E4M3 scales per 16, `ref_nvfp4_quant_dequant`; MXFP4: dynamic E8M0 scales per 32)",
-    "w8a8": "the W8A8 model as served: linear weights exactly the checkpoint's dequantized int8 values, each quantized "
-    "linear's input rounded to int8 as vLLM's kernel on this device rounds it (per token, or with the static "
-    "input_scale where that kernel reads it; vLLM's AMX path on CPUs quantizes per token)",
-}
-# Added to EVALUATED["int"] with --eval-activations int8.
-W4A8_EVALUATED = (
-    ", with each quantized linear's input rounded to int8 per token as vLLM's CPU build does on AMX CPUs (W4A8)"
-)
-
 
 @dataclass
 class Calibration:

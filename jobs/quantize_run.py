@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,13 +45,12 @@ from infer_tool.common.progress import Progress
 from infer_tool.common.sizes import parse_size
 from infer_tool.evals.ppl import PplResult, make_windows
 from infer_tool.evals.ppl_cache import CacheUse, has_hidden, hidden_path, load_hidden, store_hidden, stored
+from infer_tool.formats.registry import format_of_kind
 from infer_tool.jobs import preflight
 from infer_tool.jobs.baseline import from_state, lookup, to_state
 from infer_tool.jobs.layer_stream import EvalStreams, LayerStream, StreamedWeights, kld_of_streams, ppl_of_streams
 from infer_tool.jobs.moe_report import moe_calibration, moe_summary
 from infer_tool.jobs.quantize_report import (
-    EVALUATED,
-    W4A8_EVALUATED,
     Calibration,
     EvalSummary,
     KldGate,
@@ -64,7 +63,6 @@ from infer_tool.packers.checkpoint_parts import write_from_parts
 from infer_tool.packers.fp8 import scale_from_amax
 from infer_tool.packers.fp8_formats import kv_scale_tensors
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
-from infer_tool.schemes.integer import W8A8_KIND
 
 # Options that do not change the checkpoint: a resumed run may differ in them.
 UNKEYED_OPTIONS = ("out", "resume", "stream", "max_shard_size", "max_memory")
@@ -282,6 +280,7 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
     if ran.evaluated is not None:
         before, cache_use, after = ran.evaluated.before, ran.evaluated.cache_use, ran.evaluated.after
         kld = ran.evaluated.kld
+        runtime = format_of_kind(scheme.kind).runtime()
         summary = EvalSummary(
             corpus=opts.eval,
             tokens=after.tokens,
@@ -290,9 +289,8 @@ def report_of(job: QuantizeJob, ran: LayersRun) -> QuantizeReport:
             ppl_before=before.ppl,
             ppl_after=after.ppl,
             ratio=after.ppl / before.ppl,
-            evaluated=EVALUATED[scheme.kind]
-            + (W4A8_EVALUATED if opts.eval_activations == "int8" and scheme.kind == "int" else ""),
-            activations=eval_activations(
+            evaluated=runtime.evaluated(scheme, opts.eval_activations),
+            activations=runtime.eval_activations(
                 scheme, opts.eval_activations, result.quantized, torch.device(job.device).type
             ),
             ppl_before_cached=cache_use.hit,
@@ -359,47 +357,10 @@ def as_deployed(
     activations: str = "auto",
     device_type: str = "cpu",
 ) -> AbstractContextManager:
-    """Where `--eval` measures ppl after quantizing (names relative to `module`): for FP8,
-    as deployed (kernels' Fp8Linear W8A8, FP8 KV cache rounded with the calibrated scales);
-    for FP4 W4A4, the kernels' Fp4Linear with vLLM's activation quantization; for W8A8, and
-    INT4 with `activations` "int8" (W4A8), the module with each quantized linear's input
-    rounded to int8 as vLLM's kernel on `device_type` does; for INT (and FP4 weights only), the
-    module as it is (its weights are exactly the checkpoint's dequantized values)."""
-    if scheme.kind == "fp8":
-        from infer_tool.evals.fp8_in_memory import fp8_runtime
-
-        return fp8_runtime(module, quantized, kv_scales or None)
-    if scheme.kind == "fp4" and scheme.w4a4:
-        from infer_tool.evals.fp4_in_memory import fp4_runtime
-
-        return fp4_runtime(module, quantized)
-    if scheme.kind == W8A8_KIND or activations == "int8":
-        from infer_tool.evals.int8_in_memory import int8_kernels, int8_runtime
-
-        return int8_runtime(module, quantized, int8_kernels(quantized, device_type, w4a8=scheme.kind != W8A8_KIND))
-    return nullcontext(module)
-
-
-def eval_activations(scheme: Any, activations: str, quantized: dict[str, Any], device_type: str) -> str:
-    """What `--eval`'s "ppl after" did to activations, e.g. "int8 per token (onednn)"."""
-    if scheme.kind == "fp8":
-        return f"fp8 (e4m3) {scheme.activations}"
-    if scheme.kind == "fp4":
-        return f"{scheme.fp4} W4A4 (vLLM's emulation)" if scheme.w4a4 else "unquantized"
-    if scheme.kind != W8A8_KIND and activations != "int8":
-        return "unquantized"
-    from infer_tool.evals.int8_in_memory import int8_kernels
-
-    kernels = int8_kernels(quantized, device_type, w4a8=scheme.kind != W8A8_KIND)
-    static = scheme.kind == W8A8_KIND and scheme.int8_activations == "static"
-    parts = []
-    for k in sorted(set(kernels.values())):
-        mode = "static input_scale" if static and k != "sgl" else "per token"
-        parts.append(
-            f"int8 {mode}{', W4A8' if scheme.kind != W8A8_KIND else ''} "
-            f"({k}, {sum(v == k for v in kernels.values())} linears)"
-        )
-    return "; ".join(parts)
+    """Where `--eval` measures ppl after quantizing (names relative to `module`): the model run
+    as its number format is deployed (`formats/<format>/deployed.py`)."""
+    runtime = format_of_kind(scheme.kind).runtime()
+    return runtime.as_deployed(module, quantized, scheme, kv_scales, activations, device_type)
 
 
 def kv_scales_of(kv_amax: dict[str, Any]) -> dict[str, tuple[float, float]]:

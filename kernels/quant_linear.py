@@ -184,6 +184,15 @@ class Int4Linear(nn.Module):
             f"act_order={self.g_idx is not None}, activations={self.activations}"
         )
 
+    @property
+    def int8_kernel(self) -> str | None:
+        """The kernel whose int8 rounding its activations follow, or None (W4A16)."""
+        return self.kernel if self.activations == "int8" else None
+
+    def activations_label(self) -> str | None:
+        """What it does to its input, e.g. "int8 per token, W4A8 (sgl)"; None: unquantized."""
+        return f"int8 per token, W4A8 ({self.kernel})" if self.activations == "int8" else None
+
 
 def _reprepare(module: Int4Linear, incompatible_keys: object) -> None:
     """After `load_state_dict`: the kernel copy of a prepared layer follows the new weight."""
@@ -263,6 +272,18 @@ class Int8Linear(_FixedDtypeBuffers):
             f"static_input_scale={self.input_scale is not None}"
         )
 
+    @property
+    def int8_kernel(self) -> str | None:
+        """The kernel whose int8 rounding its activations follow, or None (W8A16)."""
+        return self.kernel if self.activations == "int8" else None
+
+    def activations_label(self) -> str | None:
+        """ "int8 per token (onednn)", "int8 static input_scale (onednn)"; None: unquantized."""
+        if self.activations != "int8":
+            return None
+        static = self.input_scale is not None and self.kernel != "sgl"
+        return f"int8 {'static input_scale' if static else 'per token'} ({self.kernel})"
+
 
 class Fp8Linear(_FixedDtypeBuffers):
     """`y = x @ (w_fp8 * weight_scale)ᵀ + b` with e4m3 weights `(N, K)`.
@@ -324,6 +345,12 @@ class Fp8Linear(_FixedDtypeBuffers):
             f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
             f"block_size={self.block_size}, static_input_scale={self.input_scale is not None}"
         )
+
+    int8_kernel = None  # its activations are e4m3, never int8
+
+    def activations_label(self) -> str | None:
+        """ "fp8 (e4m3)" in W8A8 mode; None: unquantized (W8A16)."""
+        return "fp8 (e4m3)" if self.mode == "w8a8" else None
 
 
 class Fp4Linear(nn.Module):
@@ -389,3 +416,9 @@ class Fp4Linear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt}, "
             f"activations={'fp4' if self.w4a4 else 'unquantized'}"
         )
+
+    int8_kernel = None  # its activations are FP4 or unquantized, never int8
+
+    def activations_label(self) -> str | None:
+        """ "nvfp4 W4A4 (vLLM's emulation)" with W4A4; None: unquantized."""
+        return f"{self.fmt} W4A4 (vLLM's emulation)" if self.w4a4 else None

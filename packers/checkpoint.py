@@ -8,8 +8,9 @@ written by their format's `tensors` function; every other tensor keeps the model
 a tied output embedding is not written (it stays tied on load). The directory appears
 atomically: everything goes into a temporary directory beside `out_dir`, renamed at the end.
 
-A format plugs in with one entry in `_BUILTIN` ("module:attribute" of a `CheckpointFormat`)
-or a `register_format` call. This module knows nothing about any format's tensors.
+A codec is declared by its number format (`formats/<format>/__init__.py`, the `codecs` of its
+`NumberFormat`: "module:attribute" of a `CheckpointFormat`), or added by `register_format`.
+This module knows nothing about any format's tensors.
 """
 
 from __future__ import annotations
@@ -77,11 +78,22 @@ def _no_check(scheme: Any, quantized: Mapping[str, Any]) -> None:
     return None
 
 
+def _weights_only(quantization_config: Mapping[str, Any]) -> bool:
+    return False
+
+
+def group_quantizes_inputs(quantization_config: Mapping[str, Any]) -> bool:
+    """True when a compressed-tensors config's first group quantizes its input activations."""
+    groups = list(quantization_config.get("config_groups", {}).values())
+    return bool(groups) and bool(groups[0].get("input_activations"))
+
+
 @dataclass(frozen=True)
 class CheckpointFormat:
     """How one on-disk format writes and reads quantized linears.
 
-    name: the `--format` value; kind: "int", "fp8" or "fp4" (one name may exist for several kinds).
+    name: the `--format` value; kind: the scheme kind it carries (`Scheme.kind`; one name may
+    exist for several kinds).
     suffixes: tensor-name suffixes one quantized linear owns (e.g. "weight_packed").
     config(scheme, ignore) -> the `quantization_config` dict (ignore: unquantized linears).
     tensors(name, weight, model_dtype) -> {full tensor name: tensor} for one linear.
@@ -101,22 +113,21 @@ class CheckpointFormat:
     matches: Callable[[Mapping[str, Any]], bool]
     check: Callable[[Any, Mapping[str, Any]], None] = field(default=_no_check)
     scale_dtype: str | None = None
+    activations_quantized: Callable[[Mapping[str, Any]], bool] = field(default=_weights_only)
 
 
-_BUILTIN: dict[tuple[str, str], str] = {
-    ("compressed-tensors", "int"): "infer_tool.packers.compressed_tensors:FORMAT",
-    ("awq", "int"): "infer_tool.packers.awq_gemm:FORMAT",
-    ("gptq", "int"): "infer_tool.packers.gptq_v1:FORMAT",
-    ("compressed-tensors", "w8a8"): "infer_tool.packers.int_quantized:FORMAT",
-    ("compressed-tensors", "fp8"): "infer_tool.packers.fp8_formats:CT_FORMAT",
-    ("fp8", "fp8"): "infer_tool.packers.fp8_formats:NATIVE_FORMAT",
-    ("compressed-tensors", "fp4"): "infer_tool.packers.fp4_format:FORMAT",
-}
 _REGISTERED: dict[tuple[str, str], CheckpointFormat] = {}
 
 
 def register_format(fmt: CheckpointFormat) -> None:
     _REGISTERED[(fmt.name, fmt.kind)] = fmt
+
+
+def _builtin() -> dict[tuple[str, str], str]:
+    """{(`--format` name, kind): "module:attribute"}: the codecs every number format declares."""
+    from infer_tool.formats.registry import all_formats
+
+    return {key: spec for f in all_formats() for key, spec in f.codecs.items()}
 
 
 def _load(spec: str) -> CheckpointFormat:
@@ -125,7 +136,7 @@ def _load(spec: str) -> CheckpointFormat:
 
 
 def all_formats() -> list[CheckpointFormat]:
-    found = {key: _load(spec) for key, spec in _BUILTIN.items()}
+    found = {key: _load(spec) for key, spec in _builtin().items()}
     found.update(_REGISTERED)
     return [found[k] for k in sorted(found)]
 
@@ -134,9 +145,10 @@ def get_format(name: str, kind: str = "int") -> CheckpointFormat:
     """The registered format `name` for weights of `kind`; BadInput names the accepted ones."""
     if (name, kind) in _REGISTERED:
         return _REGISTERED[(name, kind)]
-    if (name, kind) in _BUILTIN:
-        return _load(_BUILTIN[(name, kind)])
-    accepted = sorted({n for n, k in list(_BUILTIN) + list(_REGISTERED) if k == kind})
+    builtin = _builtin()
+    if (name, kind) in builtin:
+        return _load(builtin[(name, kind)])
+    accepted = sorted({n for n, k in list(builtin) + list(_REGISTERED) if k == kind})
     raise BadInput(f"format {name!r} is not supported for {kind} weights; use one of {', '.join(accepted)}")
 
 

@@ -17,12 +17,14 @@ nothing about files.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from infer_tool.kernels.fp4_layout import dequantize_codes, effective_scale
+from infer_tool.packers.deploy import Deploy
 
 
 @dataclass
@@ -66,6 +68,35 @@ class Fp4Weight:
                 raise ValueError("rows of one linear must share one global scale")
             gs = gs[:1].clone()
         return replace(self, codes=self.codes[rows], w_scale=self.w_scale[rows], global_scale=gs, info=dict(self.info))
+
+    label = "FP4"
+
+    def takes_int8_activations(self, deploy: Deploy) -> bool:
+        return False
+
+    def to_linear(self, bias: torch.Tensor | None, dtype: torch.dtype, deploy: Deploy, where: str) -> Any:
+        """The kernels' `Fp4Linear`; W4A4 (activations quantized as vLLM's emulation does) when the
+        weight says so, unless activations are "none"."""
+        from infer_tool.kernels.fp4_layout import pack_fp4
+        from infer_tool.kernels.quant_linear import Fp4Linear
+
+        return Fp4Linear(
+            pack_fp4(self.codes),
+            self.w_scale,
+            self.global_scale,
+            bias,
+            w4a4=self.activations == "fp4" and deploy.activations != "none",
+            input_global_scale=self.input_global_scale,
+        )
+
+    @classmethod
+    def activations_note(
+        cls, layers: Mapping[str, Fp4Weight], deploy: Deploy, kernels: set[str], dtype: torch.dtype
+    ) -> str:
+        w4a4 = any(w.activations == "fp4" for w in layers.values())
+        if w4a4 and deploy.activations != "none":
+            return "activations FP4 as the checkpoint says (W4A4, vLLM's emulation)"
+        return "activations unquantized"
 
     def to(self, device: torch.device | str) -> Fp4Weight:
         """A copy with every tensor on `device`."""

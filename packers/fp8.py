@@ -29,12 +29,14 @@ This module knows nothing about models, files or formats (see `fp8_formats.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from infer_tool.common.errors import BadInput
+from infer_tool.packers.deploy import Deploy
 from infer_tool.schemes.fp8 import GRANULARITIES, Fp8Scheme
 
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
@@ -73,6 +75,29 @@ class Fp8Weight:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """(N, K) weight in `dtype`: weight * scale."""
         return (self.weight.float() * self.scale_full()).to(dtype)
+
+    label = "FP8"
+
+    def takes_int8_activations(self, deploy: Deploy) -> bool:
+        return False
+
+    def to_linear(self, bias: torch.Tensor | None, dtype: torch.dtype, deploy: Deploy, where: str) -> Any:
+        """The kernels' `Fp8Linear`: W8A8 as the checkpoint says (e4m3 activations per token, or
+        with its static `input_scale`), W8A16 when it quantizes no activations or with
+        activations "none"."""
+        from infer_tool.kernels.quant_linear import Fp8Linear
+
+        mode = "w8a8" if deploy.quantized_activations and deploy.activations != "none" else "w8a16"
+        inp = self.input_scale if mode == "w8a8" else None
+        return Fp8Linear(self.weight, self.weight_scale.float(), inp, bias, self.block_size, mode)
+
+    @classmethod
+    def activations_note(
+        cls, layers: Mapping[str, Fp8Weight], deploy: Deploy, kernels: set[str], dtype: torch.dtype
+    ) -> str:
+        if deploy.activations == "none":
+            return "activations unquantized (FP8 W8A16)"
+        return "activations e4m3 as the checkpoint says (FP8)"
 
     def to(self, device: torch.device | str) -> Fp8Weight:
         """A copy with every tensor on `device`."""

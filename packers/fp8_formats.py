@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import torch
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.checkpoint import CheckpointFormat
+from infer_tool.packers.checkpoint import CheckpointFormat, group_quantizes_inputs
 from infer_tool.packers.fp8 import Fp8Scheme, Fp8Weight, scale_from_amax
 
 FP8_FORMATS = ("compressed-tensors", "fp8")
@@ -308,7 +308,7 @@ def _native_config(scheme: Fp8Scheme, ignore: Iterable[str]) -> dict[str, Any]:
     return quantization_config(scheme, "fp8", ignore)
 
 
-# Registered in packers/checkpoint.py's `_BUILTIN` as ("compressed-tensors", "fp8") and ("fp8", "fp8").
+# Declared as codecs ("compressed-tensors", "fp8") and ("fp8", "fp8") of the FP8 format (formats/fp8).
 CT_FORMAT = CheckpointFormat(
     name="compressed-tensors",
     kind="fp8",
@@ -318,6 +318,7 @@ CT_FORMAT = CheckpointFormat(
     read=read_fp8_layers,
     matches=_matches_ct,
     check=_check("compressed-tensors"),
+    activations_quantized=group_quantizes_inputs,
 )
 NATIVE_FORMAT = CheckpointFormat(
     name="fp8",
@@ -328,4 +329,5 @@ NATIVE_FORMAT = CheckpointFormat(
     read=read_fp8_layers,
     matches=_matches_native,
     check=_check("fp8"),
+    activations_quantized=lambda qc: qc.get("activation_scheme") in ("dynamic", "static"),
 )

@@ -4,7 +4,8 @@ format stores them (W8A8 and W8A16).
 Weights: the INT solvers (RTN, GPTQ) with `bits=8, symmetric=True` return the canonical
 `QuantizedWeight`: codes q uint8 0..255 with the implied zero point 128 and scale = absmax / 127
 per group. The format stores the signed codes q - 128 as int8 `weight` (N, K) and the scales as
-`weight_scale` (N, G) ((N, 1) per output channel), dequantized as weight * weight_scale.
+`weight_scale` (N, G) ((N, 1) per output channel), dequantized as weight * weight_scale
+(`QuantizedWeight.int8()`).
 RTN codes lie in [-127, 127] (|w| / scale <= 127); GPTQ's error feedback can reach -128.
 
 Static activations: one per-tensor `input_scale` = act_abs_max / 127, so that every calibrated
@@ -19,23 +20,9 @@ from __future__ import annotations
 import torch
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.quantized import QuantizedWeight
 
 INT8_MAX = 127
 ZERO = 128  # the implied zero point of symmetric 8-bit codes in `QuantizedWeight`
-
-
-def int8_weight(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`weight` int8 (N, K), `weight_scale` float32 (N, G)) of a symmetric 8-bit solver result
-    with contiguous groups (no act-order g_idx: the format has none for INT8)."""
-    if weight.bits != 8 or not weight.symmetric:
-        raise ValueError(
-            f"int8_weight: needs symmetric 8-bit codes, got bits={weight.bits} symmetric={weight.symmetric}"
-        )
-    if not weight.has_trivial_g_idx():
-        raise ValueError("int8_weight: act-order group indices cannot be stored in int-quantized checkpoints")
-    codes = weight.q.to(torch.int16) - ZERO
-    return codes.to(torch.int8), weight.scale.float()
 
 
 def int8_input_scale(act_abs_max: float | torch.Tensor) -> torch.Tensor:

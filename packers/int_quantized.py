@@ -27,9 +27,9 @@ from typing import Any
 import torch
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.checkpoint import CheckpointFormat
+from infer_tool.packers.checkpoint import CheckpointFormat, group_quantizes_inputs
 from infer_tool.packers.fp8_formats import quant_args
-from infer_tool.packers.int8 import ZERO, int8_weight
+from infer_tool.packers.int8 import ZERO
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.schemes.integer import W8A8_KIND, QuantScheme, observer_name
 
@@ -80,7 +80,7 @@ def check(scheme: QuantScheme, quantized: Mapping[str, QuantizedWeight]) -> None
 
 def layer_tensors(name: str, qw: QuantizedWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The tensors of one quantized linear `name` (module path, no `.weight`); scales float32."""
-    w8, scale = int8_weight(qw)
+    w8, scale = qw.int8()
     out = {f"{name}.weight": w8, f"{name}.weight_scale": scale.reshape(-1, 1).float()}
     if qw.input_scale is not None:
         out[f"{name}.input_scale"] = qw.input_scale.float().reshape(1).clone()
@@ -131,4 +131,5 @@ FORMAT = CheckpointFormat(
     matches=matches,
     check=check,
     scale_dtype="float32",
+    activations_quantized=group_quantizes_inputs,
 )

@@ -14,10 +14,14 @@ module knows nothing about files.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+
+from infer_tool.common.errors import BadInput
+from infer_tool.packers.deploy import Deploy
 
 
 @dataclass
@@ -81,6 +85,68 @@ class QuantizedWeight:
             g_idx=move(self.g_idx),
             input_scale=move(self.input_scale),
         )
+
+    def int8(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`weight` int8 (N, K), `weight_scale` float32 (N, G)) of symmetric 8-bit codes with
+        contiguous groups, as compressed-tensors' `int-quantized` stores them: the signed codes
+        q - 128 (no act-order g_idx: the format has none for INT8)."""
+        if self.bits != 8 or not self.symmetric:
+            raise ValueError(f"int8: needs symmetric 8-bit codes, got bits={self.bits} symmetric={self.symmetric}")
+        if not self.has_trivial_g_idx():
+            raise ValueError("int8: act-order group indices cannot be stored in int-quantized checkpoints")
+        codes = self.q.to(torch.int16) - (1 << (self.bits - 1))
+        return codes.to(torch.int8), self.scale.float()
+
+    @property
+    def label(self) -> str:
+        return f"{self.bits}-bit"
+
+    def takes_int8_activations(self, deploy: Deploy) -> bool:
+        """INT4 (served W4A8 on AMX) and W8A8 checkpoints take int8 activations."""
+        return self.bits == 4 or deploy.quantized_activations
+
+    def to_linear(self, bias: torch.Tensor | None, dtype: torch.dtype, deploy: Deploy, where: str) -> Any:
+        """The kernels' `Int4Linear` (4-bit) or `Int8Linear` (8-bit symmetric, groups in order),
+        its activations int8 where `deploy` says so."""
+        from infer_tool.kernels.int8_act import vllm_kernel
+        from infer_tool.kernels.quant_linear import Int4Linear, Int8Linear
+
+        quantize_acts = deploy.activations == "int8" or (deploy.activations == "auto" and deploy.quantized_activations)
+        acts = "int8" if quantize_acts else "none"
+        if deploy.int8_kernel != "auto":
+            kernel = deploy.int8_kernel
+        elif self.bits == 4:
+            kernel = "sgl"  # W4A8 exists only on vLLM's AMX path
+        else:
+            kernel = vllm_kernel(deploy.device_type, *self.shape)
+        if self.bits == 4:
+            scale = self.scale.to(dtype)
+            return Int4Linear.from_unpacked(self.q, scale, self.zero, self.g_idx, self.group_size, bias, acts, kernel)
+        if self.bits == 8 and self.symmetric and self.has_trivial_g_idx():
+            w8, scale = self.int8()
+            return Int8Linear(w8, scale, self.input_scale, bias, acts, kernel)
+        raise BadInput(
+            f"{where} has {self.bits}-bit {'symmetric' if self.symmetric else 'asymmetric'} "
+            "weights; the kernels take 4-bit, and 8-bit symmetric ones"
+        )
+
+    @classmethod
+    def activations_note(
+        cls, layers: Mapping[str, QuantizedWeight], deploy: Deploy, kernels: set[str], dtype: torch.dtype
+    ) -> str:
+        """'activations unquantized', or how int8 activations were rounded (W8A8, W4A8)."""
+        if deploy.activations == "none" or not kernels:
+            return "activations unquantized"
+        how = f"int8 activations rounded as vLLM's {'/'.join(sorted(kernels))} kernel"
+        if deploy.quantized_activations:
+            static = any(w.input_scale is not None for w in layers.values())
+            if static and "sgl" in kernels:
+                return f"{how}: static input_scale read only where oneDNN runs; the AMX (sgl) path quantizes per token"
+            return f"{how}: {'static per-tensor input_scale' if static else 'per token, dynamic'}"
+        note = f"{how}: W4A8 per token, as vLLM's CPU build serves INT4 on AMX CPUs (VLLM_CPU_INT4_W4A8=1)"
+        if dtype != torch.bfloat16:
+            note += "; vLLM takes W4A8 only for bfloat16 models (this evaluation is not bfloat16)"
+        return note
 
     def validate(self) -> None:
         """Raise ValueError when fields disagree on shapes, dtypes or ranges."""

@@ -134,7 +134,7 @@ def test_fp8_runtime_runs_w8a8_and_restores(model: Any, ids: torch.Tensor) -> No
     per-token activation QDQ hooks; tolerance 1e-4 of the logit range, fp32 summation
     order differs), with the KV cache rounded when scales are given; outside, the plain
     dequantized model is back."""
-    from infer_tool.evals.fp8_in_memory import fp8_runtime
+    from infer_tool.formats.fp8.deployed import fp8_runtime
 
     m = copy.deepcopy(model)
     result, kv = quantize_model_fp8(m, ids[:2], Fp8Scheme(granularity="channel", kv_cache="fp8"), device="cpu")

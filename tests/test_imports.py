@@ -3,6 +3,11 @@
 - the module import graph (top-level and function-level imports alike) has no cycle;
 - each top-level package imports only the packages below it:
   cli -> jobs -> spec -> evals -> calib -> packers -> kernels, with sizing and common beside them;
+- a number format's package (`formats/<format>/`) spans the layers: its declaration (the
+  package's `__init__.py`, with `formats/base.py` and `formats/registry.py`: "formats") sits
+  beside schemes, which it may import, and every layer that asks a format may import it; its
+  other modules ("formats.impl": activations as deployed, a new format's numerics, codecs and
+  quantizers) sit above calib and are imported by jobs and cli only;
 - packages stay free of the libraries they must not use (no typer/rich below cli; sizing
   is standard-library only);
 - every module imports on its own, in a fresh set of `infer_tool` modules.
@@ -16,19 +21,34 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec", "jobs", "cli")
-# package -> the infer_tool packages it may import
+PACKAGES = ("common", "sizing", "schemes", "formats", "kernels", "packers", "calib", "evals", "spec", "jobs", "cli")
+# package (a format's declaration "formats", its other modules "formats.impl") -> the
+# infer_tool packages it may import
 ALLOWED = {
     "common": set(),
     "sizing": {"common"},
-    "schemes": {"common"},
+    "schemes": {"common", "formats"},
+    "formats": {"common", "schemes", "formats"},
     "kernels": {"common"},
-    "packers": {"common", "schemes", "kernels"},
-    "calib": {"common", "schemes", "packers"},
-    "evals": {"common", "kernels", "packers", "calib"},
+    "packers": {"common", "schemes", "formats", "kernels"},
+    "calib": {"common", "schemes", "formats", "packers"},
+    "formats.impl": {"common", "schemes", "formats", "formats.impl", "kernels", "packers", "calib"},
+    "evals": {"common", "formats", "kernels", "packers", "calib"},
     "spec": {"common", "sizing", "calib", "evals"},
-    "jobs": {"common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec"},
-    "cli": {"common", "sizing", "schemes", "kernels", "packers", "calib", "evals", "spec", "jobs"},
+    "jobs": {"common", "sizing", "schemes", "formats", "formats.impl", "kernels", "packers", "calib", "evals", "spec"},
+    "cli": {
+        "common",
+        "sizing",
+        "schemes",
+        "formats",
+        "formats.impl",
+        "kernels",
+        "packers",
+        "calib",
+        "evals",
+        "spec",
+        "jobs",
+    },
 }
 # package -> third-party libraries it must not import
 BANNED = {
@@ -49,6 +69,8 @@ BANNED = {
         "typer",
         "rich",
     },  # torch: inside functions only (common/device.py)
+    "formats": {"torch", "transformers", "triton", "datasets", "safetensors", "numpy", "typer", "rich"},
+    "formats.impl": {"typer", "rich"},
     "kernels": {"transformers", "datasets", "typer", "rich"},
     "packers": {"transformers", "datasets", "typer", "rich"},
     "calib": {"typer", "rich", "triton"},
@@ -82,6 +104,24 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def layer_of(name: str) -> str:
+    """The package of module `name` in ALLOWED: its top-level package, with a format's
+    declaration ("formats": the formats package, its base and registry, each format's
+    package itself) told from its other modules ("formats.impl")."""
+    parts = name.split(".")
+    if parts[1] != "formats":
+        return parts[1]
+    declaration = len(parts) == 2 or parts[2] in ("base", "registry") or len(parts) == 3
+    return "formats" if declaration else "formats.impl"
+
+
+def module_of(imported: str, mods: dict[str, Path]) -> str:
+    """The module an import names (`a.b.c` of `from a.b import c` is a name in a.b, or a.b.c)."""
+    while imported not in mods and "." in imported:
+        imported = imported.rpartition(".")[0]
+    return imported
+
+
 def graph() -> dict[str, set[str]]:
     mods = modules()
     return {name: {m for m in imports_of(path) if m in mods and m != name} for name, path in mods.items()}
@@ -111,12 +151,13 @@ def test_no_import_cycles() -> None:
 
 def test_packages_import_only_what_lies_below() -> None:
     bad = []
-    for name, path in modules().items():
-        pkg = name.split(".")[1]
+    mods = modules()
+    for name, path in mods.items():
+        pkg = layer_of(name)
         for m in imports_of(path):
             top = m.split(".")[0]
             if top == "infer_tool":
-                other = m.split(".")[1]
+                other = layer_of(module_of(m, mods))
                 if other != pkg and other not in ALLOWED[pkg]:
                     bad.append(f"{name} imports {m}")
             elif top in BANNED.get(pkg, ()):

@@ -31,7 +31,7 @@ from infer_tool.kernels.int8_act import (
 )
 from infer_tool.kernels.layout import pack_int4_k
 from infer_tool.kernels.w4a8 import w4a8_reference
-from infer_tool.packers.int8 import int8_input_scale, int8_weight
+from infer_tool.packers.int8 import int8_input_scale
 from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.integer import GPTQScheme, RTNScheme
@@ -242,28 +242,26 @@ def test_int8_weights_from_the_int_solvers() -> None:
             quantize_rtn(W, None, RTNScheme(bits=8, group_size=group)),
             quantize_gptq(W, stats, GPTQScheme(bits=8, group_size=group, act_order=False)),
         ):
-            w8, scale = int8_weight(solved)
+            w8, scale = solved.int8()
             assert w8.dtype == torch.int8 and w8.shape == W.shape
             assert scale.shape == (48, 1 if group == -1 else 256 // group)
             gi = torch.arange(256) // (256 if group == -1 else group)
             assert torch.equal(w8.float() * scale[:, gi], solved.dequantize())
         rtn = quantize_rtn(W, None, RTNScheme(bits=8, group_size=group))
-        w8, scale = int8_weight(rtn)
+        w8, scale = rtn.int8()
         assert int(w8.min()) >= -127 and int(w8.abs().max()) == 127
         torch.testing.assert_close(scale[:, 0], W[:, : (256 if group == -1 else group)].abs().amax(1) / 127)
     with pytest.raises(ValueError, match="symmetric 8-bit"):
-        int8_weight(quantize_rtn(W, None, RTNScheme(bits=4, group_size=64)))
+        quantize_rtn(W, None, RTNScheme(bits=4, group_size=64)).int8()
     with pytest.raises(ValueError, match="act-order"):
-        int8_weight(
-            QuantizedWeight(
-                q=rtn.q,
-                scale=rtn.scale,
-                zero=None,
-                g_idx=torch.arange(256, dtype=torch.int32).flip(0) // 64,
-                bits=8,
-                group_size=64,
-            )
-        )
+        QuantizedWeight(
+            q=rtn.q,
+            scale=rtn.scale,
+            zero=None,
+            g_idx=torch.arange(256, dtype=torch.int32).flip(0) // 64,
+            bits=8,
+            group_size=64,
+        ).int8()
 
 
 def test_int8_input_scale() -> None:

@@ -6,9 +6,9 @@ The pipeline (`calib/pipeline.py`) asks `quantizer_for(scheme)` for the quantize
 scheme and calls it on one decoder layer at a time; it knows no method by name.
 
 Nothing is imported until a quantizer is first asked for: then every module of this
-package is imported once, registering what it defines (the CLI's start-up and the schemes
-stay free of torch). The recipe for adding a method or a number format is in
-`schemes/registry.py`.
+package (and each module a number format's `quantizers` names) is imported once, registering
+what it defines (the CLI's start-up and the schemes stay free of torch). How to add a method
+or a number format: docs/extending.md.
 """
 
 from __future__ import annotations
@@ -45,11 +45,17 @@ def register_quantizer(scheme_type: type[Scheme]) -> Callable[[Q], Q]:
 
 
 def _import_all() -> None:
-    """Import every module of this package once (each registers its quantizers)."""
+    """Import every module of this package and every quantizer module a number format names
+    (`formats/registry`), once: each registers its quantizers."""
+    from infer_tool.formats.registry import all_formats
+
     global _imported
     if not _imported:
         for module in pkgutil.iter_modules(__path__):
             importlib.import_module(f"{__name__}.{module.name}")
+        for f in all_formats():
+            for name in f.quantizers:
+                importlib.import_module(name)
         _imported = True
 
 

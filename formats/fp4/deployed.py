@@ -1,4 +1,4 @@
-"""Run an in-memory FP4-quantized model the way it is deployed, for evaluation.
+"""FP4 as deployed, for `quantize --eval`: the in-memory model run the way vLLM's emulation runs it.
 
 `fp4_runtime(model, quantized)` swaps each quantized `nn.Linear` whose `Fp4Weight` quantizes
 activations (W4A4) for the kernels' `Fp4Linear`, whose input is quantize-dequantized as vLLM's
@@ -16,6 +16,37 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import nn
+
+EVALUATED = (
+    "the FP4 model as vLLM's emulation runs it: linear weights exactly the checkpoint's dequantized E2M1 "
+    "values; with W4A4 activations (NVFP4 / MXFP4), each quantized linear (the kernels' Fp4Linear) "
+    "quantize-dequantizes its input as vLLM 0.32's CPU emulation does (NVFP4: the static input_global_scale and "
+    "dynamic E4M3 scales per 16, `ref_nvfp4_quant_dequant`; MXFP4: dynamic E8M0 scales per 32)"
+)
+
+
+def as_deployed(
+    module: nn.Module,
+    quantized: Mapping[str, Any],
+    scheme: Any,
+    kv_scales: Mapping[str, tuple[float, float]],
+    activations: str,
+    device_type: str,
+) -> contextlib.AbstractContextManager:
+    """W4A4: `fp4_runtime`; weights only: the module as it is."""
+    return fp4_runtime(module, quantized) if scheme.w4a4 else contextlib.nullcontext(module)
+
+
+def evaluated(scheme: Any, activations: str) -> str:
+    return EVALUATED
+
+
+def eval_activations(scheme: Any, activations: str, quantized: Mapping[str, Any], device_type: str) -> str:
+    return f"{scheme.fp4} W4A4 (vLLM's emulation)" if scheme.w4a4 else "unquantized"
+
+
+def eval_activation_modes(scheme: Any) -> tuple[str, ...]:
+    return ("auto",)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Run an in-memory FP8-quantized model the way it is deployed, for evaluation.
+"""FP8 as deployed, for `quantize --eval`: the in-memory model run the way it is served.
 
 `fp8_runtime(model, quantized, kv_scales)` swaps each quantized `nn.Linear` for the
 kernels' `Fp8Linear` in W8A8 mode (activations rounded to e4m3 per token, or with the
@@ -16,6 +16,36 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import nn
+
+EVALUATED = (
+    "the FP8 model as deployed: quantized linears run as the kernels' Fp8Linear (W8A8: e4m3 weights, "
+    "activations rounded to e4m3 per token or with the static input_scale), KV cache rounded through "
+    "e4m3 with the calibrated k_scale/v_scale when --kv-cache fp8"
+)
+
+
+def as_deployed(
+    module: nn.Module,
+    quantized: Mapping[str, Any],
+    scheme: Any,
+    kv_scales: Mapping[str, tuple[float, float]],
+    activations: str,
+    device_type: str,
+) -> contextlib.AbstractContextManager:
+    """`fp8_runtime` with the calibrated KV scales (if any)."""
+    return fp8_runtime(module, quantized, kv_scales or None)
+
+
+def evaluated(scheme: Any, activations: str) -> str:
+    return EVALUATED
+
+
+def eval_activations(scheme: Any, activations: str, quantized: Mapping[str, Any], device_type: str) -> str:
+    return f"fp8 (e4m3) {scheme.activations}"
+
+
+def eval_activation_modes(scheme: Any) -> tuple[str, ...]:
+    return ("auto",)
 
 
 @contextlib.contextmanager
