@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from infer_tool.common.errors import BadInput
+from infer_tool.formats.registry import all_formats
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.presets import PRESETS, get_preset
+from infer_tool.schemes.presets import get_preset
 from infer_tool.schemes.registry import CLASSES, SCHEMES, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
@@ -591,11 +592,13 @@ def _refuse_mixed_formats(opts: QuantizeOptions, given: dict[str, str]) -> None:
     own = set(best.option_names()) - {t for c in classes if c is not best for t in c.option_names()}
     mine = [name for name, t in given.items() if t not in best.option_names()]
     theirs = [name for name, t in given.items() if t in own]
-    fp4 = [p.name for p in PRESETS if "fp4" in p.options]
+    other = max((c for c in classes if c is not best), key=lambda c: sum(given[n] in c.option_names() for n in mine))
+    fixed, chosen = (next(f for f in all_formats() if c in f.schemes) for c in (other, best))
     raise BadInput(
         f"{_typed(opts, mine)} does not go with {_typed(opts, theirs)}: they set two number formats of --method "
-        f"{opts.method} (FP4 fixes the bits, groups, symmetry and scale dtypes that INT options choose); "
-        f"FP4 alone: --fp4, or --scheme {' / '.join(fp4)}"
+        f"{opts.method} ({fixed.name.upper()} fixes the bits, groups, symmetry and scale dtypes that "
+        f"{chosen.name.upper()} options choose); {fixed.name.upper()} alone: {_typed(opts, mine)}, or --scheme "
+        f"{' / '.join(p.name for p in fixed.presets)}"
     )
 
 

@@ -74,6 +74,11 @@ class QuantizedWeight:
         s = self.scale.float()[:, g]  # (N, K)
         return ((self.q.float() - z) * s).to(dtype)
 
+    def rows(self, rows: slice) -> QuantizedWeight:
+        """The weight of rows `rows` (one linear of a stacked solve); g_idx is shared."""
+        zero = None if self.zero is None else self.zero[rows]
+        return replace(self, q=self.q[rows], scale=self.scale[rows], zero=zero, info=dict(self.info))
+
     def to(self, device: torch.device | str) -> QuantizedWeight:
         """A copy with every tensor on `device`."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731

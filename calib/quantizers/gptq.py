@@ -28,7 +28,6 @@ measured on.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -200,13 +199,8 @@ class GPTQQuantizer(SmoothsSavedStats, LayerQuantizer[GPTQScheme]):
             full = ", ".join(ctx.full(n) for n in names[part])
             solved = self.solve(torch.cat(weights[part]), stats, scheme, full, parts=sizes)
             for i, (n, m, rows) in enumerate(zip(names[part], modules[part], part_rows(sizes, sum(sizes)))):
-                one = replace(
-                    solved,
-                    q=solved.q[rows],
-                    scale=solved.scale[rows],
-                    info=part_info(solved.info, i),
-                    zero=None if solved.zero is None else solved.zero[rows],
-                )
+                one = solved.rows(rows)
+                one.info = part_info(solved.info, i)
                 record(ctx.result, ctx.full(n), m, one, ctx.arch, stats)
 
 
