@@ -167,6 +167,14 @@ class QuantizeOptions:
         str,
         scheme="fp4_activations",
     )
+    mxfp8_activations: str | None = option(
+        None,
+        "MXFP8 weights (E4M3, an E8M0 scale per 32 inputs) instead of INT, for --method rtn or gptq, with these "
+        "activations: none (llm-compressor's MXFP8A16) or mxfp8 (its MXFP8: E4M3 with a dynamic E8M0 scale per 32). "
+        "--scheme MXFP8A16 / MXFP8 set it.",
+        str,
+        scheme="mxfp8_activations",
+    )
     observer: str | None = option(
         None,
         "Group scales of rtn, gptq and awq+gptq, and of every --fp4 method: minmax (each group's range) or mse "

@@ -44,6 +44,7 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
         "INT8": ("--int8-activations", "--smoothquant"),
         "FP8": ("--fp8-granularity", "--fp8-activations", "--kv-cache"),
         "FP4": ("--fp4", "--fp4-activations"),
+        "MXFP8": ("--mxfp8-activations",),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
         "Calibration switches": ("--layer-error",),

@@ -17,6 +17,7 @@ FORMATS: tuple[str, ...] = (
     "infer_tool.formats.integer:FORMAT",
     "infer_tool.formats.fp8:FORMAT",
     "infer_tool.formats.fp4:FORMAT",
+    "infer_tool.formats.mxfp8:FORMAT",
 )
 
 

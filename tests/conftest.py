@@ -53,6 +53,7 @@ SLOW_MODULES = frozenset(
         "test_kernels_fp4.py",
         "test_kernels_w4a16.py",
         "test_kernels_fp8.py",
+        "test_kernels_mxfp8.py",
         "test_kernels_benchmark.py",
         "test_distributed_quantize.py",
         "test_streaming_memory.py",
@@ -66,6 +67,10 @@ SLOW_MODULES = frozenset(
 # refusals stay fast up to about 0.8 s.
 SLOW_TESTS = frozenset(
     {
+        # test_mxfp8.py: two tiny quantize runs (one module fixture), eval ppl, transformers read-back
+        "test_mxfp8.py::test_checkpoint_is_compressed_tensors_mxfp8",
+        "test_mxfp8.py::test_eval_ppl_equals_quantize_eval",
+        "test_mxfp8.py::test_transformers_with_compressed_tensors_reads_our_weights",
         # test_autoround.py
         "test_autoround.py::test_descent_lowers_every_block_loss_and_the_output_error",
         "test_autoround.py::test_every_format_reads_back_to_the_pipeline_weights",

@@ -4,7 +4,7 @@
 - each top-level package imports only the packages below it:
   cli -> jobs -> spec -> evals -> calib -> packers -> kernels, with sizing and common beside them;
 - a number format's package (`formats/<format>/`) spans the layers: its declaration (the
-  package's `__init__.py`, with `formats/base.py` and `formats/registry.py`: "formats") sits
+  package's `__init__.py` and `scheme.py`, with `formats/base.py` and `formats/registry.py`: "formats") sits
   beside schemes, which it may import, and every layer that asks a format may import it; its
   other modules ("formats.impl": activations as deployed, a new format's numerics, codecs and
   quantizers) sit above calib and are imported by jobs and cli only;
@@ -111,7 +111,7 @@ def layer_of(name: str) -> str:
     parts = name.split(".")
     if parts[1] != "formats":
         return parts[1]
-    declaration = len(parts) == 2 or parts[2] in ("base", "registry") or len(parts) == 3
+    declaration = len(parts) <= 3 or parts[3] == "scheme" or parts[2] in ("base", "registry")
     return "formats" if declaration else "formats.impl"
 
 

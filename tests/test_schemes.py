@@ -11,6 +11,7 @@ from infer_tool.calib.quantizers import quantizer_for, register_quantizer
 from infer_tool.calib.quantizers.base import LayerQuantizer
 from infer_tool.calib.quantizers.gptq import GPTQQuantizer
 from infer_tool.common.errors import BadInput
+from infer_tool.formats.registry import all_formats
 from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.fp8 import Fp8Scheme
 from infer_tool.schemes.integer import GPTQScheme, RTNScheme
@@ -23,8 +24,9 @@ EVERY_CLASS = list(all_schemes())
 def test_every_scheme_round_trips_through_its_dict(method: str, cls: type) -> None:
     """to_dict is JSON-able, names the method and every option; from_dict gives the scheme
     back; the method's default class needs no option, another format's class is picked by
-    its own options (FP4's `fp4`)."""
-    own = {} if SCHEMES[method] is cls else {"fp4": "mxfp4"}
+    its own options (those of its format's first preset: FP4's `fp4`, MXFP8's `mxfp8_activations`)."""
+    fmt = next(f for f in all_formats() if cls in f.schemes)
+    own = {} if SCHEMES[method] is cls else dict(fmt.presets[0].options)
     scheme = make_scheme(method, **own)
     assert type(scheme) is cls and isinstance(scheme, Scheme) and scheme.method == method
     d = json.loads(json.dumps(scheme.to_dict()))

@@ -43,19 +43,21 @@ def test_format_in_vllm(run: vllm_formats.Run, row: Row) -> None:
 
 def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
     """Every registered checkpoint format, every FP8 weight granularity it carries, KV scales
-    in both FP8 formats, and NVFP4 / MXFP4 weights only and W4A4 have a row: read back from
+    in both FP8 formats, NVFP4 / MXFP4 weights only and W4A4, and MXFP8 weights only and W8A8 have a row: read back from
     the written config.json."""
     import json
 
     from infer_tool.packers.checkpoint import all_formats, format_of
 
-    seen, strategies, kv, fp4 = set(), set(), set(), set()
+    seen, strategies, kv, fp4, mx8 = set(), set(), set(), set(), set()
     for res in run.results:
         qc = json.loads((res.path / "config.json").read_text())["quantization_config"]
         fmt = format_of(qc)
         seen.add((fmt.name, fmt.kind))
         if fmt.kind == "fp4":
             fp4.add((qc["format"], qc["config_groups"]["group_0"]["input_activations"] is not None))
+        if fmt.kind == "mxfp8":
+            mx8.add(qc["config_groups"]["group_0"]["input_activations"] is not None)
         if fmt.kind == "fp8":
             if fmt.name == "compressed-tensors":
                 strategy = qc["config_groups"]["group_0"]["weights"]["strategy"]
@@ -71,6 +73,7 @@ def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
     }
     assert kv == {"compressed-tensors", "fp8"}
     assert fp4 == {(f"{f}-pack-quantized", w4a4) for f in ("nvfp4", "mxfp4") for w4a4 in (False, True)}
+    assert mx8 == {False, True}
 
 
 def _result(

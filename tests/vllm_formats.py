@@ -114,6 +114,8 @@ FP4 = ["--method", "rtn"]
 NVFP4_MARLIN = "ValueError: Forced NVFP4 kernel MarlinNvFp4LinearKernel is not supported: Marlin FP4 not available"
 NO_NVFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the NVFP4 linear layer. Reasons:"
 NO_MXFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons:"
+# vLLM 0.32 lists MXFP8 kernels for CUDA, ROCm and XPU only (`_POSSIBLE_MXFP8_KERNELS`).
+NO_MXFP8_KERNEL = "ValueError: Failed to find a kernel that can implement the MXFP8 linear layer. Reasons:"
 
 # vLLM's kernel choices, as the worker records them ("selector: kernel or refusal"), from
 # vllm/model_executor/kernels/linear/__init__.py (`_POSSIBLE_KERNELS`, `_POSSIBLE_FP8_KERNELS`,
@@ -351,6 +353,18 @@ ROWS = (
         "compressed-tensors MXFP4 (W4A4)",
         (*FP4, "--fp4", "mxfp4", "--fp4-activations", "fp4"),
         refusal=NO_MXFP4_KERNEL,
+    ),
+    Row(
+        "ct-mxfp8a16",
+        "compressed-tensors MXFP8A16 (mxfp8-quantized, weights only)",
+        ("--scheme", "MXFP8A16"),
+        refusal=NO_MXFP8_KERNEL,
+    ),
+    Row(
+        "ct-mxfp8",
+        "compressed-tensors MXFP8 (W8A8, dynamic per-32 activations)",
+        ("--scheme", "MXFP8"),
+        refusal=NO_MXFP8_KERNEL,
     ),
     Row(
         "ct-w8a8-dynamic",

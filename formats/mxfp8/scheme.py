@@ -1,0 +1,95 @@
+"""MXFP8 schemes: E4M3 weights with one E8M0 (power-of-two) scale per 32 inputs along K, and
+optionally MXFP8 activations (dynamic, per 32), `kind = "mxfp8"`. Standard library only.
+
+`mxfp8_activations`: "none" (weights only, llm-compressor's MXFP8A16) or "mxfp8" (W8A8,
+llm-compressor's MXFP8: each linear's input rounded to E4M3 with a dynamic E8M0 scale per 32).
+What the format fixes (8 bits, symmetric, groups of 32, uint8 E8M0 scales) is not an option.
+As a class of its own the scheme is RTN; `Mxfp8GPTQScheme` adds GPTQ's options, whose defaults
+are GPTQScheme's (`schemes/integer.py`, not restated): one GPTQ, on this format's grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+from infer_tool.common.errors import BadInput
+from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.integer import GPTQScheme
+
+KIND = "mxfp8"
+GROUP_SIZE = 32  # values per E8M0 scale along K
+ACTIVATIONS = ("none", "mxfp8")
+
+
+@dataclass(frozen=True)
+class Mxfp8Scheme(Scheme):
+    """MXFP8 round to nearest: each group's scale from its max |w| (compressed-tensors' rule)."""
+
+    method: ClassVar[str] = "rtn"
+    kind: ClassVar[str] = KIND
+    mxfp8_activations: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.mxfp8_activations not in ACTIVATIONS:
+            raise BadInput(
+                f"--mxfp8-activations {self.mxfp8_activations!r} is not supported; use none (weights only, "
+                "MXFP8A16) or mxfp8 (W8A8, MXFP8)"
+            )
+
+    group_size: ClassVar[int] = GROUP_SIZE
+
+    @property
+    def w8a8(self) -> bool:
+        return self.mxfp8_activations == "mxfp8"
+
+    @property
+    def preset(self) -> str:
+        """llm-compressor's name of this number format: MXFP8A16 or MXFP8."""
+        return "MXFP8" if self.w8a8 else "MXFP8A16"
+
+    def group_for(self, in_features: int) -> int:
+        return GROUP_SIZE
+
+    def check_shapes(self, shapes: Mapping[str, tuple[int, int]]) -> None:
+        """Refuse linears whose K is not a multiple of 32 (vLLM's scales are K // 32 wide)."""
+        bad = {name: k for name, (_, k) in shapes.items() if k % GROUP_SIZE}
+        if bad:
+            listed = ", ".join(f"{n} (K={k})" for n, k in sorted(bad.items())[:8])
+            more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+            raise BadInput(
+                f"mxfp8 scales groups of {GROUP_SIZE} input features, which do not divide those of {listed}{more}; "
+                "--ignore those linears or use another scheme"
+            )
+
+    def for_storage(self, scale_dtype: str) -> Mxfp8Scheme:
+        """MXFP8 stores its scales as E8M0 whatever the model dtype."""
+        return self
+
+    def describe(self) -> str:
+        """'gptq mxfp8 (MXFP8A16) act-order' for the report table."""
+        order = " act-order" if getattr(self, "act_order", False) else ""
+        return f"{self.method} mxfp8 ({self.preset}){order}"
+
+
+@dataclass(frozen=True)
+class Mxfp8GPTQScheme(Mxfp8Scheme):
+    """GPTQ on the MXFP8 grid: every group's scale from the original weights (static groups),
+    then GPTQ's column loop (`packers/gptq.solve_columns`) rounding each column to E4M3 at its
+    group's scale. The options and their defaults are GPTQScheme's."""
+
+    method: ClassVar[str] = "gptq"
+    damp: float = GPTQScheme.damp
+    block_size: int = GPTQScheme.block_size
+    act_order: bool = GPTQScheme.act_order
+    damp_retries: int = GPTQScheme.damp_retries
+    damp_growth: float = GPTQScheme.damp_growth
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        own = {f.name for f in fields(Mxfp8Scheme)}
+        GPTQScheme(**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in own})
+
+
+SCHEMES: tuple[type[Mxfp8Scheme], ...] = (Mxfp8Scheme, Mxfp8GPTQScheme)
