@@ -148,7 +148,8 @@ class QuantizeOptions:
     )
     fp8_activations: str | None = option(
         None,
-        "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale).",
+        "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale). "
+        "With an INT method's 4-bit symmetric group-128 weights: W4AFP8 (dynamic only; --scheme W4AFP8).",
         str,
         scheme="activations",
     )
@@ -485,8 +486,10 @@ def with_preset(values: dict[str, Any]) -> dict[str, Any]:
     if method is None:
         if preset.method:
             out["method"] = preset.method
-    elif method in SCHEMES:
-        foreign = [t for t in preset.options if t not in scheme_fields(method)]
+    elif method in SCHEMES and not any(set(preset.options) <= set(c.option_names()) for c in CLASSES[method]):
+        foreign = [t for t in preset.options if t not in SCHEMES[method].option_names()] or [
+            t for t in preset.options if t not in scheme_fields(method)
+        ]
         if foreign:
             sets = ", ".join(flag(SCHEME_OPTIONS[t], preset.options[t]) for t in foreign)
             raise BadInput(
@@ -597,10 +600,9 @@ def _refuse_mixed_formats(opts: QuantizeOptions, given: dict[str, str]) -> None:
     if any(set(given.values()) <= set(c.option_names()) for c in classes):
         return
     best = max(classes, key=lambda c: sum(t in c.option_names() for t in given.values()))
-    own = set(best.option_names()) - {t for c in classes if c is not best for t in c.option_names()}
     mine = [name for name, t in given.items() if t not in best.option_names()]
-    theirs = [name for name, t in given.items() if t in own]
     other = max((c for c in classes if c is not best), key=lambda c: sum(given[n] in c.option_names() for n in mine))
+    theirs = [name for name, t in given.items() if t in best.option_names() and t not in other.option_names()]
     fixed, chosen = (next(f for f in all_formats() if c in f.schemes) for c in (other, best))
     raise BadInput(
         f"{_typed(opts, mine)} does not go with {_typed(opts, theirs)}: they set two number formats of --method "

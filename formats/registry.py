@@ -18,6 +18,7 @@ FORMATS: tuple[str, ...] = (
     "infer_tool.formats.fp8:FORMAT",
     "infer_tool.formats.fp4:FORMAT",
     "infer_tool.formats.mxfp8:FORMAT",
+    "infer_tool.formats.w4afp8:FORMAT",
 )
 
 

@@ -118,7 +118,14 @@ def read_layers(tensors: Mapping[str, torch.Tensor], quant_config: Mapping[str, 
 
 
 def matches(quant_config: Mapping[str, Any]) -> bool:
-    return quant_config.get("quant_method") == "compressed-tensors" and quant_config.get("format") == FORMAT_NAME
+    """pack-quantized INT weights whose activations are not float: FP8 ones are W4AFP8's format."""
+    groups = list(quant_config.get("config_groups", {}).values())
+    floats = any((g.get("input_activations") or {}).get("type") == "float" for g in groups)
+    return (
+        quant_config.get("quant_method") == "compressed-tensors"
+        and quant_config.get("format") == FORMAT_NAME
+        and not floats
+    )
 
 
 FORMAT = CheckpointFormat(
