@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 Q = TypeVar("Q", bound=type)
 
-_QUANTIZERS: dict[type[Scheme], LayerQuantizer] = {}  # scheme type -> its quantizer (an instance)
+_QUANTIZERS: dict[type[Scheme], type[LayerQuantizer]] = {}  # scheme type -> its quantizer class
 _imported = False
 
 
@@ -36,9 +36,9 @@ def register_quantizer(scheme_type: type[Scheme]) -> Callable[[Q], Q]:
 
     def register(cls: Q) -> Q:
         taken = _QUANTIZERS.get(scheme_type)
-        if taken is not None and type(taken).__qualname__ != cls.__qualname__:
-            raise ValueError(f"{scheme_type.__name__} already has the quantizer {type(taken).__name__}")
-        _QUANTIZERS[scheme_type] = cls()
+        if taken is not None and taken.__qualname__ != cls.__qualname__:
+            raise ValueError(f"{scheme_type.__name__} already has the quantizer {taken.__name__}")
+        _QUANTIZERS[scheme_type] = cls  # type: ignore[assignment]
         return cls
 
     return register
@@ -60,7 +60,8 @@ def _import_all() -> None:
 
 
 def quantizer_for(scheme: Scheme) -> LayerQuantizer:
-    """The layer quantizer registered for `scheme`'s type."""
+    """A new instance of the layer quantizer registered for `scheme`'s type: what a quantizer
+    keeps while it works on a layer (FP4's global scales) never outlives the run that made it."""
     found = _QUANTIZERS.get(type(scheme))
     if found is None:
         _import_all()
@@ -71,4 +72,4 @@ def quantizer_for(scheme: Scheme) -> LayerQuantizer:
             f"no layer quantizer is registered for method {scheme.method!r} ({type(scheme).__name__}); "
             f"registered: {registered}"
         )
-    return found
+    return found()

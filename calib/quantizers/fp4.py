@@ -224,7 +224,8 @@ class Fp4GPTQQuantizer(Fp4Layer, GPTQQuantizer):
     """GPTQ's true-sequential driver (`gptq.py`) with the FP4 solver; linears sharing a
     Hessian are solved as one stack whose rows keep their own linear's global scale."""
 
-    amax: dict[str, float]
+    def __init__(self) -> None:
+        self.amax: dict[str, float] = {}  # {full name: max |x| of its inputs}, this run's
 
     def needs(self, scheme: Fp4GPTQScheme) -> Needs:
         return Needs(hessian=True, activation_stats=input_global_scale(0.0, scheme) is not None)
@@ -236,7 +237,6 @@ class Fp4GPTQQuantizer(Fp4Layer, GPTQQuantizer):
 
     def _remember(self, name: str, stats: LayerStats | None) -> None:
         if stats is not None:
-            self.amax = getattr(self, "amax", {})
             self.amax[name] = stats.act_abs_max
 
     def quantize_layer(self, ctx: LayerContext, scheme: Fp4GPTQScheme) -> LayerOutputs:
