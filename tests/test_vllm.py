@@ -74,6 +74,7 @@ def test_rows_cover_every_format_we_write(run: vllm_formats.Run) -> None:
     assert kv == {"compressed-tensors", "fp8"}
     assert fp4 == {(f"{f}-pack-quantized", w4a4) for f in ("nvfp4", "mxfp4") for w4a4 in (False, True)}
     assert mx8 == {False, True}
+    assert ("compressed-tensors", "w4afp8") in seen
 
 
 def _result(

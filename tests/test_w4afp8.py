@@ -181,30 +181,3 @@ def test_refusals_name_the_value_and_what_is_accepted(tmp_path: Path) -> None:
         code, text = invoke("quantize", tmp_path / "model", "--out", tmp_path / "out", *flags)
         assert code == 2 and message in " ".join(text.split()), (flags, text)
         assert not (tmp_path / "out").exists()
-
-
-VLLM_REFUSAL = "NotImplementedError: No compressed-tensors compatible scheme was found for layer_name="
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_cpu_refuses_w4afp8(runs: dict) -> None:
-    """vLLM 0.32 runs W4AFP8 only where `_is_fp8_w4a8_sm90` holds (compute capability 9.0 exactly);
-    its CPU build, with AMX or without, finds no scheme and refuses at load with this message
-    (a vLLM that starts accepting it fails here). Its own time limit: 300 s."""
-    import os
-    import subprocess
-
-    from vllm_formats import VLLM_PYTHON
-
-    script = (
-        "import os; os.environ['VLLM_CPU_KVCACHE_SPACE'] = '1'\n"
-        "from vllm import LLM\n"
-        f"LLM(model={str(runs['root'] / 'rtn')!r}, dtype='bfloat16', max_model_len=128, enforce_eager=True)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON")}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=runs["root"]
-    )
-    assert proc.returncode != 0, "vLLM's CPU build now loads W4AFP8: give it a row in tests/vllm_formats.py"
-    assert VLLM_REFUSAL in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-2000:]

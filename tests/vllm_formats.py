@@ -116,6 +116,19 @@ NO_NVFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the NV
 NO_MXFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons:"
 # vLLM 0.32 lists MXFP8 kernels for CUDA, ROCm and XPU only (`_POSSIBLE_MXFP8_KERNELS`).
 NO_MXFP8_KERNEL = "ValueError: Failed to find a kernel that can implement the MXFP8 linear layer. Reasons:"
+# vLLM 0.32 runs W4AFP8 only where `_is_fp8_w4a8_sm90` holds (compute capability 9.0 exactly).
+NO_W4AFP8_SCHEME = (
+    "ror: No compressed-tensors compatible scheme was found for layer_name='model.layers.0.mlp.down_proj', "
+    "weight_quant=QuantizationArgs(num_bits=4, type='int', symmetric=True, group_size=128, "
+    "strategy='group', block_structure=None, dynamic=False, actorder=None, scale_dtype=None, "
+    "zp_dtype=torch.int8, observer='memoryless_minmax', observer_kwargs={}), "
+    "input_quant=QuantizationArgs(num_bits=8, type='float', symmetric=True, group_size=None, "
+    "strategy='token', block_structure=None, dynamic=True, actorder=None, scale_dtype=None, "
+    "zp_dtype=torch.float8_e4m3fn, observer=None, observer_kwargs={}), output_quant=None, "
+    "format='pack-quantized'"
+)
+# W4AFP8 takes groups of 128: of the demo's linears only down_proj (K = 1536) has them (K = 576 elsewhere).
+DOWN_PROJ_ONLY = ("--ignore", "*.self_attn.*", "--ignore", "*.gate_proj", "--ignore", "*.up_proj")
 
 # vLLM's kernel choices, as the worker records them ("selector: kernel or refusal"), from
 # vllm/model_executor/kernels/linear/__init__.py (`_POSSIBLE_KERNELS`, `_POSSIBLE_FP8_KERNELS`,
@@ -365,6 +378,12 @@ ROWS = (
         "compressed-tensors MXFP8 (W8A8, dynamic per-32 activations)",
         ("--scheme", "MXFP8"),
         refusal=NO_MXFP8_KERNEL,
+    ),
+    Row(
+        "ct-w4afp8",
+        "compressed-tensors W4AFP8 (pack-quantized INT4, FP8 per-token activations; down_proj only)",
+        ("--scheme", "W4AFP8", "--method", "rtn", *DOWN_PROJ_ONLY),
+        refusal=NO_W4AFP8_SCHEME,
     ),
     Row(
         "ct-w8a8-dynamic",
