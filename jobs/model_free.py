@@ -384,7 +384,7 @@ def quantize_model_free(
             resumed_bytes += shard_bytes
             done_bytes += shard_bytes
             continue
-        _write_shard(work, shard, plan.units[shard], reader, codec, scales, src)
+        _write_shard(work, shard, plan.units[shard], reader=reader, codec=codec, scales=scales, src=src)
         done_bytes += shard_bytes
         elapsed = max(time.perf_counter() - run_started, 1e-9)
         progress(
@@ -470,7 +470,7 @@ def _outputs(unit: Unit, codec: Any, shape: list[int]) -> list[tuple[str, int]]:
 
 
 def _write_shard(
-    work: Path, shard: str, units: list[Unit], reader: Reader, codec: Any, scales: Any, src: Source
+    work: Path, shard: str, units: list[Unit], *, reader: Reader, codec: Any, scales: Any, src: Source
 ) -> None:
     import torch
 
