@@ -359,6 +359,7 @@ def quantize_model_free(
     started = time.perf_counter()
     progress = progress or no_progress
     path = check(opts, overwrite)
+    fixed_mmap_threshold()
     src = open_source(path)
     fp8_block = fp8_source(src.config.get("quantization_config"))
     dtype_name = checkpoint_dtype(opts.dtype, src.config)
@@ -430,6 +431,28 @@ def quantize_model_free(
     )
     _publish(work, Path(opts.out), report)
     return report
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 2**20
+
+
+def fixed_mmap_threshold() -> None:
+    """Allocations of 1 MiB and more get their own memory maps, returned to the system when
+    freed. glibc raises its threshold (up to 32 MiB) each time such a block is freed, after
+    which a tensor's float32 copies and intermediates come from the heap, which it rarely
+    shrinks: tensor after tensor the RSS would creep up. Setting the threshold fixes it (a
+    no-op where the C library is not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "mallopt"):
+            libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    except OSError:
+        return
 
 
 def _open_work(out: str, key: str) -> Path:
