@@ -189,13 +189,16 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--schemes", nargs="+", default=["NVFP4A16", "FP8_BLOCK"])
     p.add_argument("--work", type=Path, default=None, help="directory for the checkpoint (default: a new one in /tmp)")
-    p.add_argument("--keep", action="store_true", help="keep the checkpoint")
+    p.add_argument("--keep", action="store_true", help="keep the checkpoint (a later run with --work reuses it)")
     args = p.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="model-free-bench-"))
     ckpt = work / "zebra"
     try:
         t = time.perf_counter()
-        size = write_checkpoint(ckpt, args.gb)
+        if (ckpt / "config.json").is_file():  # kept from an earlier --keep run
+            size = sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))
+        else:
+            size = write_checkpoint(ckpt, args.gb)
         print(
             f"checkpoint: {size / 1e9:.2f} GB bf16 in {len(list(ckpt.glob('*.safetensors')))} shards, "
             f"written in {time.perf_counter() - t:.0f}s; load average {os.getloadavg()[0]:.2f}",
