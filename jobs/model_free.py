@@ -534,9 +534,9 @@ def _write_shard(
     tmp.rename(work / shard)
 
 
-def _finish(work: Path, src: Source, config: dict[str, Any]) -> int:
-    """The index (several shards), config.json and the source's other files; returns the
-    shards' bytes."""
+def write_index(work: Path, src: Source) -> int:
+    """The index of the shards in `work` (several shards, or a source that had one), named as
+    the source's; returns the shards' bytes."""
     from infer_tool.common.safetensors_header import tensor_headers
     from infer_tool.packers.shards import SAFETENSORS_INDEX
 
@@ -550,12 +550,18 @@ def _finish(work: Path, src: Source, config: dict[str, Any]) -> int:
     if len(src.files) > 1 or (src.path / SAFETENSORS_INDEX).is_file():
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
         (work / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    (work / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    _copy_other_files(src.path, work)
     return size
 
 
-def _copy_other_files(src: Path, dst: Path) -> None:
+def _finish(work: Path, src: Source, config: dict[str, Any]) -> int:
+    """The index, config.json and the source's other files; returns the shards' bytes."""
+    size = write_index(work, src)
+    (work / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    copy_other_files(src.path, work)
+    return size
+
+
+def copy_other_files(src: Path, dst: Path) -> None:
     """Every file of the source but its weights, index, config and dot-files, byte for byte."""
     from infer_tool.packers.checkpoint import REPORT_NAME
     from infer_tool.packers.shards import SAFETENSORS_INDEX

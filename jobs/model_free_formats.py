@@ -145,3 +145,97 @@ def dequantize_fp8(
         raise BadInput(f"an FP8 block scale of shape {tuple(scale.shape)} does not cover a weight {n}x{k} ({want})")
     full = expand_scale(scale.float(), "block", (n, k), block)
     return (weight.float() * full).to(dtype)
+
+
+# ---------------------------------------------------------------- convert: other formats -> compressed-tensors
+
+SOURCE_SCALE_DTYPE = torch.float16  # AutoAWQ's and GPTQ v1's scales: kept as they are (lossless)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A source checkpoint format read linear by linear and written as compressed-tensors.
+
+    suffixes: the tensor suffixes one source linear owns; anchor: the suffix whose tensor marks
+    a linear (`qweight`, or `weight` of dtype float8_e4m3fn)."""
+
+    source: CheckpointFormat
+    target: CheckpointFormat
+    scheme: Scheme
+    quant_config: Mapping[str, Any]
+    anchor: str
+    scale_dtype: torch.dtype
+
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        return self.source.suffixes
+
+    def convert(self, module: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The compressed-tensors tensors of source linear `module` from its source tensors."""
+        layers = self.source.read(tensors, self.quant_config)
+        if module not in layers:
+            raise BadInput(f"{module}: its tensors do not make a {self.source.name} linear")
+        w = layers[module]
+        if self.scheme.kind == "int":
+            w = _int_for_ct(module, w, self.scheme)
+        return self.target.tensors(module, w, self.scale_dtype)
+
+    def config(self, ignore: Sequence[str]) -> dict[str, Any]:
+        return self.target.config(self.scheme, sorted(set(ignore)))
+
+
+def _int_for_ct(module: str, w: Any, scheme: Any) -> Any:
+    """An INT source weight as compressed-tensors carries it: static groups only; asymmetric
+    configs store every zero point, symmetric ones none."""
+    if not w.has_trivial_g_idx():
+        raise BadInput(
+            f"{module}: act-order with a g_idx that reorders groups cannot be carried by compressed-tensors "
+            "pack-quantized (compressed-tensors no longer loads dynamic-group checkpoints); keep the GPTQ checkpoint"
+        )
+    w.g_idx = None
+    if scheme.symmetric and w.zero is not None:
+        if not bool((w.zero == 1 << (w.bits - 1)).all()):
+            raise BadInput(f"{module}: the config says symmetric, but its zero points are not all {1 << (w.bits - 1)}")
+        w.zero = None
+    if not scheme.symmetric and w.zero is None:
+        w.zero = torch.full(w.scale.shape, 1 << (w.bits - 1), dtype=torch.uint8)
+    return w
+
+
+def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversion:
+    """The conversion of a checkpoint with `quant_config` to format `target`; BadInput naming
+    why when it cannot be carried."""
+    from infer_tool.packers.checkpoint import format_of
+    from infer_tool.schemes.registry import make_scheme
+
+    if target != "compressed-tensors":
+        raise BadInput(f"--to {target!r} is not supported; use --to compressed-tensors")
+    if not quant_config:
+        raise BadInput("the source is not quantized (config.json has no quantization_config); use quantize")
+    method = quant_config.get("quant_method")
+    if method == "compressed-tensors":
+        raise BadInput("the source is already compressed-tensors")
+    if method not in ("awq", "gptq", "fp8"):
+        raise BadInput(
+            f"quant_method {method!r} is not a format convert reads; it reads awq (GEMM), gptq (v1) and fp8 (native)"
+        )
+    source = format_of(quant_config)
+    if method == "fp8":
+        block = quant_config.get("weight_block_size")
+        act = quant_config.get("activation_scheme", "dynamic")
+        scheme = Fp8Scheme(
+            granularity="block" if block else "tensor",
+            block_size=tuple(block) if block else (128, 128),
+            activations=act,
+        )
+        return Conversion(source, get_format(FORMAT_NAME, "fp8"), scheme, quant_config, "weight", torch.float32)
+    bits = int(quant_config.get("bits", quant_config.get("w_bit", 4)))
+    group = int(quant_config.get("group_size", quant_config.get("q_group_size", 128)))
+    if method == "awq":
+        symmetric = not bool(quant_config.get("zero_point", True))
+    else:
+        symmetric = bool(quant_config.get("sym", True))
+    if bits not in (2, 4, 8):
+        raise BadInput(f"{method} with {bits}-bit weights: compressed-tensors pack-quantized holds 2, 4 or 8 bits")
+    scheme = make_scheme("rtn", bits=bits, group_size=group, symmetric=symmetric)
+    return Conversion(source, get_format(FORMAT_NAME, "int"), scheme, quant_config, "qweight", SOURCE_SCALE_DTYPE)
