@@ -66,4 +66,3 @@ def test_transformers_with_compressed_tensors_loads_a_model_free_checkpoint(
     else:
         assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max())
     assert float((a - c).abs().max()) > 1e-3 * float(c.abs().max())  # the weights were quantized
-
