@@ -332,8 +332,9 @@ def check_partial(out: str, resume: bool) -> Path:
     return path
 
 
-def check(opts: ModelFreeOptions, overwrite: bool) -> Path:
-    """Checks before any tensor is read: the scheme, --out, the progress; returns the model directory."""
+def check(opts: ModelFreeOptions, overwrite: bool, first: bool = True) -> Path:
+    """Checks before any tensor is read: the scheme, --out, the progress (by the first process
+    only: the others join the progress it opens); returns the model directory."""
     from infer_tool.calib.models import resolve_model_dir
     from infer_tool.jobs.model_free_formats import refusal
     from infer_tool.packers.checkpoint import check_checkpoint_out
@@ -346,21 +347,55 @@ def check(opts: ModelFreeOptions, overwrite: bool) -> Path:
     check_patterns(opts.ignore)
     path, _ = resolve_model_dir(opts.model)
     check_checkpoint_out(opts.out, overwrite=overwrite, src_dir=path)
-    check_partial(opts.out, opts.resume)
+    if first:
+        check_partial(opts.out, opts.resume)
     return path
 
 
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) from `torchrun`'s environment; (0, 1) without a launcher."""
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    if not (rank.isascii() and rank.isdigit() and world.isascii() and world.isdigit()) or int(rank) >= int(world):
+        raise BadInput(f"RANK={rank!r} and WORLD_SIZE={world!r} are not a process rank below a process count")
+    return int(rank), int(world)
+
+
+def assign_shards(sizes: Mapping[str, int], world: int) -> dict[str, int]:
+    """{shard: the process that writes it}: largest first, each to the least loaded process
+    (ties: the lower rank), so every process gets about the same bytes."""
+    load = [0] * world
+    owner = {}
+    for shard in sorted(sizes, key=lambda f: (-sizes[f], f)):
+        r = min(range(world), key=lambda i: (load[i], i))
+        owner[shard] = r
+        load[r] += sizes[shard]
+    return owner
+
+
 def quantize_model_free(
-    opts: ModelFreeOptions, *, overwrite: bool = False, progress: Progress | None = None
+    opts: ModelFreeOptions,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    rank: int | None = None,
+    world: int | None = None,
 ) -> ModelFreeReport:
-    """Quantize `opts.model`'s shards into `opts.out` (module docstring); returns the report."""
+    """Quantize `opts.model`'s shards into `opts.out` (module docstring); returns the report.
+
+    Under several processes (`torchrun --nproc-per-node N`, or `rank` / `world` given), each
+    writes its share of the shards (`assign_shards`) into the progress directory process 0
+    opened; process 0 waits for all of them, then writes the index, config and report and
+    renames the directory into `--out`. The bytes are those of one process."""
     import torch
 
     from infer_tool.jobs.model_free_formats import FORMAT_NAME, TensorCodec, fp8_source
 
     started = time.perf_counter()
+    joined_after = time.time()
+    if rank is None or world is None:
+        rank, world = launch_rank()
     progress = progress or no_progress
-    path = check(opts, overwrite)
+    path = check(opts, overwrite, first=rank == 0)
     fixed_mmap_threshold()
     src = open_source(path)
     fp8_block = fp8_source(src.config.get("quantization_config"))
@@ -372,27 +407,36 @@ def quantize_model_free(
         raise BadInput(f"no tensor of {opts.model} is quantized: every 2-D weight is kept by the ignore patterns")
     unmatched = selection.unmatched_user_patterns(plan.targets + plan.kept + list(plan.skipped))
     key = run_key(src, opts, dtype_name)
-    work = _open_work(opts.out, key)
+    work = _open_work(opts.out, key, world) if rank == 0 else _join_work(opts.out, key, world, joined_after)
     dtype = getattr(torch, dtype_name)
     reader = Reader(src, plan, dtype)
     scales = GlobalScales(codec, plan, reader)
-    total = sum(reader.bytes_of(u) for us in plan.units.values() for u in us)
+    sizes = {shard: sum(reader.bytes_of(u) for u in plan.units[shard]) for shard in src.files}
+    owner = assign_shards(sizes, world)
+    total = sum(sizes.values())
     done_bytes = resumed_bytes = resumed = 0
     run_started = time.perf_counter()
     progress("model-free MB", 0, max(1, total // MB))
     for shard in src.files:
-        shard_bytes = sum(reader.bytes_of(u) for u in plan.units[shard])
+        if owner[shard] != rank:
+            continue
         if (work / shard).is_file():  # finished by an earlier run
             resumed += 1
-            resumed_bytes += shard_bytes
-            done_bytes += shard_bytes
+            resumed_bytes += sizes[shard]
+            done_bytes += sizes[shard]
             continue
         _write_shard(work, shard, plan.units[shard], reader=reader, codec=codec, scales=scales, src=src)
-        done_bytes += shard_bytes
+        done_bytes += sizes[shard]
         elapsed = max(time.perf_counter() - run_started, 1e-9)
+        mine = sum(sizes[f] for f in src.files if owner[f] == rank)
         progress(
-            "model-free MB", done_bytes // MB, max(1, total // MB), MB_s=(done_bytes - resumed_bytes) / MB / elapsed
+            "model-free MB", done_bytes // MB, max(1, mine // MB), MB_s=(done_bytes - resumed_bytes) / MB / elapsed
         )
+    if rank != 0:
+        return _rank_report(opts, codec, plan, src, done_bytes - resumed_bytes, started, run_started)
+    while not all((work / f).is_file() for f in src.files):  # the other processes' shards
+        time.sleep(0.2)
+    ignore = config_ignore(plan)
     ignore = config_ignore(plan)
     config = dict(src.config)
     config["quantization_config"] = codec.config(ignore)
@@ -426,7 +470,7 @@ def quantize_model_free(
         bytes_in=total,
         bytes_out=bytes_out,
         seconds=seconds,
-        mb_per_s=(total - resumed_bytes) / MB / max(time.perf_counter() - run_started, 1e-9),
+        mb_per_s=(total - resumed_bytes) / MB / max(time.perf_counter() - run_started, 1e-9),  # all processes
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         unmatched_ignore=unmatched,
         notes=notes,
@@ -457,7 +501,55 @@ def fixed_mmap_threshold() -> None:
         return
 
 
-def _open_work(out: str, key: str) -> Path:
+WORLD = "world.json"  # process 0's word to the others: the run's key, the process count, when
+JOIN_TIMEOUT_S = 3600.0
+
+
+def _join_work(out: str, key: str, world: int, after: float) -> Path:
+    """The progress directory process 0 opened for this run (its WORLD record names this key
+    and process count, written after this process started, give or take a minute)."""
+    from infer_tool.jobs.run_dir import partial_dir
+
+    work = partial_dir(out)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            doc = json.loads((work / WORLD).read_text())
+        except (OSError, ValueError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("key") == key and doc.get("world") == world:
+            if float(doc.get("time", 0)) >= after - 60:
+                return work
+        time.sleep(0.2)
+    raise BadInput(f"process 0 did not open {work} for this run within {JOIN_TIMEOUT_S:.0f}s (see its error)")
+
+
+def _rank_report(
+    opts: ModelFreeOptions, codec: Any, plan: Plan, src: Source, written: int, started: float, run_started: float
+) -> ModelFreeReport:
+    """What a process other than 0 did (process 0 reports the run)."""
+    return ModelFreeReport(
+        model=opts.model,
+        out=str(opts.out),
+        method=opts.scheme.method,
+        scheme=codec.describe(),
+        format=codec.config(())["format"],
+        quantized=len(plan.targets),
+        kept=len(plan.kept),
+        ignore=[],
+        skipped=plan.skipped,
+        source_quantization=None,
+        shards=len(src.files),
+        resumed_shards=0,
+        bytes_in=written,
+        bytes_out=0,
+        seconds=time.perf_counter() - started,
+        mb_per_s=written / MB / max(time.perf_counter() - run_started, 1e-9),
+        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
+
+
+def _open_work(out: str, key: str, world: int = 1) -> Path:
     """The progress directory, created or (resuming) checked against `key`; leftovers of a
     killed shard write are removed."""
     from infer_tool.jobs.run_dir import partial_dir
@@ -474,15 +566,19 @@ def _open_work(out: str, key: str) -> Path:
                 f"{work} holds the progress of a --model-free run of another source or other options; "
                 "delete it to start over"
             )
+        (work / WORLD).unlink(missing_ok=True)  # a killed run's word to its processes
         for tmp in work.glob("*.tmp"):
             tmp.unlink()
-        return work
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = work.with_name(work.name + ".new")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    (tmp / STATE).write_text(json.dumps({"key": key, "version": VERSION}) + "\n")
-    tmp.rename(work)
+    else:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        tmp = work.with_name(work.name + ".new")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        (tmp / STATE).write_text(json.dumps({"key": key, "version": VERSION}) + "\n")
+        tmp.rename(work)
+    record = work / f"{WORLD}.tmp"
+    record.write_text(json.dumps({"key": key, "world": world, "time": time.time()}) + "\n")
+    record.rename(work / WORLD)
     return work
 
 
@@ -583,6 +679,7 @@ def _publish(work: Path, out: Path, report: ModelFreeReport) -> None:
     from infer_tool.packers.checkpoint import REPORT_NAME, publish
 
     (work / STATE).unlink()
+    (work / WORLD).unlink(missing_ok=True)
     doc = json.loads(to_json(asdict(report)))
     doc["model_free"] = True
     (work / REPORT_NAME).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

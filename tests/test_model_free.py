@@ -300,3 +300,41 @@ def test_moe_model_free_writes_the_pipelines_tensors(family: str, name: str, tmp
     qa = json.loads((tmp_path / "pipe" / "config.json").read_text())["quantization_config"]
     qb = json.loads((tmp_path / "free" / "config.json").read_text())["quantization_config"]
     assert sorted(qa["ignore"]) == sorted(qb["ignore"])
+
+
+def test_two_processes_write_the_one_process_bytes(tmp_path: Path) -> None:
+    """Two ranks (threads here, as `torchrun --nproc-per-node 2` runs processes) split the
+    shards; process 0 assembles; every file equals the one-process run's."""
+    import threading
+
+    from infer_tool.jobs.model_free import ModelFreeOptions, assign_shards, quantize_model_free
+    from infer_tool.schemes.registry import make_scheme
+
+    src = _invented(tmp_path)
+    scheme = make_scheme("rtn", fp4="nvfp4")  # fused groups whose shards both ranks read
+    quantize_model_free(ModelFreeOptions(str(src), str(tmp_path / "one"), scheme), rank=0, world=1)
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            quantize_model_free(ModelFreeOptions(str(src), str(tmp_path / "two"), scheme), rank=r, world=2)
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    files = sorted(p.name for p in (tmp_path / "one").iterdir() if p.name != "quantize_report.json")
+    assert files == sorted(p.name for p in (tmp_path / "two").iterdir() if p.name != "quantize_report.json")
+    for f in files:
+        if f != ".infer-tool.json":
+            assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes(), f
+    assert sorted(assign_shards({"a": 3, "b": 2, "c": 2, "d": 1}, 2).items()) == [
+        ("a", 0),
+        ("b", 1),
+        ("c", 1),
+        ("d", 0),
+    ]

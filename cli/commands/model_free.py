@@ -61,13 +61,16 @@ def run_model_free(
     opts: Any, flags: dict[str, Any], recipe: dict[str, Any], *, overwrite: bool, json_: bool, no_progress: bool
 ) -> None:
     from infer_tool.cli.output import emit_json, err, progress_bar, quiet_libraries
-    from infer_tool.jobs.model_free import check, quantize_model_free
+    from infer_tool.jobs.model_free import check, launch_rank, quantize_model_free
 
     mf = model_free_options(opts, flags, recipe)
-    check(mf, overwrite)  # before any progress bar
+    rank, world = launch_rank()
+    check(mf, overwrite, first=rank == 0)  # before any progress bar
     quiet_libraries()
-    with progress_bar(not no_progress) as bar:
-        report = quantize_model_free(mf, overwrite=overwrite, progress=bar)
+    with progress_bar(rank == 0 and not no_progress) as bar:
+        report = quantize_model_free(mf, overwrite=overwrite, progress=bar, rank=rank, world=world)
+    if rank != 0:  # under torchrun, process 0 reports
+        return
     if json_:
         emit_json(report)
     else:
