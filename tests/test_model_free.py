@@ -257,6 +257,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(flags: tuple, needle: s
     assert not (tmp_path / "o").exists() and not (tmp_path / ".o.partial").exists()
 
 
+def test_no_default_ignore_without_model_free_is_refused(tiny: Path, tmp_path: Path) -> None:
+    r = invoke("quantize", tiny, "--method", "rtn", "--no-default-ignore", "--out", tmp_path / "o", "--no-progress")
+    assert r.exit_code == 2 and "--model-free" in r.output and not (tmp_path / "o").exists()
+
+
 def test_out_rules_as_quantize(tiny: Path, tmp_path: Path) -> None:
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "mine.txt").write_text("keep")

@@ -95,6 +95,12 @@ def _quantize_command() -> Any:
 
             run_model_free(opts, flags, from_recipe, overwrite=overwrite, json_=json_, no_progress=no_progress)
             return
+        if not opts.default_ignore:
+            from infer_tool.common.errors import BadInput
+
+            raise BadInput(
+                "--no-default-ignore applies to --model-free only (the pipeline quantizes the linears it plans)"
+            )
         if opts.model is None:
             given = (
                 set(from_recipe)
