@@ -433,7 +433,9 @@ def quantize_model_free(
             "model-free MB", done_bytes // MB, max(1, mine // MB), MB_s=(done_bytes - resumed_bytes) / MB / elapsed
         )
     if rank != 0:
-        return _rank_report(opts, codec, plan, src, done_bytes - resumed_bytes, started, run_started)
+        return _rank_report(
+            opts, codec, plan, src=src, written=done_bytes - resumed_bytes, started=started, run_started=run_started
+        )
     while not all((work / f).is_file() for f in src.files):  # the other processes' shards
         time.sleep(0.2)
     ignore = config_ignore(plan)
@@ -525,7 +527,7 @@ def _join_work(out: str, key: str, world: int, after: float) -> Path:
 
 
 def _rank_report(
-    opts: ModelFreeOptions, codec: Any, plan: Plan, src: Source, written: int, started: float, run_started: float
+    opts: ModelFreeOptions, codec: Any, plan: Plan, *, src: Source, written: int, started: float, run_started: float
 ) -> ModelFreeReport:
     """What a process other than 0 did (process 0 reports the run)."""
     return ModelFreeReport(
