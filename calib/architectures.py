@@ -285,14 +285,15 @@ def architecture_for(model_type: str, config: Any = None) -> Architecture:
             "ARCHITECTURES in calib/architectures.py: the decoder-layer path, the attention's "
             "true-sequential linear groups and AWQ mappings, and an MoE(block, router, experts, shared "
             "expert, checkpoint names) whose experts are transformers' fused gate_up_proj (E, 2I, H) / "
-            "down_proj (E, H, I)"
+            "down_proj (E, H, I). Data-free schemes (rtn, FP8 dynamic, FP4 weights) need no entry: add --model-free"
         )
     if arch is None:
         raise BadInput(
             f"model_type {model_type!r} is not in the quantization table; supported: "
             f"{', '.join(sorted(ARCHITECTURES))}. To add it, give it an entry in "
             "ARCHITECTURES in calib/architectures.py (decoder-layer path, true-sequential "
-            "linear groups, AWQ smooth -> balance mappings)"
+            "linear groups, AWQ smooth -> balance mappings). Data-free schemes (rtn, FP8 dynamic, FP4 weights) "
+            "need no entry: add --model-free"
         )
     return arch
 

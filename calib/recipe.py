@@ -332,6 +332,22 @@ class QuantizeOptions:
     trust_remote_code: bool = option(
         False, "Run the model repository's own Python code.", bool, flag="--trust-remote-code"
     )
+    # ---- quantize --model-free (jobs/model_free.py): one block, kept together
+    model_free: bool = option(
+        False,
+        "Quantize the safetensors shards tensor by tensor without building the model (any architecture, any "
+        "size): data-free schemes only (rtn INT, FP8 dynamic, FP4 weights only; --method rtn when not given). "
+        "--ignore adds to the default kept tensors (embeddings, lm_head, norms, routers, MTP, vision).",
+        bool,
+        flag="--model-free",
+    )
+    default_ignore: bool = option(
+        True,
+        "--model-free: keep embeddings, lm_head, norms, routers and their gates, MTP / next-n layers and "
+        "vision / audio towers unquantized (--no-default-ignore quantizes every 2-D weight not --ignore'd).",
+        bool,
+        flag="--default-ignore/--no-default-ignore",
+    )
 
 
 OPTIONS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(QuantizeOptions)}

@@ -19,6 +19,7 @@ COMMANDS = (
     "eval",
     "kv_budget",
     "spec_profile",
+    "convert",
 )
 
 app = typer.Typer(

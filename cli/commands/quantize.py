@@ -90,6 +90,17 @@ def _quantize_command() -> Any:
         flags = {name: tuple(v) if name == "ignore" and v is not None else v for name, v in kwargs.items()}
         from_recipe = load_recipe(recipe) if recipe else {}
         opts = merge(from_recipe, flags)
+        if opts.model_free:  # jobs/model_free.py: no model class, shard by shard
+            from infer_tool.cli.commands.model_free import run_model_free
+
+            run_model_free(opts, flags, from_recipe, overwrite=overwrite, json_=json_, no_progress=no_progress)
+            return
+        if not opts.default_ignore:
+            from infer_tool.common.errors import BadInput
+
+            raise BadInput(
+                "--no-default-ignore applies to --model-free only (the pipeline quantizes the linears it plans)"
+            )
         if opts.model is None:
             given = (
                 set(from_recipe)

@@ -1,0 +1,241 @@
+"""The model-free path's one door to the number formats: every solver, weight type and format
+writer `quantize --model-free` (and `convert`) calls is imported here and nowhere else in
+those jobs, so that a change in `packers/` (formats by composition) is met in this module.
+
+`TensorCodec` quantizes one weight `(N, K)` into its checkpoint tensors, as the layer pipeline
+would (the same solver, the same scheme with scales rounded to the checkpoint dtype, the same
+format writer): INT RTN -> compressed-tensors pack-quantized, FP8 -> float-quantized, FP4 RTN
+-> nvfp4- / mxfp4-pack-quantized. What it does not know: tensor names beyond a module name,
+files, shards, models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from infer_tool.common.errors import BadInput
+from infer_tool.packers.checkpoint import CheckpointFormat, get_format
+from infer_tool.packers.fp4_solve import fp4_global_scale, quantize_fp4_rtn
+from infer_tool.packers.fp8 import expand_scale, quantize_fp8_weight
+from infer_tool.packers.rtn import quantize_rtn
+from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.fp4 import Fp4RTNScheme
+from infer_tool.schemes.fp8 import Fp8Scheme
+from infer_tool.schemes.integer import RTNScheme
+
+FORMAT_NAME = "compressed-tensors"
+
+
+def refusal(scheme: Scheme) -> str | None:
+    """Why `scheme` cannot run without the model (it reads activations, or is not RTN / FP8
+    dynamic / FP4 RTN weights only), or None."""
+    if isinstance(scheme, Fp4RTNScheme):
+        return "FP4 W4A4 calibrates its input_global_scale" if scheme.w4a4 else None
+    if isinstance(scheme, Fp8Scheme):
+        if scheme.activations != "dynamic":
+            return "FP8 static activations calibrate an input_scale"
+        if scheme.kv_cache is not None:
+            return "FP8 KV-cache scales are calibrated"
+        if scheme.clip_search:
+            return "--fp8-clip-search reads calibration statistics"
+        return None
+    if type(scheme) is RTNScheme:
+        if scheme.int8_activations != "none":
+            return "INT8 activations (W8A8) are served from int-quantized checkpoints this path does not write"
+        if scheme.smoothquant is not None:
+            return "--smoothquant reads activation maxima"
+        return None
+    return f"--method {scheme.method} reads calibration activations"
+
+
+@dataclass(frozen=True)
+class TensorCodec:
+    """One scheme, stored in one checkpoint dtype: quantize a weight into its tensors."""
+
+    scheme: Scheme
+    fmt: CheckpointFormat
+    dtype: torch.dtype
+
+    @classmethod
+    def open(cls, scheme: Scheme, dtype_name: str) -> TensorCodec:
+        fmt = get_format(FORMAT_NAME, scheme.kind)
+        fmt.check(scheme, {})
+        return cls(scheme.for_storage(fmt.scale_dtype or dtype_name), fmt, getattr(torch, dtype_name))
+
+    @property
+    def kind(self) -> str:
+        return self.scheme.kind
+
+    @property
+    def shares_global_scale(self) -> bool:
+        """True for NVFP4: fused shards must share one global scale."""
+        return isinstance(self.scheme, Fp4RTNScheme) and self.scheme.global_scales
+
+    def shape_refusal(self, n: int, k: int) -> str | None:
+        """Why a weight (N, K) cannot take this scheme (K not a multiple of the group), or None."""
+        s = self.scheme
+        if isinstance(s, Fp4RTNScheme):
+            g = s.group_size
+        elif isinstance(s, Fp8Scheme):
+            return None
+        else:
+            g = s.group_for(k)
+        return None if k % g == 0 else f"K={k} is not a multiple of the group size {g}"
+
+    def global_scale(self, weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """NVFP4's global scale `(1,)` the fused shards `weights` (each (N_i, K)) share; else None."""
+        return fp4_global_scale(list(weights), self.scheme) if self.shares_global_scale else None
+
+    def quantize(self, module: str, weight: torch.Tensor, global_scale: torch.Tensor | None = None) -> dict:
+        """{tensor name: tensor} of the quantized linear `module` from its weight (N, K)."""
+        w = weight.float()
+        if isinstance(self.scheme, Fp4RTNScheme):
+            q = quantize_fp4_rtn(w, None, self.scheme, global_scale=global_scale)
+        elif isinstance(self.scheme, Fp8Scheme):
+            q = quantize_fp8_weight(w, self.scheme, name=module)
+        else:
+            q = quantize_rtn(w, None, self.scheme)
+        return self.fmt.tensors(module, q, self.dtype)
+
+    def config(self, ignore: Sequence[str]) -> dict[str, Any]:
+        """The checkpoint's `quantization_config`."""
+        return self.fmt.config(self.scheme, sorted(set(ignore)))
+
+    def describe(self) -> str:
+        return self.scheme.describe()
+
+
+# ---------------------------------------------------------------- already-quantized inputs
+
+
+def fp8_source(quant_config: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """The block (bn, bk) of a native FP8 block checkpoint's config (`quant_method: fp8`,
+    `weight_block_size`); (0, 0) for native per-tensor FP8; None when not quantized; BadInput
+    for other quantized inputs."""
+    if not quant_config:
+        return None
+    if quant_config.get("quant_method") != "fp8":
+        raise BadInput(
+            f"the source is already quantized (quant_method {quant_config.get('quant_method')!r}); --model-free "
+            "reads unquantized weights and native FP8 (quant_method fp8) checkpoints"
+        )
+    block = quant_config.get("weight_block_size")
+    if block is None:
+        return (0, 0)
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise BadInput(f"the source's weight_block_size {block!r} is not two positive integers")
+    return (block[0], block[1])
+
+
+def dequantize_fp8(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
+) -> torch.Tensor:
+    """A native FP8 weight (N, K) e4m3 times its `weight_scale_inv` `(ceil(N/bn), ceil(K/bk))`
+    (block) or scalar `weight_scale` (block (0, 0)), in float32, cast to `dtype`."""
+    n, k = weight.shape
+    if block == (0, 0):
+        return (weight.float() * scale.float().reshape(())).to(dtype)
+    want = (math.ceil(n / block[0]), math.ceil(k / block[1]))
+    if tuple(scale.shape) != want:
+        raise BadInput(f"an FP8 block scale of shape {tuple(scale.shape)} does not cover a weight {n}x{k} ({want})")
+    full = expand_scale(scale.float(), "block", (n, k), block)
+    return (weight.float() * full).to(dtype)
+
+
+# ---------------------------------------------------------------- convert: other formats -> compressed-tensors
+
+SOURCE_SCALE_DTYPE = torch.float16  # AutoAWQ's and GPTQ v1's scales: kept as they are (lossless)
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A source checkpoint format read linear by linear and written as compressed-tensors.
+
+    suffixes: the tensor suffixes one source linear owns; anchor: the suffix whose tensor marks
+    a linear (`qweight`, or `weight` of dtype float8_e4m3fn)."""
+
+    source: CheckpointFormat
+    target: CheckpointFormat
+    scheme: Scheme
+    quant_config: Mapping[str, Any]
+    anchor: str
+    scale_dtype: torch.dtype
+
+    @property
+    def suffixes(self) -> tuple[str, ...]:
+        return self.source.suffixes
+
+    def convert(self, module: str, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The compressed-tensors tensors of source linear `module` from its source tensors."""
+        layers = self.source.read(tensors, self.quant_config)
+        if module not in layers:
+            raise BadInput(f"{module}: its tensors do not make a {self.source.name} linear")
+        w = layers[module]
+        if self.scheme.kind == "int":
+            w = _int_for_ct(module, w, self.scheme)
+        return self.target.tensors(module, w, self.scale_dtype)
+
+    def config(self, ignore: Sequence[str]) -> dict[str, Any]:
+        return self.target.config(self.scheme, sorted(set(ignore)))
+
+
+def _int_for_ct(module: str, w: Any, scheme: Any) -> Any:
+    """An INT source weight as compressed-tensors carries it: static groups only; asymmetric
+    configs store every zero point, symmetric ones none."""
+    if not w.has_trivial_g_idx():
+        raise BadInput(
+            f"{module}: act-order with a g_idx that reorders groups cannot be carried by compressed-tensors "
+            "pack-quantized (compressed-tensors no longer loads dynamic-group checkpoints); keep the GPTQ checkpoint"
+        )
+    w.g_idx = None
+    if scheme.symmetric and w.zero is not None:
+        if not bool((w.zero == 1 << (w.bits - 1)).all()):
+            raise BadInput(f"{module}: the config says symmetric, but its zero points are not all {1 << (w.bits - 1)}")
+        w.zero = None
+    if not scheme.symmetric and w.zero is None:
+        w.zero = torch.full(w.scale.shape, 1 << (w.bits - 1), dtype=torch.uint8)
+    return w
+
+
+def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversion:
+    """The conversion of a checkpoint with `quant_config` to format `target`; BadInput naming
+    why when it cannot be carried."""
+    from infer_tool.packers.checkpoint import format_of
+    from infer_tool.schemes.registry import make_scheme
+
+    if target != "compressed-tensors":
+        raise BadInput(f"--to {target!r} is not supported; use --to compressed-tensors")
+    if not quant_config:
+        raise BadInput("the source is not quantized (config.json has no quantization_config); use quantize")
+    method = quant_config.get("quant_method")
+    if method == "compressed-tensors":
+        raise BadInput("the source is already compressed-tensors")
+    if method not in ("awq", "gptq", "fp8"):
+        raise BadInput(
+            f"quant_method {method!r} is not a format convert reads; it reads awq (GEMM), gptq (v1) and fp8 (native)"
+        )
+    source = format_of(quant_config)
+    if method == "fp8":
+        block = quant_config.get("weight_block_size")
+        act = quant_config.get("activation_scheme", "dynamic")
+        scheme = Fp8Scheme(
+            granularity="block" if block else "tensor",
+            block_size=tuple(block) if block else (128, 128),
+            activations=act,
+        )
+        return Conversion(source, get_format(FORMAT_NAME, "fp8"), scheme, quant_config, "weight", torch.float32)
+    bits = int(quant_config.get("bits", quant_config.get("w_bit", 4)))
+    group = int(quant_config.get("group_size", quant_config.get("q_group_size", 128)))
+    if method == "awq":
+        symmetric = not bool(quant_config.get("zero_point", True))
+    else:
+        symmetric = bool(quant_config.get("sym", True))
+    if bits not in (2, 4, 8):
+        raise BadInput(f"{method} with {bits}-bit weights: compressed-tensors pack-quantized holds 2, 4 or 8 bits")
+    scheme = make_scheme("rtn", bits=bits, group_size=group, symmetric=symmetric)
+    return Conversion(source, get_format(FORMAT_NAME, "int"), scheme, quant_config, "qweight", SOURCE_SCALE_DTYPE)
