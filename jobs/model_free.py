@@ -341,7 +341,9 @@ def check(opts: ModelFreeOptions, overwrite: bool, first: bool = True) -> Path:
 
     why = refusal(opts.scheme)
     if why:
-        raise BadInput(f"--model-free runs data-free schemes only (RTN INT, FP8 dynamic, FP4 weights only): {why}")
+        raise BadInput(
+            f"--model-free runs data-free schemes only (every format's RTN without static activations): {why}"
+        )
     from infer_tool.jobs.quantize import check_patterns
 
     check_patterns(opts.ignore)

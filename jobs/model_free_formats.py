@@ -18,54 +18,53 @@ from typing import Any
 
 import torch
 
+from infer_tool.calib.quantizers import quantizer_for
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import CheckpointFormat, get_format
-from infer_tool.packers.fp4_solve import fp4_global_scale, quantize_fp4_rtn
-from infer_tool.packers.fp8 import expand_scale, quantize_fp8_weight
-from infer_tool.packers.rtn import quantize_rtn
+from infer_tool.packers.fp8 import expand_scale
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.fp4 import Fp4RTNScheme
 from infer_tool.schemes.fp8 import Fp8Scheme
-from infer_tool.schemes.integer import RTNScheme
 
 FORMAT_NAME = "compressed-tensors"
 
 
+# What a quantizer's `Needs` reads from calibration text, in a refusal's words.
+NEEDS_WORDS = {
+    "hessian": "a Hessian",
+    "activation_stats": "activation statistics (static input scales)",
+    "live_blocks": "live block outputs",
+    "layer_pass": "a pass over the quantized layer (KV-cache scales)",
+    "fp_chain": "the fp model's layer outputs",
+    "fp_inputs": "the fp model's layer inputs",
+    "channel_max": "per-channel activation maxima",
+}
+
+
 def refusal(scheme: Scheme) -> str | None:
-    """Why `scheme` cannot run without the model (it reads activations, or is not RTN / FP8
-    dynamic / FP4 RTN weights only), or None."""
-    if isinstance(scheme, Fp4RTNScheme):
-        return "FP4 W4A4 calibrates its input_global_scale" if scheme.w4a4 else None
-    if isinstance(scheme, Fp8Scheme):
-        if scheme.activations != "dynamic":
-            return "FP8 static activations calibrate an input_scale"
-        if scheme.kv_cache is not None:
-            return "FP8 KV-cache scales are calibrated"
-        if scheme.clip_search:
-            return "--fp8-clip-search reads calibration statistics"
+    """Why `scheme` cannot run without the model (its quantizer reads calibration text), or None."""
+    needs = quantizer_for(scheme).needs(scheme)
+    if needs.data_free:
         return None
-    if type(scheme) is RTNScheme:
-        if scheme.int8_activations != "none":
-            return "INT8 activations (W8A8) are served from int-quantized checkpoints this path does not write"
-        if scheme.smoothquant is not None:
-            return "--smoothquant reads activation maxima"
-        return None
-    return f"--method {scheme.method} reads calibration activations"
+    reads = [words for field, words in NEEDS_WORDS.items() if getattr(needs, field)]
+    return f"{scheme.describe()} reads {', '.join(reads)} from calibration text"
 
 
 @dataclass(frozen=True)
 class TensorCodec:
-    """One scheme, stored in one checkpoint dtype: quantize a weight into its tensors."""
+    """One scheme, stored in one checkpoint dtype: quantize a weight into its tensors with the
+    scheme's own layer quantizer (`solve_data_free`, the pipeline's solve without statistics)."""
 
     scheme: Scheme
     fmt: CheckpointFormat
     dtype: torch.dtype
+    quantizer: Any
 
     @classmethod
     def open(cls, scheme: Scheme, dtype_name: str) -> TensorCodec:
         fmt = get_format(FORMAT_NAME, scheme.kind)
         fmt.check(scheme, {})
-        return cls(scheme.for_storage(fmt.scale_dtype or dtype_name), fmt, getattr(torch, dtype_name))
+        stored = scheme.for_storage(fmt.scale_dtype or dtype_name)
+        return cls(stored, fmt, getattr(torch, dtype_name), quantizer_for(stored))
 
     @property
     def kind(self) -> str:
@@ -73,33 +72,24 @@ class TensorCodec:
 
     @property
     def shares_global_scale(self) -> bool:
-        """True for NVFP4: fused shards must share one global scale."""
-        return isinstance(self.scheme, Fp4RTNScheme) and self.scheme.global_scales
+        """True when fused shards share a parameter (NVFP4's global scale)."""
+        return self.quantizer.shares_fused(self.scheme)
 
     def shape_refusal(self, n: int, k: int) -> str | None:
-        """Why a weight (N, K) cannot take this scheme (K not a multiple of the group), or None."""
-        s = self.scheme
-        if isinstance(s, Fp4RTNScheme):
-            g = s.group_size
-        elif isinstance(s, Fp8Scheme):
-            return None
-        else:
-            g = s.group_for(k)
-        return None if k % g == 0 else f"K={k} is not a multiple of the group size {g}"
+        """Why a weight (N, K) cannot take this scheme (the scheme's own `check_shapes`), or None."""
+        try:
+            self.scheme.check_shapes({"weight": (n, k)})
+        except BadInput as e:
+            return str(e)
+        return None
 
-    def global_scale(self, weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
-        """NVFP4's global scale `(1,)` the fused shards `weights` (each (N_i, K)) share; else None."""
-        return fp4_global_scale(list(weights), self.scheme) if self.shares_global_scale else None
+    def global_scale(self, weights: Sequence[torch.Tensor]) -> Any:
+        """What the fused shards `weights` (each (N_i, K)) share (NVFP4's global scale); else None."""
+        return self.quantizer.fused_share([w.float() for w in weights], self.scheme)
 
-    def quantize(self, module: str, weight: torch.Tensor, global_scale: torch.Tensor | None = None) -> dict:
+    def quantize(self, module: str, weight: torch.Tensor, global_scale: Any = None) -> dict:
         """{tensor name: tensor} of the quantized linear `module` from its weight (N, K)."""
-        w = weight.float()
-        if isinstance(self.scheme, Fp4RTNScheme):
-            q = quantize_fp4_rtn(w, None, self.scheme, global_scale=global_scale)
-        elif isinstance(self.scheme, Fp8Scheme):
-            q = quantize_fp8_weight(w, self.scheme, name=module)
-        else:
-            q = quantize_rtn(w, None, self.scheme)
+        q = self.quantizer.solve_data_free(weight.float(), self.scheme, module, global_scale)
         return self.fmt.tensors(module, q, self.dtype)
 
     def config(self, ignore: Sequence[str]) -> dict[str, Any]:

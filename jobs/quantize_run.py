@@ -65,7 +65,7 @@ from infer_tool.packers.fp8_formats import kv_scale_tensors
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
 
 # Options that do not change the checkpoint: a resumed run may differ in them.
-UNKEYED_OPTIONS = ("out", "resume", "stream", "max_shard_size", "max_memory")
+UNKEYED_OPTIONS = ("out", "resume", "stream", "max_shard_size", "max_memory", "model_free", "default_ignore")
 
 
 @dataclass(kw_only=True)

@@ -31,6 +31,9 @@ SCHEMES = {
     "fp8 block": ("--scheme", "FP8_BLOCK"),
     "nvfp4": ("--scheme", "NVFP4A16"),
     "mxfp4": ("--scheme", "MXFP4A16"),
+    "mxfp8": ("--scheme", "MXFP8A16"),
+    "mxfp8 w8a8": ("--scheme", "MXFP8"),
+    "w8a8 dynamic": ("--scheme", "W8A8", "--method", "rtn"),
 }
 
 

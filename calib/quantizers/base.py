@@ -254,6 +254,20 @@ class LayerQuantizer(Generic[S]):
         """Quantize one linear's weight W (N, K); `name` is its full name (for messages)."""
         raise NotImplementedError
 
+    def shares_fused(self, scheme: S) -> bool:
+        """True when the shards vLLM fuses into one linear (q/k/v, gate/up) share a parameter
+        (NVFP4's global scale): `fused_share` computes it."""
+        return False
+
+    def fused_share(self, weights: list[torch.Tensor], scheme: S) -> Any:
+        """What the fused shards `weights` (each (N_i, K)) share when solved without data, or None."""
+        return None
+
+    def solve_data_free(self, W: torch.Tensor, scheme: S, name: str, shared: Any = None) -> Any:
+        """A data-free scheme's weight for W (N, K), with its fused group's `fused_share`: the
+        tensors the layer pipeline writes for it (`quantize --model-free`)."""
+        return self.solve(W, None, scheme, name)
+
     def quantize_linear(
         self,
         result: PipelineResult,

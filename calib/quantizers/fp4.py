@@ -159,6 +159,19 @@ class Fp4Layer:
         """FP4 RTN of linear `name` with its fused group's global scale."""
         return quantize_fp4_rtn(W, None, scheme, global_scale=self.global_scale(name))
 
+    def shares_fused(self, scheme: Fp4Scheme) -> bool:
+        return scheme.global_scales
+
+    def fused_share(self, weights: list[torch.Tensor], scheme: Fp4Scheme) -> torch.Tensor | None:
+        """NVFP4: the one global scale of the fused shards (MXFP4: None)."""
+        return fp4_global_scale(weights, scheme)
+
+    def solve_data_free(
+        self, W: torch.Tensor, scheme: Fp4Scheme, name: str, shared: torch.Tensor | None = None
+    ) -> Fp4Weight:
+        """FP4 RTN at the fused group's global scale `shared` (None: W's own)."""
+        return quantize_fp4_rtn(W.float(), None, scheme, global_scale=shared)
+
     def prepare_stats(
         self,
         layer: nn.Module,
