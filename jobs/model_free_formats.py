@@ -12,7 +12,7 @@ files, shards, models.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +155,7 @@ class Conversion:
     quant_config: Mapping[str, Any]
     anchor: str
     scale_dtype: torch.dtype
+    normalize: Callable[[str, Any, Any], Any] = lambda module, w, scheme: w  # source weight -> what the target carries
 
     @property
     def suffixes(self) -> tuple[str, ...]:
@@ -165,9 +166,7 @@ class Conversion:
         layers = self.source.read(tensors, self.quant_config)
         if module not in layers:
             raise BadInput(f"{module}: its tensors do not make a {self.source.name} linear")
-        w = layers[module]
-        if self.scheme.kind == "int":
-            w = _int_for_ct(module, w, self.scheme)
+        w = self.normalize(module, layers[module], self.scheme)
         return self.target.tensors(module, w, self.scale_dtype)
 
     def config(self, ignore: Sequence[str]) -> dict[str, Any]:
@@ -228,4 +227,6 @@ def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversio
     if bits not in (2, 4, 8):
         raise BadInput(f"{method} with {bits}-bit weights: compressed-tensors pack-quantized holds 2, 4 or 8 bits")
     scheme = make_scheme("rtn", bits=bits, group_size=group, symmetric=symmetric)
-    return Conversion(source, get_format(FORMAT_NAME, "int"), scheme, quant_config, "qweight", SOURCE_SCALE_DTYPE)
+    return Conversion(
+        source, get_format(FORMAT_NAME, "int"), scheme, quant_config, "qweight", SOURCE_SCALE_DTYPE, _int_for_ct
+    )
