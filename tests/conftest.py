@@ -70,6 +70,7 @@ SLOW_TESTS = frozenset(
         # test_w4afp8.py: four tiny quantize runs (one module fixture), eval ppl, compressed-tensors read-back
         "test_w4afp8.py::test_every_int_method_writes_w4afp8_and_eval_ppl_equals_its_eval",
         "test_w4afp8.py::test_compressed_tensors_reads_our_config_and_decompresses_our_weights",
+        "test_w4afp8.py::test_transformers_with_compressed_tensors_gives_our_logits",
         # test_mxfp8.py: two tiny quantize runs (one module fixture), eval ppl, transformers read-back
         "test_mxfp8.py::test_checkpoint_is_compressed_tensors_mxfp8",
         "test_mxfp8.py::test_eval_ppl_equals_quantize_eval",

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from compressed_tensors.quantization import preset_name_to_scheme
+from compressed_tensors.quantization.lifecycle.forward import fake_quantize as ct_fake_quantize
+from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -145,9 +147,7 @@ def test_every_int_method_writes_w4afp8_and_eval_ppl_equals_its_eval(runs: dict,
 def test_compressed_tensors_reads_our_config_and_decompresses_our_weights(runs: dict) -> None:
     """compressed-tensors parses our config into its own W4AFP8 preset (weights and activations),
     and its pack-quantized decompressor turns our tensors into our dequantized weights, bit for
-    bit. (transformers 5 + compressed-tensors 0.20 load the checkpoint, but their logits sit ~3%
-    of the largest logit from a model holding these same weights, with or without either
-    activation rule: not resolved, docs/formats.md.)"""
+    bit."""
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors.torch import load_file
@@ -167,6 +167,34 @@ def test_compressed_tensors_reads_our_config_and_decompresses_our_weights(runs: 
         state = {k.rpartition(".")[2]: v for k, v in tensors.items() if k.rpartition(".")[0] == name}
         dec = PackedQuantizationCompressor.decompress(state, parsed)["weight"]
         assert torch.equal(dec.float(), w.dequantize(dec.dtype).float()), name
+
+
+def test_transformers_with_compressed_tensors_gives_our_logits(runs: dict) -> None:
+    """transformers + compressed-tensors loads the checkpoint (float32, its stored dtype) and
+    quantizes its inputs to FP8 per token itself; its logits equal, to the bit, a model holding our
+    dequantized INT4 weights whose inputs go through compressed-tensors' own activation rule (the
+    stored group scales: compressed-tensors does not round them as vLLM's Hopper kernel does)."""
+    from transformers import AutoModelForCausalLM
+
+    from infer_tool.packers.checkpoint import read_checkpoint
+
+    root = runs["root"]
+    hf = AutoModelForCausalLM.from_pretrained(root / "gptq", dtype=torch.float32)
+    _, layers, _ = read_checkpoint(root / "gptq")
+    ref = AutoModelForCausalLM.from_pretrained(root / "model", dtype=torch.float32)
+    args = preset_name_to_scheme("W4AFP8", ["Linear"]).input_activations
+
+    def ct_rule(mod, inputs):  # noqa: ANN001, ANN202
+        s, z = compute_dynamic_scales_and_zp(inputs[0], args, None)
+        return (ct_fake_quantize(inputs[0], s, z, args),)
+
+    for n, w in layers.items():
+        m = ref.get_submodule(n)
+        m.weight.data = w.dequantize(torch.float32)
+        m.register_forward_pre_hook(ct_rule)
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(hf(ids).logits, ref(ids).logits)
 
 
 def test_refusals_name_the_value_and_what_is_accepted(tmp_path: Path) -> None:
