@@ -19,6 +19,7 @@ COMMANDS = (
     "eval",
     "kv_budget",
     "spec_profile",
+    "quantize_plan",
 )
 
 app = typer.Typer(
