@@ -139,3 +139,12 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path: Path, args: list[str], says:
     r = runner.invoke(app, ["quantize-plan", str(tmp_path / "nowhere"), *args])
     assert r.exit_code == 2, r.output
     assert says in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_cli_table_names_each_budget_and_the_groups_off_the_common_scheme(tmp_path: Path) -> None:
+    r = plan_cli(tmp_path, "--target-bits", "7", "--dtype", "bfloat16")
+    assert r.exit_code == 0, r.output
+    assert "uniform W4A16_G16" in r.stdout and "uniform NONE" in r.stdout
+    assert "7 bits:" in r.stdout and " on " in r.stdout  # the plan's common scheme, then the others by group
+    assert "predicted KL" in r.stdout

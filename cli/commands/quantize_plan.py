@@ -104,13 +104,15 @@ def _print(report: dict[str, Any]) -> None:
             p["budget"], f"{p['bits']:.4f}", f"{p['predicted_kld']:.4g}", bound, *(str(p["counts"][n]) for n in names)
         )
     out().print(table)
-    for p in report["plans"]:
-        out().print(f"[bold]{p['budget']}[/]:", highlight=False)
+    for p in report["plans"]:  # the groups off the plan's most common candidate (--json lists every linear)
         by: dict[str, list[str]] = {}
         for g, c in p["groups"].items():
             by.setdefault(c, []).append(g)
+        most = max(by, key=lambda c: len(by[c]))
+        out().print(f"[bold]{p['budget']}[/]: {most} on {len(by[most])} groups, and", highlight=False)
         for c, gs in by.items():
-            out().print(f"  {c}: {', '.join(gs)}", highlight=False)
+            if c != most:
+                out().print(f"  {c}: {', '.join(_short(g) for g in gs)}", highlight=False)
     for note in report["notes"]:
         err().print(f"note: {note}", highlight=False)
     err().print(
@@ -119,3 +121,9 @@ def _print(report: dict[str, Any]) -> None:
         "bound: the least predicted KL any plan within the budget can reach (or the least size under the KL limit)",
         highlight=False,
     )
+
+
+def _short(group: str) -> str:
+    """'model.layers.3.mlp.down_proj' -> '3.mlp.down_proj'."""
+    head, sep, tail = group.partition(".layers.")
+    return tail if sep else group
