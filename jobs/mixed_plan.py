@@ -209,7 +209,10 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
         sensitivity_seconds=time.perf_counter() - t0,
         uniform=uniform,
         plans=rows,
-        group_costs={g.name: {c.name: v for c, v in zip(cands, r)} for g, r in zip(groups, sens.costs(opts.estimator))},
+        group_costs={
+            est: {g.name: {c.name: v for c, v in zip(cands, r)} for g, r in zip(groups, sens.costs(est))}
+            for est in ESTIMATORS
+        },
         notes=[
             "predicted KL: sum over groups of each group's estimated KL increase with only it quantized (RTN), "
             f"{opts.estimator} Fisher estimate on {sens.tokens} calibration tokens; not measured",

@@ -123,6 +123,12 @@ def test_cli_json_plans_fit_their_budgets_and_cover_every_linear(tmp_path: Path)
         assert p["bits"] <= target and p["bound"] <= p["predicted_kld"] + 1e-15
         assert sum(p["counts"].values()) == report["linear_groups"]
     assert report["plans"][3]["predicted_kld"] <= 1e-4
+    for est in ("diagonal", "sampled"):  # both estimates of every (group, candidate); NONE costs nothing
+        costs = report["group_costs"][est]
+        assert len(costs) == report["linear_groups"]
+        assert all(c["NONE"] == 0.0 and c["W4A16_G16"] > 0 and c["W8A16_G16"] > 0 for c in costs.values())
+    # the low-variance estimate orders 4 below 8 bits in every group (the one-sample one may not, by chance)
+    assert all(c["W4A16_G16"] > c["W8A16_G16"] for c in report["group_costs"]["diagonal"].values())
 
 
 @pytest.mark.parametrize(
