@@ -18,6 +18,8 @@ nats per token (summed over windows, divided by their tokens):
   (cross-position terms vanish in expectation because each y_t is drawn from the model);
 - `diagonal`: ½ Σ G² ⊙ ΔY², the same with the Fisher taken diagonal in the outputs (what
   ModelOpt's AutoQuantize scores with): biased, lower variance.
+- `scaled`: `diagonal` times one factor, Σ sampled / Σ diagonal over every (group, candidate):
+  the diagonal's ranking (low variance) at the unbiased estimate's overall scale.
 A plan adds groups' costs: interactions between groups are ignored (measured in the notes).
 
 What this module does not know: how the KL is evaluated, or how a plan is written.
@@ -41,6 +43,7 @@ from infer_tool.calib.mixed_candidates import Candidate
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
 
+ESTIMATORS = ("scaled", "diagonal", "sampled")
 # vLLM's packed_modules_mapping for Llama-like models: the shards of one fused linear
 FUSED_SHARDS: dict[str, tuple[str, ...]] = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
@@ -159,9 +162,13 @@ class Sensitivity:
     notes: list[str] = field(default_factory=list)
 
     def costs(self, estimator: str) -> list[list[float | None]]:
-        if estimator not in ("sampled", "diagonal"):
-            raise BadInput(f"estimator {estimator!r}: use sampled or diagonal")
-        return self.sampled if estimator == "sampled" else self.diagonal
+        if estimator not in ESTIMATORS:
+            raise BadInput(f"estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
+        if estimator != "scaled":
+            return self.sampled if estimator == "sampled" else self.diagonal
+        total = sum(v for row in self.diagonal for v in row if v)
+        factor = sum(v for row in self.sampled for v in row if v) / total if total else 1.0
+        return [[None if v is None else v * factor for v in row] for row in self.diagonal]
 
 
 @contextlib.contextmanager

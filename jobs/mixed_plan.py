@@ -19,7 +19,6 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
 
-ESTIMATORS = ("diagonal", "sampled")
 GAP = 0.001  # the DP's budget step: at most this fraction of the budget over all groups (calib/mixed_assign.py)
 
 
@@ -33,7 +32,7 @@ class MixedPlanOptions:
     num_samples: int = 8
     seq_len: int = 512
     seed: int = 0
-    estimator: str = "diagonal"
+    estimator: str = "scaled"
     dtype: str = "auto"
     device: str = "auto"
     allow_pickle: bool = False
@@ -92,6 +91,7 @@ def check_options(opts: MixedPlanOptions) -> None:
     """What the user controls, before any work."""
     from infer_tool.calib.mixed_bits import DTYPE_BYTES
     from infer_tool.calib.mixed_candidates import parse_candidates
+    from infer_tool.calib.mixed_sensitivity import ESTIMATORS
 
     parse_candidates(opts.candidates)
     if not opts.target_bits and opts.max_kld is None:
@@ -162,7 +162,7 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
     from infer_tool.calib.corpora import calibration_batch
     from infer_tool.calib.mixed_bits import bits_per_weight
     from infer_tool.calib.mixed_candidates import Candidate, parse_candidates
-    from infer_tool.calib.mixed_sensitivity import linear_groups, measure_sensitivity
+    from infer_tool.calib.mixed_sensitivity import ESTIMATORS, linear_groups, measure_sensitivity
     from infer_tool.calib.models import load_model
     from infer_tool.common.device import pick_device
     from infer_tool.jobs.quantize_run import checkpoint_dtype, round_to

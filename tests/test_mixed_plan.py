@@ -94,6 +94,9 @@ def test_predicted_costs_rank_and_add_up_like_the_measured_kl() -> None:
     for estimator, least in (("diagonal", 0.9), ("sampled", 0.8)):
         predicted = [v for row in sens.costs(estimator) for v in row]
         assert spearman(predicted, truth) >= least, estimator
+    scaled = sens.costs("scaled")  # the diagonal's order at the sampled estimate's total
+    assert sum(v for r in scaled for v in r) == pytest.approx(sum(v for r in sens.sampled for v in r), rel=1e-9)
+    assert ranks([v for r in scaled for v in r]).tolist() == ranks([v for r in sens.diagonal for v in r]).tolist()
     total = measured({g.name: cands[1] for g in groups})  # every group W4A16 g32 at once
     predicted_total = sum(row[1] for row in sens.diagonal)
     assert 0.7 <= predicted_total / total <= 1.3
@@ -123,7 +126,7 @@ def test_cli_json_plans_fit_their_budgets_and_cover_every_linear(tmp_path: Path)
         assert p["bits"] <= target and p["bound"] <= p["predicted_kld"] + 1e-15
         assert sum(p["counts"].values()) == report["linear_groups"]
     assert report["plans"][3]["predicted_kld"] <= 1e-4
-    for est in ("diagonal", "sampled"):  # both estimates of every (group, candidate); NONE costs nothing
+    for est in ("scaled", "diagonal", "sampled"):  # every estimates of every (group, candidate); NONE costs nothing
         costs = report["group_costs"][est]
         assert len(costs) == report["linear_groups"]
         assert all(c["NONE"] == 0.0 and c["W4A16_G16"] > 0 and c["W8A16_G16"] > 0 for c in costs.values())

@@ -45,8 +45,11 @@ def quantize_plan(
     seed: Annotated[int, typer.Option(help="Seed of the windows and of the sampled labels.")] = 0,
     estimator: Annotated[
         str,
-        typer.Option(help="diagonal: Fisher diagonal in the outputs; sampled: one-sample full Fisher (noisier)."),
-    ] = "diagonal",
+        typer.Option(
+            help="scaled: the Fisher diagonal in the outputs, rescaled to the one-sample full Fisher's total; "
+            "diagonal (biased low); sampled (one-sample full Fisher, noisy)."
+        ),
+    ] = "scaled",
     dtype: Annotated[
         str,
         typer.Option(
