@@ -160,7 +160,6 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
 
     from infer_tool.calib.architectures import architecture_for
     from infer_tool.calib.corpora import calibration_batch
-    from infer_tool.calib.mixed_bits import bits_per_weight
     from infer_tool.calib.mixed_candidates import Candidate, parse_candidates
     from infer_tool.calib.mixed_sensitivity import ESTIMATORS, linear_groups, measure_sensitivity
     from infer_tool.calib.models import load_model
@@ -189,7 +188,6 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
     t0 = time.perf_counter()
     sens = measure_sensitivity(model, arch, groups, cands, batch, seed=opts.seed, progress=progress)
     rows, uniform = plan_rows(sens, dtype, opts.estimator, opts.target_bits, opts.max_kld)
-    n, k = groups[0].shapes[0]
     return MixedPlanReport(
         model=opts.model,
         dtype=dtype,
@@ -199,7 +197,6 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
                 "name": c.name,
                 "scheme": None if c.scheme is None else c.scheme.to_dict(),
                 "describe": c.describe(),
-                f"bits_{n}x{k}": bits_per_weight(c.scheme, n, k, dtype),
             }
             for c in cands
         ],
