@@ -12,12 +12,12 @@ weight change δ, KL(P ‖ P_δ) ≈ ½ δᵀ F δ with F the Fisher information
 distribution, F = E_{y~P}[∇log p(y) ∇log p(y)ᵀ]. Labels y are sampled from the model at
 every position of a calibration window, one backward pass gives G = ∂ Σ_t log p(y_t) / ∂Y,
 the gradient at each linear's output Y (T, N), and the group's output change is
-ΔY = X ΔWᵀ (X the linear's input in the same pass). Two estimates per (group, candidate), in
+ΔY = X ΔWᵀ (X the linear's input in the same pass). The estimates per (group, candidate), in
 nats per token (summed over windows, divided by their tokens):
-- `sampled`: ½ (Σ G ⊙ ΔY)², a single-sample unbiased estimate of δᵀFδ under linearisation
+- `sampled`: ½ (Σ G ⊙ ΔY)² per window, a single-sample unbiased estimate of δᵀFδ under linearisation
   (cross-position terms vanish in expectation because each y_t is drawn from the model);
 - `diagonal`: ½ Σ G² ⊙ ΔY², the same with the Fisher taken diagonal in the outputs (what
-  ModelOpt's AutoQuantize scores with): biased, lower variance.
+  ModelOpt's AutoQuantize scores with): biased, lower variance;
 - `scaled`: `diagonal` times one factor, Σ sampled / Σ diagonal over every (group, candidate):
   the diagonal's ranking (low variance) at the unbiased estimate's overall scale.
 A plan adds groups' costs: interactions between groups are ignored (measured in the notes).
