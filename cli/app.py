@@ -20,6 +20,7 @@ COMMANDS = (
     "kv_budget",
     "spec_profile",
     "convert",
+    "quantize_plan",
 )
 
 app = typer.Typer(
