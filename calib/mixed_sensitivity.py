@@ -110,14 +110,13 @@ def dequantized(candidate: Candidate, weights: Sequence[torch.Tensor], names: Se
     FP4 shards share one global scale, as vLLM keeps one per fused linear."""
     if candidate.scheme is None:
         return [w.float() for w in weights]
-    if candidate.scheme.kind == "fp4":
-        from infer_tool.packers.fp4_solve import fake_quantize_shards
-
-        return [w.float() for w in fake_quantize_shards([w.float() for w in weights], candidate.scheme)]
     from infer_tool.calib.quantizers import quantizer_for
 
-    q = quantizer_for(candidate.scheme)
-    return [q.solve(w.float(), None, candidate.scheme, n).dequantize(torch.float32) for w, n in zip(weights, names)]
+    scheme = candidate.scheme
+    q = quantizer_for(scheme)
+    ws = [w.float() for w in weights]
+    shared = q.fused_share(ws, scheme) if q.shares_fused(scheme) else None  # NVFP4: one global scale
+    return [q.solve_data_free(w, scheme, n, shared).dequantize(torch.float32) for w, n in zip(ws, names)]
 
 
 def plan_weights(
