@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from infer_tool.spec.profile import SpecProfile
     from infer_tool.spec.projection import ProjectionRequest
     from infer_tool.spec.roofline import ServedModel
+    from infer_tool.spec.vllm_costs import PricedRow
     from infer_tool.spec.vllm_engine import VllmProfile
 
 K_MAX = 64
@@ -103,6 +104,7 @@ class SpecProfileReport:
     notes: list[str]
     vllm: VllmProfile | None = None  # --engine vllm or both
     cross_check: list[CrossRow] | None = None  # --engine both
+    priced: list[PricedRow] | None = None  # --engine both: our acceptance priced with vLLM's step costs
     warnings: list[str] = field(default_factory=list)
 
 
@@ -270,6 +272,10 @@ def check(opts: SpecProfileOptions) -> Checked:
     if opts.engine == "ours" and any(s.kind == "vllm" for s in specs):
         bad = next(s.spec for s in specs if s.kind == "vllm")
         raise BadInput(f"draft {bad!r} is a vLLM speculative_config: it needs --engine vllm or both")
+    if opts.engine != "vllm" and any(s.kind == "suffix" for s in specs):
+        from infer_tool.spec.drafts import suffix_cache_class
+
+        suffix_cache_class()  # arctic-inference importable here, or one line saying how to install it
     texts = load_prompt_texts(opts.prompts, opts.num_prompts, opts.text_field)
     python = version = None
     if opts.engine != "ours":
@@ -306,6 +312,7 @@ def served_models(
     t = read(target, target_dir)
     by_kind = {
         "ngram": lambda s: None,
+        "suffix": lambda s: None,
         "truncated": lambda s: truncated(t, s.n, s.spec),
         "model": lambda s: read(s.spec, model_dirs[s.spec]),
     }
@@ -403,6 +410,7 @@ def spec_profile(
     report.warnings = vllm_warnings(report.vllm, opts.temperature)
     if result is not None:
         report.cross_check = _cross_check(result, report.vllm, opts.temperature)
+        report.priced = _priced(result, report.vllm, [len(p) for p in ids], opts.max_new_tokens, opts.seed)
     return report
 
 
@@ -548,3 +556,48 @@ def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float) -> li
     theirs = {d.name: {c.k: c.per_position for c in d.cells if c.batch == batch} for d in vllm.drafts}
     same = identical_share(ours.continuations, vllm.outputs.get("no speculation", []))
     return cross_check(mine, theirs, batch, temperature, same)
+
+
+def _priced(ours: SpecProfile, vllm: VllmProfile, prompt_lens: list[int], n_tokens: int, seed: int) -> list[PricedRow]:
+    """Per (draft, batch size, k) vLLM measured: the speedup vLLM's own step costs predict for
+    our acceptance along each prompt's continuation (`spec.vllm_costs`), next to vLLM's measured one."""
+    from infer_tool.spec.vllm_costs import PricedRow, Sequence, predict
+    from infer_tool.spec.vllm_engine import setting_name
+
+    plain = vllm.step_costs.get(setting_name(None, 0))
+    if plain is None:
+        return []
+    rows = []
+    for d in ours.drafts:
+        theirs = next((v for v in vllm.drafts if v.name == d.name), None)
+        for c in theirs.cells if theirs is not None else []:
+            costs = vllm.step_costs.get(setting_name(d.name, c.k))
+            if costs is None or c.k not in d.round_acceptance:
+                continue
+            seqs = [
+                Sequence(n, acc, drafted)
+                for n, acc, drafted in zip(prompt_lens, d.round_acceptance[c.k], d.round_drafted[c.k])
+            ]
+            base = predict(plain, [Sequence(n) for n in prompt_lens], c.batch, n_tokens).seconds
+            spec = predict(costs, seqs, c.batch, n_tokens, seed=seed)
+            plain_row, spec_row = plain.typical(c.batch), costs.typical(c.batch)
+            speedup = base / spec.seconds
+            rows.append(
+                PricedRow(
+                    draft=d.name,
+                    batch=c.batch,
+                    k=c.k,
+                    plain_step_ms=None if plain_row is None else 1000 * plain_row[2],
+                    verify_step_ms=None if spec_row is None else 1000 * (spec_row[2] - spec_row[4]),
+                    draft_ms=None if spec_row is None else 1000 * spec_row[4],
+                    predicted_seconds=spec.seconds,
+                    plain_predicted_seconds=base,
+                    predicted_steps=spec.decode_steps,
+                    vllm_steps=c.decode_steps,
+                    predicted_speedup=speedup,
+                    vllm_speedup=c.speedup,
+                    vllm_speedup_range=c.speedup_range,
+                    error=None if not c.speedup else speedup / c.speedup - 1.0,
+                )
+            )
+    return rows

@@ -26,6 +26,7 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
     extra = {
         "vllm": None if report.vllm is None else asdict(report.vllm),
         "cross_check": None if report.cross_check is None else [asdict(r) for r in report.cross_check],
+        "priced": None if report.priced is None else [asdict(r) for r in report.priced],
         "warnings": report.warnings,
     }
     if extra["vllm"] is not None:
@@ -341,27 +342,47 @@ def predicted_vs_vllm(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _predicted_vs_vllm(report: dict[str, Any]) -> None:
-    rows = predicted_vs_vllm(report)
-    if not rows:
+    """Our acceptance priced with vLLM's step costs per (draft, batch size, k), next to vLLM's
+    measured speedup; at batch 1 also our loop's own prediction (its transformers costs)."""
+    ours = {(r["draft"], r["k"]): r["ours_predicted"] for r in predicted_vs_vllm(report)}
+    rows = report.get("priced") or []
+    if not rows and not ours:
         return
-    table = Table(title="speedup at batch 1: our prediction (our costs) / vLLM's measurement")
-    for col in ("draft", "k", "ours predicted", "vLLM measured", "error"):
+    table = Table(title="speedup predicted for our acceptance / measured by vLLM (prefill included)")
+    cols = ("draft", "batch", "k", "vLLM step ms", "verify ms", "draft ms", "predicted", "vLLM measured", "error")
+    for col in (*cols, "ours b=1"):
         table.add_column(col, justify="left" if col == "draft" else "right")
-    for r in rows:
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1f}"
+
+    last = None
+    for r in sorted(rows, key=lambda r: (r["draft"], r["batch"], r["k"])):
+        if last is not None and last != r["draft"]:
+            table.add_section()
+        mine = ours.get((r["draft"], r["k"])) if r["batch"] == 1 else None
         table.add_row(
-            r["draft"],
+            r["draft"] if r["draft"] != last else "",
+            str(r["batch"]),
             str(r["k"]),
-            f"{r['ours_predicted']:.2f}",
-            f"{r['vllm_measured']:.2f}{_rng(r['vllm_range'])}",
-            f"{r['error']:+.0%}",
+            ms(r["plain_step_ms"]),
+            ms(r["verify_step_ms"]),
+            ms(r["draft_ms"]),
+            f"{r['predicted_speedup']:.2f}",
+            "-" if r["vllm_speedup"] is None else f"{r['vllm_speedup']:.2f}{_rng(r['vllm_speedup_range'])}",
+            "-" if r["error"] is None else f"{r['error']:+.0%}",
+            "-" if mine is None else f"{mine:.2f}",
         )
+        last = r["draft"]
     console = out()
     console.print()
     console.print(table)
     console.print(
-        "ours prices a round with the costs timed in our transformers loop; vLLM's step has its own costs "
-        "(scheduling, sampling, its kernels) and its tokens/s include the prefill, so a gap here is a cost gap, "
-        "not an acceptance gap (the cross-check compares acceptance)",
+        "predicted: our loop's acceptance along each continuation, priced with vLLM's own engine steps timed in "
+        "its runs (median no-speculation step, speculative step = verify + draft, the prefill as a line in prompt "
+        "tokens), prompts in chunks of the batch size as vLLM ran them; step columns at the full batch; error: "
+        "predicted / measured - 1; ours b=1: our loop's prediction with its own transformers costs (prefill "
+        "excluded)",
         highlight=False,
     )
 
