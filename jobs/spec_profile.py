@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 K_MAX = 64
 ENGINES = ("ours", "vllm", "both")
+VLLM_BATCH_SIZES = "1,4,16"  # --batch-sizes' default for vLLM; our loop runs batched only when it is given
 BATCH_MAX = 4096
 REPEATS_MAX = 100
 MAX_NEW_TOKENS = 65536
@@ -91,7 +92,7 @@ class SpecProfileOptions:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     engine: str = "ours"  # ours (our transformers loop), vllm, or both (and the cross-check)
-    batch_sizes: str = "1,4,16"  # vLLM's concurrent sequences per measurement
+    batch_sizes: str | None = None  # concurrent sequences: vLLM's (default 1,4,16); given: our loop's too
     vllm_python: str | None = None  # default: $INFER_TOOL_VLLM_PYTHON, else this Python if it imports vllm
     repeats: int = 2  # vLLM runs per (draft, k, batch size), for the interval
     vllm_timeout: float = 600.0  # seconds per vLLM stage (a load, one batch size's runs)
@@ -129,6 +130,7 @@ class Checked:
     specs: list[DraftSpec]
     texts: list[PromptText]
     batch_sizes: list[int] = field(default_factory=lambda: [1])
+    loop_batch_sizes: list[int] | None = None  # our loop batched at these sizes (--batch-sizes given, loop on)
     vllm_python: Path | None = None
     vllm_version: str | None = None
     engine: str = "ours"
@@ -254,7 +256,9 @@ def check(opts: SpecProfileOptions) -> Checked:
     check_numbers(opts)
     check_engine(opts)
     ks = parse_ks(opts.k)
-    batch_sizes = parse_batch_sizes(opts.batch_sizes)
+    batch_sizes = parse_batch_sizes(opts.batch_sizes if opts.batch_sizes is not None else VLLM_BATCH_SIZES)
+    if opts.batch_sizes is not None and opts.engine == "ours" and not opts.loop:
+        raise BadInput("--batch-sizes with --engine ours runs our loop batched: it needs the loop (drop --no-loop)")
     if not opts.drafts:
         raise BadInput("give at least one --draft")
     projecting = check_projection(opts)
@@ -292,6 +296,7 @@ def check(opts: SpecProfileOptions) -> Checked:
         specs=specs,
         texts=texts,
         batch_sizes=batch_sizes,
+        loop_batch_sizes=batch_sizes if opts.batch_sizes is not None and opts.engine != "vllm" and opts.loop else None,
         vllm_python=python,
         vllm_version=version,
         engine=opts.engine,
@@ -389,6 +394,7 @@ def spec_profile(
         "dtype": opts.dtype,
         "device": c.device,
         "batch_size": 1,
+        "loop_batch_sizes": c.loop_batch_sizes,
         "threads": opts.threads,
         "loop": opts.loop,
         "clock": c.clock,
@@ -482,6 +488,7 @@ def _ours(
         loop=opts.loop,
         clock=CLOCKS[c.clock],
         projection=projection,
+        batch_sizes=c.loop_batch_sizes,
         progress=progress,
     )
     return result, notes, [p.cpu() for p in ids], loaded.path

@@ -107,6 +107,10 @@ class NgramDraft:
     def restrict_vocab(self, vocab: int) -> None:
         self.vocab = vocab
 
+    def clone(self) -> NgramDraft:
+        """A copy with state of its own (one per sequence of a batch)."""
+        return copy.copy(self)
+
     def start(self) -> None:
         pass
 
@@ -208,6 +212,11 @@ class SuffixDraft(NgramDraft):
         self.min_token_prob = min_token_prob
         self.cache = None
         self.held: list[int] = []
+
+    def clone(self) -> SuffixDraft:
+        other = copy.copy(self)
+        other.cache, other.held = None, []
+        return other
 
     def _sync(self, seq: list[int]) -> None:
         """Make the tree hold exactly `seq`: extend it, or rebuild it when seq diverges."""

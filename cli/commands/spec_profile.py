@@ -56,8 +56,9 @@ def spec_profile(
         typer.Option(
             "--draft",
             help=(
-                "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N]; "
-                "with --engine vllm also a speculative_config JSON object (EAGLE-3, MTP, suffix...)."
+                "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N], "
+                "suffix[:max_tree_depth=24,max_spec_factor=1.0,min_token_prob=0.1] (suffix decoding, needs "
+                "arctic-inference); with --engine vllm also a speculative_config JSON object (EAGLE-3, MTP...)."
             ),
         ),
     ],
@@ -161,7 +162,13 @@ def spec_profile(
         ),
     ] = Defaults.engine,
     batch_sizes: Annotated[
-        str, typer.Option(help="With --engine vllm: concurrent sequences to measure at, e.g. 1,4,16.")
+        str | None,
+        typer.Option(
+            help=(
+                "Concurrent sequences to measure at, e.g. 1,4,16: vLLM's (--engine vllm/both, default 1,4,16); "
+                "given with our loop, it also runs batched at each size (the table measured by our loop)."
+            )
+        ),
     ] = Defaults.batch_sizes,
     vllm_python: Annotated[
         str | None,

@@ -39,6 +39,7 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
             "drafts": [],
             "ranking": [],
             "projection": None,
+            "loop_table": None,
             **extra,
             "settings": report.settings,
             "notes": report.notes,
@@ -80,6 +81,7 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
         "notes": report.notes,
     }
     doc["predicted_vs_vllm"] = predicted_vs_vllm(doc) if doc["vllm"] is not None else None
+    doc["loop_table"] = None if profile.batched is None else asdict(profile.batched)
     return doc
 
 
@@ -98,6 +100,8 @@ def _pm(pred: float, meas: float | None, fmt: str = ".2f") -> str:
 def human(report: dict[str, Any]) -> None:
     if report["drafts"]:
         _ours(report)
+    if report.get("loop_table") is not None:
+        _loop_table(report["loop_table"])
     if report["vllm"] is not None:
         _vllm(report["vllm"])
     if report["cross_check"] is not None:
@@ -197,6 +201,42 @@ def _ours(report: dict[str, Any]) -> None:
             cats.add_section()
         console.print()
         console.print(cats)
+
+
+def _loop_table(t: dict[str, Any]) -> None:
+    """Our loop batched at each batch size: speedup per (draft, batch size, k), the best k per
+    size and the table, labelled as our loop's."""
+    console = out()
+    table = Table(title="measured by OUR LOOP batched (transformers on this machine, not vLLM): speedup per batch size")
+    for col in ("draft", "batch", *(f"k={k}" for k in t["ks"]), "best k", "as alone"):
+        table.add_column(col, justify="left" if col == "draft" else "right")
+    for name, by_size in t["best_k"].items():
+        best = {int(b): k for b, k in by_size.items()}  # int keys, or str once through JSON
+        for i, b in enumerate(t["batch_sizes"]):
+            cells = {c["k"]: c for c in t["cells"] if c["draft"] == name and c["batch"] == b}
+            alone = {c["as_alone"] for c in cells.values()}
+            table.add_row(
+                name if i == 0 else "",
+                str(b),
+                *(f"{cells[k]['speedup']:.2f}{' *' if best[b] == k else ''}" for k in t["ks"]),
+                "none" if best[b] == 0 else str(best[b]),
+                "-" if None in alone else ("yes" if alone == {True} else "NO"),
+            )
+        table.add_section()
+    console.print()
+    console.print(table)
+    console.print(
+        "speedup: plain decoding / speculative decoding of the same chunks of B prompts, decode phase (prefill "
+        "excluded); * the fastest k, none: no speculation wins; as alone (T=0): every sequence emitted the "
+        "target's greedy tokens and accepted what it accepts decoding alone",
+        highlight=False,
+    )
+    for name, rows in t["schedule"].items():
+        console.print(
+            f"{name}: num_speculative_tokens_per_batch_size measured by our loop: {json.dumps(rows)}",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _rng(lo_hi: list[float] | None, fmt: str = ".2f") -> str:
