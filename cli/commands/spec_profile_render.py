@@ -389,12 +389,11 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
     if not rows and not ours:
         return
     table = Table(title="speedup predicted for our acceptance / measured by vLLM (prefill included)")
-    cols = ("draft", "batch", "k", "vLLM step ms", "verify ms", "draft ms", "predicted", "vLLM measured", "error")
-    for col in (*cols, "ours b=1"):
+    for col in ("draft", "B", "k", "p/v/d ms", "pred.", "vLLM", "range", "error", "ours"):
         table.add_column(col, justify="left" if col == "draft" else "right")
 
     def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x:.1f}"
+        return "-" if x is None else f"{x:.0f}"
 
     last = None
     for r in sorted(rows, key=lambda r: (r["draft"], r["batch"], r["k"])):
@@ -405,11 +404,10 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
             r["draft"] if r["draft"] != last else "",
             str(r["batch"]),
             str(r["k"]),
-            ms(r["plain_step_ms"]),
-            ms(r["verify_step_ms"]),
-            ms(r["draft_ms"]),
+            "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
             f"{r['predicted_speedup']:.2f}",
-            "-" if r["vllm_speedup"] is None else f"{r['vllm_speedup']:.2f}{_rng(r['vllm_speedup_range'])}",
+            "-" if r["vllm_speedup"] is None else f"{r['vllm_speedup']:.2f}",
+            "" if r["vllm_speedup_range"] is None else "{:.2f}-{:.2f}".format(*r["vllm_speedup_range"]),
             "-" if r["error"] is None else f"{r['error']:+.0%}",
             "-" if mine is None else f"{mine:.2f}",
         )
@@ -418,10 +416,11 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
     console.print()
     console.print(table)
     console.print(
-        "predicted: our loop's acceptance along each continuation, priced with vLLM's own engine steps timed in "
+        "pred.: our loop's acceptance along each continuation, priced with vLLM's own engine steps timed in "
         "its runs (median no-speculation step, speculative step = verify + draft, the prefill as a line in prompt "
-        "tokens), prompts in chunks of the batch size as vLLM ran them; step columns at the full batch; error: "
-        "predicted / measured - 1; ours b=1: our loop's prediction with its own transformers costs (prefill "
+        "tokens), prompts in chunks of B as vLLM ran them; p/v/d ms: vLLM's median plain step, verify step "
+        "(drafting excluded) and drafting at the full batch B; vLLM: its measured speedup, range over repeats; "
+        "error: pred. / vLLM - 1; ours (B = 1): our loop's prediction with its own transformers costs (prefill "
         "excluded)",
         highlight=False,
     )
