@@ -169,8 +169,8 @@ class BatchedLookupDraft:
         self, seqs: list[list[int]], ks: list[int], temperature: float, top_p: float, gens: list
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
         tokens = [d.lookup(s, k) if k > 0 else [] for d, s, k in zip(self.rows, seqs, ks)]
-        eye = torch.eye(self.draft.vocab)
-        return tokens, [eye[t] if t else torch.zeros(0, 1) for t in tokens]
+        one_hot = torch.nn.functional.one_hot
+        return tokens, [one_hot(torch.tensor(t), self.draft.vocab).float() if t else torch.zeros(0, 1) for t in tokens]
 
     def rollback(self, row: int, length: int) -> None:
         pass
