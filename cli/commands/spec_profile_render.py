@@ -207,7 +207,7 @@ def _loop_table(t: dict[str, Any]) -> None:
     """Our loop batched at each batch size: speedup per (draft, batch size, k), the best k per
     size and the table, labelled as our loop's."""
     console = out()
-    table = Table(title="measured by OUR LOOP batched (transformers on this machine, not vLLM): speedup per batch size")
+    table = Table(title="measured by OUR LOOP batched (transformers here, not vLLM): speedup per batch size")
     for col in ("draft", "batch", *(f"k={k}" for k in t["ks"]), "best k", "as alone"):
         table.add_column(col, justify="left" if col == "draft" else "right")
     for name, by_size in t["best_k"].items():
