@@ -32,6 +32,9 @@ size, each with the range over repeats. The best k per batch size is the measure
 vLLM validates (`vllm/v1/spec_decode/dynamic/utils.py`: first range starts at 1, sorted,
 non-overlapping, k >= 0, capped by num_speculative_tokens).
 
+The worker also times each engine step; `VllmProfile.step_costs` holds them per setting
+(`vllm_costs.step_costs`), for pricing our acceptance with vLLM's own costs.
+
 What this module does not know: our own loop (`profile`), or how results are printed.
 """
 

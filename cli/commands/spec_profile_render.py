@@ -22,6 +22,7 @@ def conditional(per_position: list[float]) -> list[float]:
 def document(report: SpecProfileReport) -> dict[str, Any]:
     """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...] (our
     loop's), ranking, vllm (vLLM's measurements, the table and the config), cross_check,
+    priced (our acceptance priced with vLLM's step costs), loop_table (our loop batched),
     warnings, settings and notes."""
     extra = {
         "vllm": None if report.vllm is None else asdict(report.vllm),
