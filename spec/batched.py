@@ -265,7 +265,7 @@ def batched_speculative_decode(
             for r, i in enumerate(active):
                 m = len(props[r])
                 p = warp(logits[r][-(m + 1) :], temperature, top_p)
-                n, y = verify(p, qs[r], torch.tensor(props[r], dtype=torch.long), gens[i])
+                n, y = verify(p, qs[r].to(p.device), torch.tensor(props[r], dtype=torch.long), gens[i])
                 L = len(seqs[i])
                 seqs[i] += props[r][:n] + [y]
                 target.rollback(r, L + n)  # keep seq[:-1]; y is fed next round
