@@ -182,7 +182,8 @@ def suffix_cache_class() -> type:
     except ImportError as e:
         raise BadInput(
             f"draft suffix needs the {SUFFIX_PACKAGE} package (suffix decoding's suffix tree, as vLLM runs it), "
-            f"not importable here ({type(e).__name__}: {e}); install it with: pip install {SUFFIX_PACKAGE}"
+            f"not importable here ({type(e).__name__}: {e}); install it with: pip install {SUFFIX_PACKAGE} "
+            "(a source build; docs/commands/spec-profile.md shows a 15-second one)"
         ) from None
     return SuffixDecodingCache
 
