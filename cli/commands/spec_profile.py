@@ -57,8 +57,9 @@ def spec_profile(
             "--draft",
             help=(
                 "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N], "
-                "suffix[:max_tree_depth=24,max_spec_factor=1.0,min_token_prob=0.1] (suffix decoding, needs "
-                "arctic-inference); with --engine vllm also a speculative_config JSON object (EAGLE-3, MTP...)."
+                "suffix[:NAME=VALUE,...] (suffix decoding, needs arctic-inference; NAME: max_tree_depth, "
+                "max_spec_factor, min_token_prob); with --engine vllm also a speculative_config JSON object "
+                "(EAGLE-3, MTP...)."
             ),
         ),
     ],
