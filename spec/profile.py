@@ -14,7 +14,9 @@ Passes, in order (each reported through the `progress` callback):
    and k (`decode`), timed against plain decoding of the same prompt run just before
    and just after that prompt's speculative runs (their mean cancels a linear drift of the
    machine's load). The timing rounds of pass 3 are spread between the prompts, so
-   predictions and measurements see the same machine.
+   predictions and measurements see the same machine;
+5. given batch sizes (with the loop): the loop batched at each size (`batch_table`), the
+   k-per-batch-size table measured by our loop.
 
 Predictions (`predict`) use passes 2 and 3 only, so screening has them too; where the
 loop ran, each k also has its measurement and the prediction's relative error, and k and
@@ -37,6 +39,7 @@ import torch
 
 from infer_tool.common.progress import Progress, no_progress
 from infer_tool.spec.acceptance import Acceptance, beta, summarize
+from infer_tool.spec.batch_table import LoopTable, measure
 from infer_tool.spec.cached_lm import CachedLM, NonFiniteLogits
 from infer_tool.spec.costs import CostTimer, DraftTimes, GivenCostRatio, MeasuredCosts, RoundCosts
 from infer_tool.spec.decode import Clock, SpecRun, speculative_decode, target_decode
@@ -110,6 +113,7 @@ class SpecProfile:
     ranking: list[dict[str, object]] = field(default_factory=list)
     projection: Projection | None = None  # onto a GPU type at several concurrencies
     continuations: list[list[int]] = field(default_factory=list, repr=False)  # the target's, per prompt
+    batched: LoopTable | None = None  # our loop at batch sizes > 1 (`batch_table`), when asked
 
 
 @contextlib.contextmanager
@@ -222,12 +226,14 @@ def profile(
     clock: Clock = time.perf_counter,
     n_boot: int = 1000,
     projection: ProjectionRequest | None = None,
+    batch_sizes: list[int] | None = None,
     progress: Progress | None = None,
 ) -> SpecProfile:
     """Profile every draft against `target` on `prompts` (each (P_i,) int64) for each k;
     `max_new_tokens` >= 2 (the first token comes from the prefill). `clock` times every
     pass (wall time by default). `projection`: also project the speedups onto its GPU
-    and concurrencies (its pass times list the drafts in the order of `drafts`)."""
+    and concurrencies (its pass times list the drafts in the order of `drafts`). `batch_sizes`
+    (with the loop): also run the loop batched at each size (`batch_table`)."""
     progress = progress or no_progress
     lm = CachedLM(target, vocab, name=f"target {target_name}")
     n, N = len(prompts), max_new_tokens
@@ -302,6 +308,27 @@ def profile(
     if projection is not None:  # the same acceptance, the roofline's costs
         projected = project(projection, [d.name for d in drafts], [a.alpha for a in summaries], acc, ks)
 
+    table = None
+    if loop and batch_sizes:
+        with where("the batched loop"):
+            table = measure(
+                target,
+                vocab,
+                drafts,
+                prompts,
+                ks=ks,
+                batch_sizes=batch_sizes,
+                max_new_tokens=N,
+                temperature=temperature,
+                top_p=top_p,
+                seed=seed,
+                continuations=conts,
+                acceptance=acc,
+                clock=clock,
+                name=target_name,
+                progress=progress,
+            )
+
     basis = "measured" if loop else "predicted"
     profiles = []
     for j, draft in enumerate(drafts):
@@ -338,4 +365,5 @@ def profile(
         ranking=rank(profiles, basis),
         projection=projected,
         continuations=[c.tolist() for c in conts],
+        batched=table,
     )

@@ -11,6 +11,9 @@ left go on in a fresh worker.
 Drafts map to vLLM's `speculative_config` (vllm/config/speculative.py, 0.32):
 - `ngram[:N]` / `prompt-lookup[:N]`: `{"method": "ngram", "prompt_lookup_min": 1,
   "prompt_lookup_max": N}`;
+- `suffix[:...]`: `{"method": "suffix", "suffix_decoding_max_tree_depth": ..., ...,
+  "suffix_decoding_max_cached_requests": 0}` (no cache across requests, as our loop; vLLM needs
+  arctic-inference in its own environment);
 - `truncated:N`: the target's first N layers written once as a model directory
   (`truncated_dir`, under the tool's cache; its path goes into the pasted config), then
   `{"method": "draft_model", "model": DIR}`;
@@ -28,6 +31,9 @@ size, each with the range over repeats. The best k per batch size is the measure
 "no speculation" (k = 0) included; `schedule` turns those into the inclusive [lo, hi, k] ranges
 vLLM validates (`vllm/v1/spec_decode/dynamic/utils.py`: first range starts at 1, sorted,
 non-overlapping, k >= 0, capped by num_speculative_tokens).
+
+The worker also times each engine step; `VllmProfile.step_costs` holds them per setting
+(`vllm_costs.step_costs`), for pricing our acceptance with vLLM's own costs.
 
 What this module does not know: our own loop (`profile`), or how results are printed.
 """
@@ -47,6 +53,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.spec.vllm_costs import StepCosts, step_costs
 
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 VLLM_PYTHON_ENV = "INFER_TOOL_VLLM_PYTHON"
@@ -81,6 +88,7 @@ class Cell:
     acceptance_rate: float | None = None  # accepted / drafted tokens
     accepted_hist: list[int] = field(default_factory=list)  # drafts that accepted exactly 0..k tokens
     same_output: bool | None = None  # repeat 0 generated exactly no speculation's tokens (lossless at T = 0)
+    decode_steps: int | None = None  # engine steps after the prefills in repeat 0 (the worker's step timings)
 
 
 @dataclass
@@ -109,6 +117,7 @@ class VllmProfile:
     seconds: float = 0.0  # the whole vLLM part, start-up included
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # setting -> load_s, runs_s
     errors: list[str] = field(default_factory=list)
+    step_costs: dict[str, StepCosts] = field(default_factory=dict)  # setting -> its timed engine steps' costs
 
 
 VLLM_NOTES = [
@@ -256,6 +265,10 @@ def vllm_draft(spec: Any, target_dir: Path, cache: Path, model_dir: Any) -> Vllm
         return VllmDraftSpec(spec.spec, parse_config(spec.spec))
     if spec.kind == "ngram":
         return VllmDraftSpec(spec.spec, {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": spec.n})
+    if spec.kind == "suffix":
+        config: dict[str, Any] = {"method": "suffix", **{f"suffix_decoding_{k}": v for k, v in spec.params}}
+        config["suffix_decoding_max_cached_requests"] = 0  # as our loop: no cache of other requests' outputs
+        return VllmDraftSpec(spec.spec, config)
     if spec.kind == "truncated":
         return VllmDraftSpec(
             spec.spec, {"method": "draft_model", "model": str(truncated_dir(target_dir, spec.n, cache))}
@@ -380,6 +393,9 @@ def cell(batch: int, k: int, recs: list[dict[str, Any]]) -> Cell:
     """One (batch size, k) from its repeats' records."""
     rates = [r["tokens"] / r["seconds"] for r in recs]
     c = Cell(batch, k, len(recs), sum(rates) / len(rates), _range(rates))
+    first = next((r for r in recs if r.get("repeat") == 0 and "steps" in r), None)
+    if first is not None:
+        c.decode_steps = sum(1 for s in first["steps"] if not s[3])
     if k == 0:
         return c
     c.num_drafts = sum(r["num_drafts"] for r in recs)
@@ -535,6 +551,9 @@ def profile_vllm(
     )
     baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes)
     outputs = {r["setting"]: r["outputs"] for r in records if r.get("repeat") == 0 and r.get("batch") == batch_sizes[0]}
+    steps: dict[str, list[list[float]]] = {}
+    for r in records:
+        steps.setdefault(r["setting"], []).extend(r.get("steps", []))
     timings: dict[str, dict[str, float]] = {}
     for r in records:
         t = timings.setdefault(r["setting"], {"load_s": 0.0, "runs_s": 0.0})
@@ -554,4 +573,5 @@ def profile_vllm(
         seconds=time.perf_counter() - t0,
         timings=timings,
         errors=errors,
+        step_costs={name: step_costs(v) for name, v in steps.items() if v},
     )

@@ -20,7 +20,8 @@ RESULTS.jsonl gets, written and flushed as they happen:
 - per (setting, batch size, repeat): `{"setting", "batch", "repeat", "seconds", "tokens",
   "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos": [...]}` (the
   counters' increase over that repeat, from `LLM.get_metrics()`), and in repeat 0 `"outputs"`:
-  the generated token ids per prompt;
+  the generated token ids per prompt, and `"steps"`: each engine step of the repeat as
+  `[requests, tokens, spec_tokens, prefill, seconds, draft_seconds]` (`StepTimer`);
 - per setting that vLLM refused: `{"setting", "stage", "error": "Type: message"}` on one line.
 The caller (`spec/vllm_engine.py`) enforces the time limits: it kills this process when a stage
 overruns and starts another for the settings left.
@@ -87,6 +88,84 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+DRAFT_SECONDS = [0.0]  # the drafter's time inside the current engine step (`time_drafting`)
+
+
+def time_drafting() -> None:
+    """Add the time of every draft proposal (`GPUModelRunner.propose_draft_token_ids`, which
+    the CPU model runner inherits: the drafter's whole work in a step, for every method) to
+    `DRAFT_SECONDS`. Once per process, before any engine starts."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner.propose_draft_token_ids
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            DRAFT_SECONDS[0] += time.perf_counter() - t
+
+    GPUModelRunner.propose_draft_token_ids = timed  # type: ignore[method-assign]
+
+
+class StepTimer:
+    """Times each engine step of one `vllm.LLM` (`LLMEngine.step`, which `LLM.generate` calls
+    until its requests finish: schedule, forward, sampling, drafting, output processing) and
+    keeps, per step with scheduled tokens, `[requests, tokens, spec_tokens, prefill, seconds,
+    draft_seconds]`: the requests in the batch, the tokens scheduled for them (spec_tokens of
+    them drafted tokens to verify), prefill 1 when a request fed more than its last token and
+    drafts (a prompt), the step's wall seconds and the drafter's share of them."""
+
+    def __init__(self, llm: Any):
+        self.steps: list[list[float]] = []
+        self._scheduled: Any = None
+        engine = llm.llm_engine
+        scheduler = engine.engine_core.engine_core.scheduler  # in-process engine core
+        schedule, step = scheduler.schedule, engine.step
+
+        def scheduled(*args: Any, **kwargs: Any) -> Any:
+            self._scheduled = out = schedule(*args, **kwargs)
+            return out
+
+        def timed_step() -> Any:
+            self._scheduled, DRAFT_SECONDS[0] = None, 0.0
+            t = time.perf_counter()
+            result = step()
+            seconds = time.perf_counter() - t
+            so = self._scheduled
+            if so is not None and so.total_num_scheduled_tokens > 0:
+                spec = {r: len(v) for r, v in so.scheduled_spec_decode_tokens.items()}
+                prefill = any(n > 1 + spec.get(r, 0) for r, n in so.num_scheduled_tokens.items())
+                self.steps.append(
+                    [
+                        len(so.num_scheduled_tokens),
+                        so.total_num_scheduled_tokens,
+                        sum(spec.values()),
+                        int(prefill),
+                        seconds,
+                        DRAFT_SECONDS[0],
+                    ]
+                )
+            return result
+
+        scheduler.schedule = scheduled
+        engine.step = timed_step
+        self._patched = [(engine, "step"), (scheduler, "schedule")]
+
+    def close(self) -> None:
+        """Remove the patches. They make reference cycles through objects vLLM's start-up has frozen
+        (`gc.freeze()`), which the collector never frees: left in place, every engine would stay
+        in memory (about 2 GiB each here) after its setting."""
+        for obj, name in self._patched:
+            obj.__dict__.pop(name, None)
+        self._patched, self._scheduled = [], None
+
+    def take(self) -> list[list[float]]:
+        out, self.steps = self.steps, []
+        return out
+
+
 def register_kernel_overrides_once() -> None:
     """vLLM 0.32's CPU platform registers its Triton kernel overrides at every engine start
     (`CpuPlatform.register_triton_kernel_overrides`), scanning every loaded module; once the
@@ -132,6 +211,11 @@ def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
         write(f, {"setting": name, "stage": "load", "error": one_line(exc)})
         return
     write(f, {"setting": name, "event": "loaded", "load_s": time.perf_counter() - t0})
+    try:
+        timer: StepTimer | None = StepTimer(llm)
+    except Exception:  # another vLLM's internals: run untimed, the predictions priced by its steps are left out
+        traceback.print_exc()
+        timer = None
     prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
     n = job["max_new_tokens"]
 
@@ -152,6 +236,8 @@ def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
             warm = [prompts[0]] if j == 0 else prompts[:B]
             llm.generate(warm, [params(i, n if j == 0 else 4) for i in range(len(warm))], use_tqdm=False)
             for r in range(job["repeats"]):
+                if timer is not None:
+                    timer.take()
                 before = counters(llm)
                 outputs: list[list[int]] = []
                 t = time.perf_counter()
@@ -162,6 +248,8 @@ def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
                 seconds = time.perf_counter() - t
                 rec = {"setting": name, "batch": B, "repeat": r, "seconds": seconds}
                 rec["tokens"] = sum(len(o) for o in outputs)
+                if timer is not None:
+                    rec["steps"] = timer.take()
                 rec.update(delta(counters(llm), before))
                 if r == 0:
                     rec["outputs"] = outputs
@@ -170,6 +258,8 @@ def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
         traceback.print_exc()
         write(f, {"setting": name, "stage": "run", "error": one_line(exc)})
     finally:
+        if timer is not None:
+            timer.close()
         del llm
         release()
 
@@ -201,6 +291,7 @@ def main(argv: list[str]) -> int:
     with open(results_path, "a") as f:
         write(f, host())
         register_kernel_overrides_once()
+        time_drafting()
         for setting in job["settings"]:
             run_setting(job, setting, f)
         write(f, {"done": True})

@@ -396,6 +396,8 @@ def no_model_loads(monkeypatch):
         (["--gpu", "H100-80GB", "--mfu", "1.5"], "--mfu 1.5"),
         (["--concurrency", "8"], "--concurrency: used only by the projection; give --gpu"),
         (["--mfu", "0.4"], "give --gpu"),
+        (["--batch-sizes", "1,2", "--no-loop"], "--batch-sizes with --engine ours runs our loop batched"),
+        (["--draft", "suffix:min_token_prob=2"], "min_token_prob='2' out of range"),
     ],
 )
 def test_bad_input_refused_before_loading(files, no_model_loads, args, needle) -> None:
@@ -524,3 +526,28 @@ def test_projection_and_kv_budget_reads_the_report(files, tmp_path) -> None:
         "ngram:3 at concurrency 104857600: target + draft need",
     ):
         assert needle in text, needle
+
+
+def test_loop_table_by_batch_size(files) -> None:
+    """--batch-sizes with our loop: the table measured by our loop batched, each sequence as
+    alone at T=0, the best k per size the fastest measured (no speculation included)."""
+    args = ["--target", str(files["target"]), "--draft", "truncated:1", "--draft", "ngram"]
+    args += ["--prompts", str(files["prompts"]), "--num-prompts", "3", "--max-new-tokens", "6", "--k", "1,2"]
+    res = run(*args, "--batch-sizes", "1,2", "--json")
+    assert res.exit_code == 0, res.output
+    t = json.loads(res.stdout)["loop_table"]
+    assert t["batch_sizes"] == [1, 2] and t["ks"] == [1, 2]
+    assert {(c["draft"], c["batch"], c["k"]) for c in t["cells"]} == {
+        (d, b, k) for d in ("truncated:1", "ngram:3") for b in (1, 2) for k in (1, 2)
+    }
+    assert all(c["as_alone"] is True for c in t["cells"])
+    for d, by_size in t["best_k"].items():
+        for b, k in by_size.items():
+            options = [(1.0, 0)] + [
+                (c["speedup"], c["k"]) for c in t["cells"] if c["draft"] == d and c["batch"] == int(b)
+            ]
+            assert k == max(options)[1]
+        assert t["schedule"][d][0][0] == 1 and t["schedule"][d][-1][1] == 2
+    res = run(*args, "--batch-sizes", "2")
+    assert res.exit_code == 0, res.output
+    assert "measured by OUR LOOP batched" in res.stdout and "num_speculative_tokens_per_batch_size" in res.stdout

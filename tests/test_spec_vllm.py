@@ -7,8 +7,9 @@ validation and its own expansion gives each measured batch size the chosen k
 (`vllm/v1/spec_decode/dynamic/utils.py`); the chosen k is the fastest measured; at
 temperature 0 every speculative run generated exactly no speculation's tokens (speculative
 decoding is lossless there); vLLM's counters agree with one another; our per-position
-acceptance equals vLLM's within the cross-check's tolerance; and our prompt lookup by vLLM's
-rule proposes what vLLM's own n-gram function proposes.
+acceptance equals vLLM's within the cross-check's tolerance; the engine steps our acceptance
+predicts for vLLM are the steps vLLM took (its own step timings, `spec/vllm_costs.py`); and our
+prompt lookup by vLLM's rule proposes what vLLM's own n-gram function proposes.
 
 No skip: without the vLLM environment (`make vllm-env`) these tests fail and say how to build it.
 """
@@ -133,6 +134,20 @@ def test_cross_check_agrees(report: dict) -> None:
     assert sorted((r["draft"], r["k"]) for r in rows) == [(d, k) for d in DRAFTS for k in KS]
     bad = [(r["draft"], r["k"], r["ours"], r["vllm"], r["reason"]) for r in rows if r["max_diff"] > TOLERANCE]
     assert bad == []
+
+
+def test_priced_steps_are_vllms(report: dict) -> None:
+    """At temperature 0, the decode steps predicted from our acceptance (vLLM's rounds, chunks of
+    the batch size, each chunk until its slowest sequence ends) are exactly the engine steps
+    vLLM's worker timed, for every draft, batch size and k; each row is priced."""
+    rows = report["priced"]
+    assert sorted((r["draft"], r["batch"], r["k"]) for r in rows) == [
+        (d, b, k) for d in DRAFTS for b in BATCHES for k in KS
+    ]
+    assert [(r["draft"], r["batch"], r["k"]) for r in rows if r["predicted_steps"] != r["vllm_steps"]] == []
+    for r in rows:
+        assert r["predicted_speedup"] > 0 and r["plain_step_ms"] > 0 and r["verify_step_ms"] > 0
+        assert r["error"] == pytest.approx(r["predicted_speedup"] / r["vllm_speedup"] - 1)
 
 
 def test_ngram_rule_is_vllms() -> None:

@@ -56,8 +56,10 @@ def spec_profile(
         typer.Option(
             "--draft",
             help=(
-                "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N]; "
-                "with --engine vllm also a speculative_config JSON object (EAGLE-3, MTP, suffix...)."
+                "Draft (repeatable): a model or our quantized checkpoint, truncated:N, ngram, prompt-lookup[:N], "
+                "suffix[:NAME=VALUE,...] (suffix decoding, needs arctic-inference; NAME: max_tree_depth, "
+                "max_spec_factor, min_token_prob); with --engine vllm also a speculative_config JSON object "
+                "(EAGLE-3, MTP...)."
             ),
         ),
     ],
@@ -161,7 +163,13 @@ def spec_profile(
         ),
     ] = Defaults.engine,
     batch_sizes: Annotated[
-        str, typer.Option(help="With --engine vllm: concurrent sequences to measure at, e.g. 1,4,16.")
+        str | None,
+        typer.Option(
+            help=(
+                "Concurrent sequences to measure at, e.g. 1,4,16: vLLM's (--engine vllm/both, default 1,4,16); "
+                "given with our loop, it also runs batched at each size (the table measured by our loop)."
+            )
+        ),
     ] = Defaults.batch_sizes,
     vllm_python: Annotated[
         str | None,

@@ -22,10 +22,12 @@ def conditional(per_position: list[float]) -> list[float]:
 def document(report: SpecProfileReport) -> dict[str, Any]:
     """The --json document: target, drafts[name, alpha, alpha_ci, per_k, best_k, ...] (our
     loop's), ranking, vllm (vLLM's measurements, the table and the config), cross_check,
+    priced (our acceptance priced with vLLM's step costs), loop_table (our loop batched),
     warnings, settings and notes."""
     extra = {
         "vllm": None if report.vllm is None else asdict(report.vllm),
         "cross_check": None if report.cross_check is None else [asdict(r) for r in report.cross_check],
+        "priced": None if report.priced is None else [asdict(r) for r in report.priced],
         "warnings": report.warnings,
     }
     if extra["vllm"] is not None:
@@ -38,6 +40,7 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
             "drafts": [],
             "ranking": [],
             "projection": None,
+            "loop_table": None,
             **extra,
             "settings": report.settings,
             "notes": report.notes,
@@ -79,6 +82,7 @@ def document(report: SpecProfileReport) -> dict[str, Any]:
         "notes": report.notes,
     }
     doc["predicted_vs_vllm"] = predicted_vs_vllm(doc) if doc["vllm"] is not None else None
+    doc["loop_table"] = None if profile.batched is None else asdict(profile.batched)
     return doc
 
 
@@ -97,6 +101,8 @@ def _pm(pred: float, meas: float | None, fmt: str = ".2f") -> str:
 def human(report: dict[str, Any]) -> None:
     if report["drafts"]:
         _ours(report)
+    if report.get("loop_table") is not None:
+        _loop_table(report["loop_table"])
     if report["vllm"] is not None:
         _vllm(report["vllm"])
     if report["cross_check"] is not None:
@@ -196,6 +202,42 @@ def _ours(report: dict[str, Any]) -> None:
             cats.add_section()
         console.print()
         console.print(cats)
+
+
+def _loop_table(t: dict[str, Any]) -> None:
+    """Our loop batched at each batch size: speedup per (draft, batch size, k), the best k per
+    size and the table, labelled as our loop's."""
+    console = out()
+    table = Table(title="measured by OUR LOOP batched (transformers here, not vLLM): speedup per batch size")
+    for col in ("draft", "batch", *(f"k={k}" for k in t["ks"]), "best k", "as alone"):
+        table.add_column(col, justify="left" if col == "draft" else "right")
+    for name, by_size in t["best_k"].items():
+        best = {int(b): k for b, k in by_size.items()}  # int keys, or str once through JSON
+        for i, b in enumerate(t["batch_sizes"]):
+            cells = {c["k"]: c for c in t["cells"] if c["draft"] == name and c["batch"] == b}
+            alone = {c["as_alone"] for c in cells.values()}
+            table.add_row(
+                name if i == 0 else "",
+                str(b),
+                *(f"{cells[k]['speedup']:.2f}{' *' if best[b] == k else ''}" for k in t["ks"]),
+                "none" if best[b] == 0 else str(best[b]),
+                "-" if None in alone else ("yes" if alone == {True} else "NO"),
+            )
+        table.add_section()
+    console.print()
+    console.print(table)
+    console.print(
+        "speedup: plain decoding / speculative decoding of the same chunks of B prompts, decode phase (prefill "
+        "excluded); * the fastest k, none: no speculation wins; as alone (T=0): every sequence emitted the "
+        "target's greedy tokens and accepted what it accepts decoding alone",
+        highlight=False,
+    )
+    for name, rows in t["schedule"].items():
+        console.print(
+            f"{name}: num_speculative_tokens_per_batch_size measured by our loop: {json.dumps(rows)}",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _rng(lo_hi: list[float] | None, fmt: str = ".2f") -> str:
@@ -341,27 +383,46 @@ def predicted_vs_vllm(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _predicted_vs_vllm(report: dict[str, Any]) -> None:
-    rows = predicted_vs_vllm(report)
-    if not rows:
+    """Our acceptance priced with vLLM's step costs per (draft, batch size, k), next to vLLM's
+    measured speedup; at batch 1 also our loop's own prediction (its transformers costs)."""
+    ours = {(r["draft"], r["k"]): r["ours_predicted"] for r in predicted_vs_vllm(report)}
+    rows = report.get("priced") or []
+    if not rows and not ours:
         return
-    table = Table(title="speedup at batch 1: our prediction (our costs) / vLLM's measurement")
-    for col in ("draft", "k", "ours predicted", "vLLM measured", "error"):
+    table = Table(title="speedup predicted for our acceptance / measured by vLLM (prefill included)")
+    for col in ("draft", "B", "k", "p/v/d ms", "pred.", "vLLM", "range", "error", "ours"):
         table.add_column(col, justify="left" if col == "draft" else "right")
-    for r in rows:
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.0f}"
+
+    last = None
+    for r in sorted(rows, key=lambda r: (r["draft"], r["batch"], r["k"])):
+        if last is not None and last != r["draft"]:
+            table.add_section()
+        mine = ours.get((r["draft"], r["k"])) if r["batch"] == 1 else None
         table.add_row(
-            r["draft"],
+            r["draft"] if r["draft"] != last else "",
+            str(r["batch"]),
             str(r["k"]),
-            f"{r['ours_predicted']:.2f}",
-            f"{r['vllm_measured']:.2f}{_rng(r['vllm_range'])}",
-            f"{r['error']:+.0%}",
+            "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
+            f"{r['predicted_speedup']:.2f}",
+            "-" if r["vllm_speedup"] is None else f"{r['vllm_speedup']:.2f}",
+            "" if r["vllm_speedup_range"] is None else "{:.2f}-{:.2f}".format(*r["vllm_speedup_range"]),
+            "-" if r["error"] is None else f"{r['error']:+.0%}",
+            "-" if mine is None else f"{mine:.2f}",
         )
+        last = r["draft"]
     console = out()
     console.print()
     console.print(table)
     console.print(
-        "ours prices a round with the costs timed in our transformers loop; vLLM's step has its own costs "
-        "(scheduling, sampling, its kernels) and its tokens/s include the prefill, so a gap here is a cost gap, "
-        "not an acceptance gap (the cross-check compares acceptance)",
+        "pred.: our loop's acceptance along each continuation, priced with vLLM's own engine steps timed in "
+        "its runs (median no-speculation step, speculative step = verify + draft, the prefill as a line in prompt "
+        "tokens), prompts in chunks of B as vLLM ran them; p/v/d ms: vLLM's median plain step, verify step "
+        "(drafting excluded) and drafting at the full batch B; vLLM: its measured speedup, range over repeats; "
+        "error: pred. / vLLM - 1; ours (B = 1): our loop's prediction with its own transformers costs (prefill "
+        "excluded)",
         highlight=False,
     )
 
