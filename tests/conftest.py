@@ -67,6 +67,11 @@ SLOW_MODULES = frozenset(
 # refusals stay fast up to about 0.8 s.
 SLOW_TESTS = frozenset(
     {
+        # spec-profile's batched loop and suffix draft: tiny-model decode runs
+        "test_spec_batched.py::test_each_sequence_decodes_as_alone",
+        "test_spec_batched.py::test_loop_table",
+        "test_spec_cli.py::test_loop_table_by_batch_size",
+        "test_spec_suffix.py::test_loop_is_lossless_and_replayed_by_teacher_forcing",
         # test_w4afp8.py: four tiny quantize runs (one module fixture), eval ppl, compressed-tensors read-back
         "test_w4afp8.py::test_every_int_method_writes_w4afp8_and_eval_ppl_equals_its_eval",
         "test_w4afp8.py::test_compressed_tensors_reads_our_config_and_decompresses_our_weights",
