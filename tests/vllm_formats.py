@@ -118,10 +118,10 @@ NO_MXFP4_KERNEL = "ValueError: Failed to find a kernel that can implement the MX
 NO_MXFP8_KERNEL = "ValueError: Failed to find a kernel that can implement the MXFP8 linear layer. Reasons:"
 # vLLM 0.32 runs W4AFP8 only where `_is_fp8_w4a8_sm90` holds (compute capability 9.0 exactly).
 NO_W4AFP8_SCHEME = (
-    "ror: No compressed-tensors compatible scheme was found for layer_name='model.layers.0.mlp.down_proj', "
-    "weight_quant=QuantizationArgs(num_bits=4, type='int', symmetric=True, group_size=128, "
-    "strategy='group', block_structure=None, dynamic=False, actorder=None, scale_dtype=None, "
-    "zp_dtype=torch.int8, observer='memoryless_minmax', observer_kwargs={}), "
+    "NotImplementedError: No compressed-tensors compatible scheme was found for layer_name='model.layers."
+    "0.mlp.down_proj', weight_quant=QuantizationArgs(num_bits=4, type='int', symmetric=True, "
+    "group_size=128, strategy='group', block_structure=None, dynamic=False, actorder=None, "
+    "scale_dtype=None, zp_dtype=torch.int8, observer='memoryless_minmax', observer_kwargs={}), "
     "input_quant=QuantizationArgs(num_bits=8, type='float', symmetric=True, group_size=None, "
     "strategy='token', block_structure=None, dynamic=True, actorder=None, scale_dtype=None, "
     "zp_dtype=torch.float8_e4m3fn, observer=None, observer_kwargs={}), output_quant=None, "
