@@ -26,7 +26,7 @@ import torch
 
 from infer_tool.packers import fp4
 from infer_tool.packers.fp4_weight import Fp4Weight
-from infer_tool.packers.gptq import finite_or_none, prepare, solve_columns
+from infer_tool.packers.gptq import fallback_info, prepare, solve_columns, solved_info
 from infer_tool.schemes.fp4 import Fp4GPTQScheme, Fp4RTNScheme, Fp4Scheme
 
 
@@ -110,15 +110,7 @@ def quantize_fp4_gptq(
 
     def fallback(reason: str, attempts: int, dead: int) -> Fp4Weight:
         w = quantize_fp4_rtn(weight, None, scheme, global_scale=gs)
-        w.info = {
-            "method": "gptq",
-            "damp": None,
-            "attempts": attempts,
-            "fallback": "rtn",
-            "reason": reason,
-            "dead_columns": dead,
-            "loss": None,
-        }
+        w.info = fallback_info(reason, attempts, dead)
         return w
 
     p = prepare(weight, stats, scheme.act_order)
@@ -135,16 +127,7 @@ def quantize_fp4_gptq(
     solved = solve_columns(p, fp4_column, scheme, parts)
     if isinstance(solved, str):
         return fallback(solved, scheme.damp_retries + 1, p.dead)
-    info = {
-        "method": "gptq",
-        "damp": solved.damp,
-        "attempts": solved.attempts,
-        "fallback": None,
-        "reason": None,
-        "dead_columns": p.dead,
-        "loss": finite_or_none(solved.loss),
-        **({"part_losses": [finite_or_none(x) for x in solved.losses]} if parts is not None else {}),
-    }
+    info = solved_info(solved, p.dead, parts)
     return _weight(fp4.quantize_codes(solved.Q, eff), w_scale, gs, scheme, info)
 
 

@@ -288,16 +288,7 @@ def quantize_gptq(
         g_idx=g_idx,
         bits=bits,
         group_size=g,
-        info={
-            "method": "gptq",
-            "damp": solved.damp,
-            "attempts": solved.attempts,
-            "fallback": None,
-            "reason": None,
-            "dead_columns": p.dead,
-            "loss": finite_or_none(solved.loss),
-            **({"part_losses": [finite_or_none(x) for x in solved.losses]} if parts is not None else {}),
-        },
+        info=solved_info(solved, p.dead, parts),
     )
 
 
@@ -305,9 +296,24 @@ def finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _fallback(weight: torch.Tensor, scheme: GPTQScheme, reason: str, attempts: int, dead: int) -> QuantizedWeight:
-    qw = quantize_rtn(weight, scheme=scheme)
-    qw.info = {
+def solved_info(solved: Solved, dead: int, parts: Sequence[int] | None) -> dict:
+    """The report of a finished solve (every format's GPTQ): method, damp used, attempts, no
+    fallback, dead columns, loss; with `parts`, each part's loss (`part_info` splits them)."""
+    return {
+        "method": "gptq",
+        "damp": solved.damp,
+        "attempts": solved.attempts,
+        "fallback": None,
+        "reason": None,
+        "dead_columns": dead,
+        "loss": finite_or_none(solved.loss),
+        **({"part_losses": [finite_or_none(x) for x in solved.losses]} if parts is not None else {}),
+    }
+
+
+def fallback_info(reason: str, attempts: int, dead: int) -> dict:
+    """The report of a solve that fell back to RTN (a Hessian that would not factorise)."""
+    return {
         "method": "gptq",
         "damp": None,
         "attempts": attempts,
@@ -316,4 +322,9 @@ def _fallback(weight: torch.Tensor, scheme: GPTQScheme, reason: str, attempts: i
         "dead_columns": dead,
         "loss": None,
     }
+
+
+def _fallback(weight: torch.Tensor, scheme: GPTQScheme, reason: str, attempts: int, dead: int) -> QuantizedWeight:
+    qw = quantize_rtn(weight, scheme=scheme)
+    qw.info = fallback_info(reason, attempts, dead)
     return qw

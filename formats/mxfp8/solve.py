@@ -12,7 +12,7 @@ import torch
 from infer_tool.formats.mxfp8 import numerics
 from infer_tool.formats.mxfp8.scheme import Mxfp8GPTQScheme, Mxfp8Scheme
 from infer_tool.formats.mxfp8.weight import Mxfp8Weight
-from infer_tool.packers.gptq import finite_or_none, prepare, solve_columns
+from infer_tool.packers.gptq import fallback_info, prepare, solve_columns, solved_info
 
 
 def group_exponents(W: torch.Tensor) -> torch.Tensor:
@@ -36,15 +36,7 @@ def quantize_gptq(
 
     def fallback(reason: str, attempts: int, dead: int) -> Mxfp8Weight:
         w = quantize_rtn(W, None, scheme)
-        w.info = {
-            "method": "gptq",
-            "damp": None,
-            "attempts": attempts,
-            "fallback": "rtn",
-            "reason": reason,
-            "dead_columns": dead,
-            "loss": None,
-        }
+        w.info = fallback_info(reason, attempts, dead)
         return w
 
     p = prepare(W, stats, scheme.act_order)
@@ -61,14 +53,5 @@ def quantize_gptq(
     solved = solve_columns(p, column, scheme, parts)
     if isinstance(solved, str):
         return fallback(solved, scheme.damp_retries + 1, p.dead)
-    info = {
-        "method": "gptq",
-        "damp": solved.damp,
-        "attempts": solved.attempts,
-        "fallback": None,
-        "reason": None,
-        "dead_columns": p.dead,
-        "loss": finite_or_none(solved.loss),
-        **({"part_losses": [finite_or_none(x) for x in solved.losses]} if parts is not None else {}),
-    }
+    info = solved_info(solved, p.dead, parts)
     return Mxfp8Weight(numerics.quantize(solved.Q, u), u, scheme.mxfp8_activations, info)
