@@ -147,3 +147,17 @@ def test_refusals_name_why_and_write_nothing(tiny: Path, tmp_path: Path) -> None
     r = invoke("convert", src, "--out", tmp_path / "o", "--to", "gguf", "--no-progress")
     assert r.exit_code == 2 and "--to" in r.output
     assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))
+
+
+def test_overwrite_never_replaces_a_users_directory(tiny: Path, tmp_path: Path) -> None:
+    """`convert --overwrite` follows quantize's ownership rule: a directory holding the user's file is
+    refused (exit 2) with the file left as it was, and no temporary directory is left beside it."""
+    src = _gptq_source(tmp_path, tiny, sym=True, g_idx_perm=False)
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "mine.txt").write_text("keep")
+    r = invoke("convert", src, "--out", tmp_path / "o", "--overwrite", "--no-progress")
+    assert r.exit_code == 2 and "mine.txt" in r.output, r.output
+    assert (tmp_path / "o" / "mine.txt").read_text() == "keep" and sorted(
+        p.name for p in (tmp_path / "o").iterdir()
+    ) == ["mine.txt"]
+    assert not list(tmp_path.glob(".o.tmp-*"))
