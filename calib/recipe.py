@@ -1,7 +1,9 @@
-"""The options of `infer-tool quantize`, declared once: `QuantizeOptions`. Each field
-carries its help text, its command-line flag and, for scheme options, the scheme field it
-sets; the CLI builds its flags from these declarations and recipe files use the same
-names (dashes or underscores), for example::
+"""The options of `infer-tool quantize`, declared once: `QuantizeOptions`, the run's own
+options (`RunOptions`, declared here) and the scheme options, declared on the methods'
+configs and the formats' scheme fields (`schemes/options.option`) and collected from the
+registry. Each carries its help text and its command-line flag; for scheme options, the
+scheme field it sets. The CLI builds its flags from these declarations and recipe files use
+the same names (dashes or underscores), for example::
 
     method: gptq
     group_size: 128
@@ -35,8 +37,9 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 from infer_tool.formats.registry import all_formats
 from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.options import Declared, declared_options
 from infer_tool.schemes.presets import get_preset
-from infer_tool.schemes.registry import CLASSES, SCHEMES, make_scheme, scheme_fields
+from infer_tool.schemes.registry import BUILTIN, CLASSES, SCHEMES, make_scheme, scheme_fields
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_METHOD = "awq"
@@ -57,19 +60,21 @@ STATS_NOTE = (
 )
 
 
-def option(
-    default: Any, help: str, kind: type, *, flag: str | None = None, scheme: str | None = None, argument: bool = False
-) -> Any:
-    """A declared option: `kind` is the value's type (bool, int, float, str, list);
-    `flag` its command-line spelling (default --name-with-dashes, or "--on/--off");
-    `scheme` the scheme field it sets; `argument` for the positional MODEL."""
+def option(default: Any, help: str, kind: type, *, flag: str | None = None, argument: bool = False) -> Any:
+    """A declared run option: `kind` is the value's type (bool, int, float, str, list); `flag`
+    its command-line spelling (default --name-with-dashes, or "--on/--off"); `argument` for the
+    positional MODEL."""
     return field(
-        default=default, metadata={"help": help, "kind": kind, "flag": flag, "scheme": scheme, "argument": argument}
+        default=default,
+        metadata={"help": help, "kind": kind, "flag": flag, "scheme": None, "argument": argument, "panel": None},
     )
 
 
 @dataclass
-class QuantizeOptions:
+class RunOptions:
+    """The run's own options (model, method, data, output, evaluation, memory, processes);
+    `QuantizeOptions` adds the scheme options the methods and formats declare."""
+
     model: str | None = option(None, "Model directory, .gguf file, demo name or hub name.", str, argument=True)
     method: str = option(
         "awq",
@@ -84,141 +89,6 @@ class QuantizeOptions:
         "FP8_DYNAMIC, FP8_BLOCK, ...; --list-schemes shows what each sets); options given "
         "explicitly override the preset's.",
         str,
-    )
-    bits: int | None = option(None, "Weight bits.", int, scheme="bits")
-    group_size: int | None = option(None, "Columns per scale group, -1 per channel.", int, scheme="group_size")
-    symmetric: bool | None = option(
-        None, "Symmetric (no zero point) or asymmetric.", bool, flag="--sym/--asym", scheme="symmetric"
-    )
-    full_range: bool | None = option(
-        None,
-        "Symmetric INT groups on the full-range grid: the larger side of each group at -2^(bits-1), all 2^bits "
-        "levels, signed scales (llama.cpp's Q4_0, auto-round's default) instead of +-(2^(bits-1)-1). When not "
-        "given: on for --method autoround with --sym (as auto-round), off otherwise.",
-        bool,
-        flag="--full-range/--no-full-range",
-        scheme="full_range",
-    )
-    act_order: bool | None = option(
-        None,
-        "GPTQ: columns by decreasing Hessian diagonal, static groups (g_idx stays trivial).",
-        bool,
-        flag="--act-order/--no-act-order",
-        scheme="act_order",
-    )
-    damp: float | None = option(None, "GPTQ dampening, fraction of mean diag(H).", float, scheme="damp")
-    awq_search: str | None = option(
-        None,
-        "AWQ ratio search: full (every ratio of the grid, in float32), screen (every ratio with the block in "
-        "bfloat16, the close ones again in float32) or fast (coarse to fine; exact where the loss over alpha is "
-        "unimodal, the full grid where the ratios it looked at are not).",
-        str,
-        scheme="search",
-    )
-    awq_clip: bool | None = option(
-        None,
-        "AWQ: after the scales, search each group's clip threshold minimising the linear's output error "
-        "(AutoAWQ's; q/k skipped). MXFP4 leaves it off unless --awq-clip is given.",
-        bool,
-        flag="--awq-clip/--no-awq-clip",
-        scheme="clip",
-    )
-    iters: int | None = option(
-        None, "autoround: descent steps per block; fewer is faster on a CPU (e.g. 50).", int, scheme="iters"
-    )
-    lr: float | None = option(
-        None,
-        "autoround: step size of the rounding offsets and clip factors, decayed linearly to 0 (none: 1/iters).",
-        float,
-        scheme="lr",
-    )
-    batch: int | None = option(None, "autoround: calibration sequences per descent step.", int, scheme="batch")
-    batch_seed: int | None = option(
-        None, "autoround: seed of the order sequences are drawn into batches.", int, scheme="batch_seed"
-    )
-    tune_dtype: str | None = option(
-        None,
-        "autoround: dtype the block runs in while tuning (float32 or bfloat16); "
-        "the learned parameters and the rounding stay float32.",
-        str,
-        scheme="tune_dtype",
-    )
-    fp8_granularity: str | None = option(
-        None, "FP8 weight scales: tensor, channel or block (128x128).", str, scheme="granularity"
-    )
-    fp8_activations: str | None = option(
-        None,
-        "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale). "
-        "With an INT method's 4-bit symmetric group-128 weights: W4AFP8 (dynamic only; --scheme W4AFP8).",
-        str,
-        scheme="activations",
-    )
-    fp4: str | None = option(
-        None,
-        "FP4 (E2M1) weights instead of INT: nvfp4 (an E4M3 scale per 16 inputs and a float32 global scale per "
-        "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq, awq "
-        "or awq+gptq.",
-        str,
-        scheme="fp4",
-    )
-    fp4_activations: str | None = option(
-        None,
-        "FP4 activations: none (weights only, llm-compressor's NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4: "
-        "NVFP4 with a calibrated static input_global_scale and dynamic per-16 scales, MXFP4 dynamic per 32).",
-        str,
-        scheme="fp4_activations",
-    )
-    mxfp8_activations: str | None = option(
-        None,
-        "MXFP8 weights (E4M3, an E8M0 scale per 32 inputs) instead of INT, for --method rtn or gptq, with these "
-        "activations: none (llm-compressor's MXFP8A16) or mxfp8 (its MXFP8: E4M3 with a dynamic E8M0 scale per 32). "
-        "--scheme MXFP8A16 / MXFP8 set it.",
-        str,
-        scheme="mxfp8_activations",
-    )
-    observer: str | None = option(
-        None,
-        "Group scales of rtn, gptq and awq+gptq, and of every --fp4 method: minmax (each group's range) or mse "
-        "(the shrink of it minimising the group's |error|^2.4, llm-compressor's MSE observer grid, scored with the "
-        "scales stored).",
-        str,
-        scheme="observer",
-    )
-    gptaq: float | None = option(
-        None,
-        "GPTQ toward the fp model's output (GPTAQ's asymmetric calibration): round each linear toward "
-        "W + alpha W dXX^T H^-1, with the fp model's own inputs beside the quantized chain's; alpha in (0, 1], "
-        "0.25 the paper's; INT gptq and awq+gptq. Off when not given.",
-        float,
-        scheme="gptaq",
-    )
-    int8_activations: str | None = option(
-        None,
-        "INT8 activations (W8A8; 8-bit symmetric per-channel weights, gptq or rtn): none, dynamic (per token at "
-        "run time) or static (a calibrated per-tensor input_scale).",
-        str,
-        scheme="int8_activations",
-    )
-    smoothquant: float | None = option(
-        None,
-        "SmoothQuant's migration strength alpha in [0, 1] (0.5 the paper's, 0.8 llm-compressor's examples): "
-        "s = max|x|^alpha / max|w|^(1-alpha) per input channel, folded into the norm before the layers it feeds; "
-        "gptq or rtn. Off when not given.",
-        float,
-        scheme="smoothquant",
-    )
-    kv_cache: str | None = option(
-        None,
-        "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
-        str,
-        scheme="kv_cache",
-    )
-    fp8_clip_search: bool | None = option(
-        None,
-        "FP8: search weight clipping ratios minimising output error on calibration data.",
-        bool,
-        flag="--fp8-clip-search/--no-fp8-clip-search",
-        scheme="clip_search",
     )
     moe_calibration: str | None = option(
         None,
@@ -349,6 +219,24 @@ class QuantizeOptions:
         flag="--default-ignore/--no-default-ignore",
     )
 
+
+def _scheme_option(d: Declared) -> tuple[str, Any, dataclasses.Field]:
+    """The QuantizeOptions field of a declared scheme option: None when not given."""
+    meta = {"help": d.help, "kind": d.kind, "flag": d.flag, "scheme": d.target, "argument": False, "panel": d.panel}
+    return d.name, d.kind | None, field(default=None, metadata=meta)
+
+
+# The run's options, then one field per option a method's config or a format declares
+# (`schemes/options.option`, collected from every registered scheme class), None when not given.
+QuantizeOptions = dataclasses.make_dataclass(
+    "QuantizeOptions",
+    [_scheme_option(d) for d in declared_options(BUILTIN).values()],
+    bases=(RunOptions,),
+    namespace={
+        "__module__": __name__,
+        "__doc__": "Every option of `infer-tool quantize`, flat: RunOptions and the scheme options.",
+    },
+)
 
 OPTIONS: dict[str, dataclasses.Field] = {f.name: f for f in dataclasses.fields(QuantizeOptions)}
 # scheme field -> the option that sets it (each scheme field has one option)

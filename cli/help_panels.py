@@ -8,7 +8,8 @@ help) are as wide as the widest entry of the panel; a two-way flag such as
 of all twenty a column of ~20 characters at 80 columns. Topic panels, with the two-way
 flags in a panel of their own, keep it at 40 or more.
 
-An option the table does not list keeps the panel its declaration names (kv-budget's), or
+An option the table does not list keeps the panel its declaration names (kv-budget's, the
+scheme options'), placed by the title's row when the table has one, or
 goes to "Switches" when it is a two-way flag, else to typer's default "Options": a new
 option needs no edit here to render whole (tests/test_terminal_fit.py checks every
 command at 80 columns). Panels are shown in the table's order; nothing outside help
@@ -27,24 +28,14 @@ SWITCHES = "Switches"  # unlisted two-way flags
 # command path -> panel title -> options, by their first flag as typed
 PANELS: dict[str, dict[str, tuple[str, ...]]] = {
     "quantize": {
-        "Method": (
-            "--scheme",
-            "--list-schemes",
-            "--method",
-            "--bits",
-            "--group-size",
-            "--damp",
-            "--observer",
-            "--gptaq",
-            "--awq-search",
-            "--ignore",
-        ),
-        "Method switches": ("--sym", "--full-range", "--act-order", "--fp8-clip-search"),
-        "AutoRound": ("--iters", "--lr", "--batch", "--batch-seed", "--tune-dtype"),
-        "INT8": ("--int8-activations", "--smoothquant"),
-        "FP8": ("--fp8-granularity", "--fp8-activations", "--kv-cache"),
-        "FP4": ("--fp4", "--fp4-activations"),
-        "MXFP8": ("--mxfp8-activations",),
+        # the scheme options join the panel their declaration names (schemes/options.option)
+        "Method": ("--scheme", "--list-schemes", "--method", "--ignore"),
+        "Method switches": (),
+        "AutoRound": (),
+        "INT8": (),
+        "FP8": (),
+        "FP4": (),
+        "MXFP8": (),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
         "Calibration switches": ("--layer-error",),
@@ -131,6 +122,8 @@ class PanelledCommand(TyperCommand):
             if found:
                 param.rich_help_panel = title
                 return i, flags.index(found[0])
+            if getattr(param, "rich_help_panel", None) == title:  # declared with the option: after the listed
+                return i, len(flags)
         if getattr(param, "rich_help_panel", None) is None and getattr(param, "secondary_opts", None):
             param.rich_help_panel = SWITCHES
         return (-1 if getattr(param, "rich_help_panel", None) is None else len(self.panels)), 0

@@ -84,7 +84,7 @@ def option_parameter(name: str, help: str | None = None) -> inspect.Parameter:
         info: Any = typer.Argument(help=text, show_default=False, metavar=name.upper())
     else:
         decl = meta["flag"] or f"--{name.replace('_', '-')}"
-        info = typer.Option(decl, help=text, show_default=False)
+        info = typer.Option(decl, help=text, show_default=False, rich_help_panel=meta["panel"])
     annotation = Annotated[_CLI_TYPES[kind] | None, info]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
 

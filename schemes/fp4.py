@@ -15,10 +15,11 @@
 - `amax_dtype` (set by `for_storage`): the dtype the amax-derived scale arithmetic runs in,
   the checkpoint's, as compressed-tensors computes it in the model dtype.
 
-Method × format: the method is the scheme's class, as for INT (`--method rtn|gptq|awq|awq+gptq`); a
-method's FP4 class holds the format's fields plus the method's own options, whose defaults are
-the INT method scheme's (`schemes/integer.py`, not restated). The registry picks the FP4 class
-of a method when an FP4 option is given (`registry.scheme_class`). What FP4 fixes and INT
+Method × format: a method's FP4 class is its config (`schemes/methods.py`: fields, defaults,
+checks and flags, not restated) composed with `Fp4Scheme`, as its INT class is with
+`QuantScheme`; the class body holds only what the pair decides (GPTAQ refused, MXFP4's AWQ clip
+default). The registry picks the FP4 class of a method when an FP4 option is given
+(`registry.scheme_class`). What FP4 fixes and INT
 chooses (bits, group size, symmetry, scale dtype) is not an option here: E2M1 is 4-bit and
 symmetric, the group and the scale dtypes are the format's. GPTQ keeps every group's scale from
 the original weights (static groups, whatever the column order). Standard library only.
@@ -33,7 +34,15 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
-from infer_tool.schemes.integer import AWQ_SEARCH_FIELDS, AutoRoundScheme, AWQScheme, GPTQScheme, check_observer
+from infer_tool.schemes.methods import (
+    AWQ_SEARCH_FIELDS,
+    AutoRoundConfig,
+    AWQClipConfig,
+    AWQSearchConfig,
+    GPTQConfig,
+    ObserverConfig,
+)
+from infer_tool.schemes.options import option
 
 FP4_FORMATS = ("nvfp4", "mxfp4")
 FP4_GROUP_SIZE = {"nvfp4": 16, "mxfp4": 32}  # values per scale along K (= kernels/fp4_layout.GROUP_SIZE)
@@ -42,18 +51,29 @@ KIND = "fp4"
 
 
 @dataclass(frozen=True)
-class Fp4Scheme(Scheme):
+class Fp4Scheme(ObserverConfig, Scheme):
     """E2M1 weights (and W4A4 activations): see the module docstring. As a class of its own
-    it is RTN (`Fp4RTNScheme`); the GPTQ and AWQ classes add their methods' options."""
+    it is RTN (`Fp4RTNScheme`); the other methods compose their configs with it."""
 
     method: ClassVar[str] = "rtn"
     kind: ClassVar[str] = KIND
-    fp4: str = "nvfp4"
-    fp4_activations: str = "none"
-    observer: str = "minmax"
+    fp4: str = option(
+        "nvfp4",
+        "FP4 (E2M1) weights instead of INT: nvfp4 (an E4M3 scale per 16 inputs and a float32 global scale per "
+        "tensor, shared by fused q/k/v and gate/up) or mxfp4 (an E8M0 scale per 32); --method rtn, gptq, awq "
+        "or awq+gptq.",
+        panel="FP4",
+    )
+    fp4_activations: str = option(
+        "none",
+        "FP4 activations: none (weights only, llm-compressor's NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4: "
+        "NVFP4 with a calibrated static input_global_scale and dynamic per-16 scales, MXFP4 dynamic per 32).",
+        panel="FP4",
+    )
     amax_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.fp4 not in FP4_FORMATS:
             raise BadInput(f"--fp4 {self.fp4!r} is not supported; use one of {', '.join(FP4_FORMATS)}")
         if self.fp4_activations not in FP4_ACTIVATIONS:
@@ -61,7 +81,6 @@ class Fp4Scheme(Scheme):
                 f"--fp4-activations {self.fp4_activations!r} is not supported; use none (weights only, "
                 "NVFP4A16 / MXFP4A16) or fp4 (W4A4, NVFP4 / MXFP4)"
             )
-        check_observer(self.observer)
         if self.amax_dtype not in SCALE_DTYPES:
             raise BadInput(f"amax dtype {self.amax_dtype!r} is not supported; use one of {', '.join(SCALE_DTYPES)}")
 
@@ -120,23 +139,16 @@ class Fp4RTNScheme(Fp4Scheme):
 
 
 @dataclass(frozen=True)
-class Fp4GPTQScheme(Fp4Scheme):
-    """GPTQ rounding to the FP4 grid: every column with its group's scale, chosen by the
-    observer on the original weights before the solve; act-order visits columns by
-    decreasing diag(H) (static groups: column k keeps group k // g). The options and their
-    defaults are GPTQScheme's (`schemes/integer.py`)."""
+class Fp4GPTQScheme(GPTQConfig, Fp4Scheme):
+    """GPTQ rounding to the FP4 grid (`GPTQConfig`): every column with its group's scale, chosen
+    by the observer on the original weights before the solve; act-order visits columns by
+    decreasing diag(H) (static groups: column k keeps group k // g). GPTAQ is INT's only."""
 
     method: ClassVar[str] = "gptq"
-    damp: float = GPTQScheme.damp
-    block_size: int = GPTQScheme.block_size
-    act_order: bool = GPTQScheme.act_order
-    damp_retries: int = GPTQScheme.damp_retries
-    damp_growth: float = GPTQScheme.damp_growth
-    gptaq: float | None = GPTQScheme.gptaq
+    gptaq: float | None = None  # the option INT's GPTQ declares, refused here by name
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        GPTQScheme(**_method_options(self, Fp4GPTQScheme))  # GPTQ's own checks, raising its BadInput
         if self.gptaq is not None:
             raise BadInput(
                 f"--gptaq {self.gptaq} works with INT weights only: FP4's global scales come from the weights "
@@ -145,49 +157,28 @@ class Fp4GPTQScheme(Fp4Scheme):
 
 
 @dataclass(frozen=True)
-class Fp4AWQScheme(Fp4Scheme):
+class Fp4AWQScheme(AWQClipConfig, AWQSearchConfig, Fp4Scheme):
     """AWQ with its scale and clip searches scored by the FP4 quantizer (fused shards with one
-    global scale), then the observer's scales. The options and their defaults are
-    AWQScheme's (`schemes/integer.py`), but for `clip`: None means on for NVFP4 and off for
+    global scale), then the observer's scales. `clip`: None means on for NVFP4 and off for
     MXFP4, whose per-group clip search (E8M0 scales) raised the demo model's perplexity
     where it lowered NVFP4's (docs/results.md, "The AWQ clip search on FP4")."""
 
     method: ClassVar[str] = "awq"
-    grid: int = AWQScheme.grid
-    search: str = AWQScheme.search
-    search_step: int = AWQScheme.search_step
-    screen_margin: float = AWQScheme.screen_margin
-    duo_scaling: bool = AWQScheme.duo_scaling
     clip: bool | None = None  # resolved in __post_init__: the format's default when not given
-    clip_grid: int = AWQScheme.clip_grid
-    max_shrink: float = AWQScheme.max_shrink
-    clip_tokens: int = AWQScheme.clip_tokens
-    clip_batch: int = AWQScheme.clip_batch
 
     def __post_init__(self) -> None:
         if self.clip is None:
             object.__setattr__(self, "clip", self.fp4 != "mxfp4")
         super().__post_init__()
-        AWQScheme(**_method_options(self, Fp4AWQScheme))  # AWQ's own checks, raising its BadInput
 
 
 @dataclass(frozen=True)
-class Fp4AWQGPTQScheme(Fp4GPTQScheme):
+class Fp4AWQGPTQScheme(AWQSearchConfig, Fp4GPTQScheme):
     """AWQ's scale search and fold scored by the FP4 quantizer (`Fp4AWQScheme`, clip search
     off), then GPTQ's rounding of the smoothed weights to the FP4 grid (`Fp4GPTQScheme`):
-    `AWQGPTQScheme` on E2M1. The options and their defaults are GPTQScheme's and AWQScheme's
-    ratio-search fields."""
+    `AWQGPTQScheme` on E2M1."""
 
     method: ClassVar[str] = "awq+gptq"
-    grid: int = AWQScheme.grid
-    search: str = AWQScheme.search
-    search_step: int = AWQScheme.search_step
-    screen_margin: float = AWQScheme.screen_margin
-    duo_scaling: bool = AWQScheme.duo_scaling
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.awq()  # AWQ's own checks, raising its BadInput
 
     def awq(self) -> Fp4AWQScheme:
         """The AWQ step's scheme (clip search off: GPTQ chooses the rounding)."""
@@ -201,44 +192,27 @@ class Fp4AWQGPTQScheme(Fp4GPTQScheme):
 
 
 @dataclass(frozen=True)
-class Fp4AutoRoundScheme(Fp4Scheme):
-    """AutoRound on the FP4 grid (auto-round's `nv_fp4` / `mx_fp4` tuning): per weight an offset
-    V in [-0.5, 0.5] added to w / s before the E2M1 rounding, per group one clip factor of max |w|
-    (E2M1 is symmetric, so one side's), learned by signed gradient descent on each block's output
-    (`packers/autoround_fp4.py`). NVFP4's global scales stay those of the fp weights (fused
-    shards share one). The options and their defaults are AutoRoundScheme's; the scales start
-    from min-max (`--observer mse` is refused: the descent tunes the clip itself)."""
+class Fp4AutoRoundScheme(AutoRoundConfig, Fp4Scheme):
+    """AutoRound on the FP4 grid (auto-round's `nv_fp4` / `mx_fp4` tuning, `AutoRoundConfig`):
+    per weight an offset V in [-0.5, 0.5] added to w / s before the E2M1 rounding, per group one
+    clip factor of max |w| (E2M1 is symmetric, so one side's), learned by signed gradient descent
+    on each block's output (`packers/autoround_fp4.py`). NVFP4's global scales stay those of the
+    fp weights (fused shards share one). The scales start from min-max (`--observer mse` is
+    refused: the descent tunes the clip itself)."""
 
     method: ClassVar[str] = "autoround"
-    iters: int = AutoRoundScheme.iters
-    lr: float | None = AutoRoundScheme.lr
-    batch: int = AutoRoundScheme.batch
-    batch_seed: int = AutoRoundScheme.batch_seed
-    tune_dtype: str = AutoRoundScheme.tune_dtype
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        AutoRoundScheme(**_method_options(self, Fp4AutoRoundScheme))  # AutoRound's own checks, raising its BadInput
         if self.observer != "minmax":
             raise BadInput(
                 f"--observer {self.observer} does not go with --method autoround: its descent tunes each group's "
                 "clip from the min-max scale; drop --observer or use --method rtn / gptq / awq+gptq"
             )
 
-    @property
-    def step_size(self) -> float:
-        """The initial step size: `lr`, or 1 / iters (as AutoRoundScheme)."""
-        return self.lr if self.lr is not None else 1.0 / self.iters
-
     def describe(self) -> str:
         """'autoround nvfp4 (NVFP4A16), minmax scales, 200 iters' for the report table."""
         return f"{super().describe()}, {self.iters} iters"
-
-
-def _method_options(scheme: Fp4Scheme, cls: type[Fp4Scheme]) -> dict[str, object]:
-    """The values of the fields `cls` adds to `Fp4Scheme` (its method's options)."""
-    own = {f.name for f in dataclasses.fields(Fp4Scheme)}
-    return {f.name: getattr(scheme, f.name) for f in dataclasses.fields(cls) if f.name not in own}
 
 
 FP4_SCHEMES: tuple[type[Fp4Scheme], ...] = (

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
+from infer_tool.schemes.options import option
 
 GRANULARITIES = ("tensor", "channel", "block")
 ACTIVATION_SCHEMES = ("dynamic", "static")
@@ -33,11 +34,33 @@ class Fp8Scheme(Scheme):
 
     method: ClassVar[str] = "fp8"
     kind: ClassVar[str] = "fp8"
-    granularity: str = "channel"
+    granularity: str = option(
+        "channel",
+        "FP8 weight scales: tensor, channel or block (128x128).",
+        name="fp8_granularity",
+        panel="FP8",
+    )
     block_size: tuple[int, int] = (128, 128)
-    activations: str = "dynamic"
-    kv_cache: str | None = None
-    clip_search: bool = False
+    activations: str = option(
+        "dynamic",
+        "FP8 activations: dynamic (per token, no calibration) or static (calibrated per-tensor input_scale). "
+        "With an INT method's 4-bit symmetric group-128 weights: W4AFP8 (dynamic only; --scheme W4AFP8).",
+        name="fp8_activations",
+        panel="FP8",
+    )
+    kv_cache: str | None = option(
+        None,
+        "fp8: calibrate per-layer k_scale / v_scale (post-RoPE keys, values) for an FP8 KV cache.",
+        kind=str,
+        panel="FP8",
+    )
+    clip_search: bool = option(
+        False,
+        "FP8: search weight clipping ratios minimising output error on calibration data.",
+        flag="--fp8-clip-search/--no-fp8-clip-search",
+        name="fp8_clip_search",
+        panel="Method switches",
+    )
     clip_min_ratio: float = 0.8
     clip_steps: int = 20
 

@@ -17,6 +17,7 @@ from typer import rich_utils
 from typer.core import TyperCommand, TyperGroup, TyperOption
 from typer.testing import CliRunner
 
+from infer_tool.calib.recipe import OPTIONS
 from infer_tool.cli.app import app
 from infer_tool.cli.help_panels import PANELS, SWITCHES, PanelledCommand, install
 from infer_tool.cli.output import TASK_WIDTH, progress_bar, task_name
@@ -241,7 +242,13 @@ def test_help_shows_the_table(key: str, monkeypatch: pytest.MonkeyPatch) -> None
     shown = [t for t in panels if t in PANELS[key]]
     assert shown == list(PANELS[key])
     for title, flags in PANELS[key].items():
-        assert _row_flags(panels[title]) == list(flags), title
+        # the listed flags, then the options declared with this panel (the scheme options), as declared
+        declared = [_first_flag(name) for name, f in OPTIONS.items() if f.metadata["panel"] == title]
+        assert _row_flags(panels[title]) == list(flags) + (declared if key == "quantize" else []), title
+
+
+def _first_flag(name: str) -> str:
+    return (OPTIONS[name].metadata["flag"] or f"--{name.replace('_', '-')}").split("/")[0]
 
 
 def test_unlisted_options_need_no_entry(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,19 +4,21 @@ optionally MXFP8 activations (dynamic, per 32), `kind = "mxfp8"`. Standard libra
 `mxfp8_activations`: "none" (weights only, llm-compressor's MXFP8A16) or "mxfp8" (W8A8,
 llm-compressor's MXFP8: each linear's input rounded to E4M3 with a dynamic E8M0 scale per 32).
 What the format fixes (8 bits, symmetric, groups of 32, uint8 E8M0 scales) is not an option.
-As a class of its own the scheme is RTN; `Mxfp8GPTQScheme` adds GPTQ's options, whose defaults
-are GPTQScheme's (`schemes/integer.py`, not restated): one GPTQ, on this format's grid.
+As a class of its own the scheme is RTN; `Mxfp8GPTQScheme` composes GPTQ's config
+(`schemes/methods.GPTQConfig`: options, defaults and checks, not restated) with it: one GPTQ, on
+this format's grid.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.integer import GPTQScheme
+from infer_tool.schemes.methods import GPTQConfig
+from infer_tool.schemes.options import option
 
 KIND = "mxfp8"
 GROUP_SIZE = 32  # values per E8M0 scale along K
@@ -29,7 +31,13 @@ class Mxfp8Scheme(Scheme):
 
     method: ClassVar[str] = "rtn"
     kind: ClassVar[str] = KIND
-    mxfp8_activations: str = "none"
+    mxfp8_activations: str = option(
+        "none",
+        "MXFP8 weights (E4M3, an E8M0 scale per 32 inputs) instead of INT, for --method rtn or gptq, with these "
+        "activations: none (llm-compressor's MXFP8A16) or mxfp8 (its MXFP8: E4M3 with a dynamic E8M0 scale per 32). "
+        "--scheme MXFP8A16 / MXFP8 set it.",
+        panel="MXFP8",
+    )
 
     def __post_init__(self) -> None:
         if self.mxfp8_activations not in ACTIVATIONS:
@@ -74,22 +82,12 @@ class Mxfp8Scheme(Scheme):
 
 
 @dataclass(frozen=True)
-class Mxfp8GPTQScheme(Mxfp8Scheme):
+class Mxfp8GPTQScheme(GPTQConfig, Mxfp8Scheme):
     """GPTQ on the MXFP8 grid: every group's scale from the original weights (static groups),
     then GPTQ's column loop (`packers/gptq.solve_columns`) rounding each column to E4M3 at its
-    group's scale. The options and their defaults are GPTQScheme's."""
+    group's scale."""
 
     method: ClassVar[str] = "gptq"
-    damp: float = GPTQScheme.damp
-    block_size: int = GPTQScheme.block_size
-    act_order: bool = GPTQScheme.act_order
-    damp_retries: int = GPTQScheme.damp_retries
-    damp_growth: float = GPTQScheme.damp_growth
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        own = {f.name for f in fields(Mxfp8Scheme)}
-        GPTQScheme(**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in own})
 
 
 SCHEMES: tuple[type[Mxfp8Scheme], ...] = (Mxfp8Scheme, Mxfp8GPTQScheme)
