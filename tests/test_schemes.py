@@ -98,3 +98,55 @@ def test_quantizers_are_keyed_by_exact_type() -> None:
         @register_quantizer(GPTQScheme)
         class Other(LayerQuantizer[GPTQScheme]):
             pass
+
+
+# ---- method configs composed with formats; options declared once (schemes/methods.py, options.py)
+
+
+def test_an_option_declared_twice_is_an_error() -> None:
+    from infer_tool.schemes.options import declared_options, option
+
+    @dataclasses.dataclass(frozen=True)
+    class A:
+        x: int = option(1, "one")
+
+    @dataclasses.dataclass(frozen=True)
+    class B:
+        y: int = option(2, "two", name="x")
+
+    assert set(declared_options([A])) == {"x"}
+    with pytest.raises(ValueError, match="'x' is declared twice"):
+        declared_options([A, B])
+
+
+def test_every_quantize_scheme_option_sets_a_field_of_some_scheme() -> None:
+    """Each option the CLI offers for a scheme is a field of at least one registered class, and
+    each class's declared fields are offered: the flags and the schemes cannot drift apart."""
+    from infer_tool.calib.recipe import OPTIONS
+
+    targets = {name: f.metadata["scheme"] for name, f in OPTIONS.items() if f.metadata["scheme"]}
+    fields = {f.name for _, cls in all_schemes() for f in dataclasses.fields(cls)}
+    assert targets and set(targets.values()) <= fields
+    declared = {
+        f.name for _, cls in all_schemes() for f in dataclasses.fields(cls) if f.metadata.get("option") is not None
+    }
+    assert declared == set(targets.values())
+
+
+@pytest.mark.parametrize(
+    ("method", "bad", "message"),
+    [
+        ("gptq", {"damp": 0.0}, "damp=0.0 is not supported"),
+        ("gptq", {"block_size": 0}, "block_size=0 is not supported"),
+        ("awq", {"search": "grid"}, "AWQ search 'grid' is not supported"),
+        ("autoround", {"iters": 0}, "--iters 0 is not supported"),
+        ("autoround", {"tune_dtype": "float16"}, "--tune-dtype 'float16' is not supported"),
+    ],
+)
+def test_a_methods_checks_hold_in_every_format_it_rounds_to(method: str, bad: dict, message: str) -> None:
+    """The config's own check runs whatever format it is composed with (INT, FP4, MXFP8)."""
+    formats = [{}, {"fp4": "nvfp4"}] + ([{"mxfp8_activations": "none"}] if method == "gptq" else [])
+    for fmt in formats:
+        with pytest.raises(BadInput, match=message):
+            make_scheme(method, **fmt, **bad)
+        assert make_scheme(method, **fmt).to_dict()["method"] == method  # the format alone is accepted
