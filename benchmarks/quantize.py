@@ -219,6 +219,11 @@ ROWS: dict[str, tuple[str, list[str], list[str]]] = {
         for method in ("rtn", "gptq")
     },
     "MXFP8A16 RTN data-free": (FP4, ["--scheme", "MXFP8A16", "--method", "rtn", "--no-layer-error"], []),
+    "MXFP8A16 AutoRound 50": (
+        FP4,
+        ["--scheme", "MXFP8A16", "--method", "autoround", "--iters", "50", "--batch", "8"],
+        [],
+    ),
     "W8A8 RTN": (INT8, ["--scheme", "W8A8", "--method", "rtn"], []),
     "W8A8 GPTQ": (INT8, ["--scheme", "W8A8"], []),
     **{f"W8A8 SQ{a} GPTQ": (INT8, ["--scheme", "W8A8", "--smoothquant", str(a)], []) for a in SMOOTHQUANT_SWEEP},

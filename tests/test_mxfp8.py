@@ -26,7 +26,7 @@ from tiny import TEXT, save_tiny_llama  # noqa: E402
 from infer_tool.calib.stats import LayerStats  # noqa: E402
 from infer_tool.cli.app import app  # noqa: E402
 from infer_tool.formats.mxfp8 import numerics  # noqa: E402
-from infer_tool.formats.mxfp8.scheme import Mxfp8GPTQScheme, Mxfp8Scheme  # noqa: E402
+from infer_tool.formats.mxfp8.scheme import Mxfp8AutoRoundScheme, Mxfp8GPTQScheme, Mxfp8Scheme  # noqa: E402
 from infer_tool.formats.mxfp8.solve import quantize_gptq, quantize_rtn  # noqa: E402
 from infer_tool.schemes.registry import make_scheme  # noqa: E402
 
@@ -182,6 +182,33 @@ def test_presets_pick_the_format_for_rtn_and_gptq():
     assert make_scheme("rtn", mxfp8_activations="none") == Mxfp8Scheme()
     assert make_scheme("gptq", mxfp8_activations="mxfp8") == Mxfp8GPTQScheme(mxfp8_activations="mxfp8")
     assert Mxfp8GPTQScheme().describe() == "gptq mxfp8 (MXFP8A16) act-order"
+    assert make_scheme("autoround", mxfp8_activations="none", iters=7) == Mxfp8AutoRoundScheme(iters=7)
+
+
+def test_autoround_at_its_start_is_rtn_and_stores_what_it_evaluates():
+    """At V = 0, β = 1 the learned rounding is MXFP8 RTN bit for bit; at any V, β the weight it
+    stores dequantizes to exactly the Ŵ the descent evaluated (so the tuned loss is the stored
+    model's)."""
+    from infer_tool.formats.mxfp8.autoround import Mxfp8Grouped, fake_quantize_rounding, quantize_rounding
+    from infer_tool.packers.autoround import Rounding
+
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(48, 96, generator=g) * torch.logspace(-3, 1, 96)  # groups across binades
+    W[5, :32] = 0.0  # an all-zero group
+    grouped, scheme = Mxfp8Grouped.of(W), Mxfp8AutoRoundScheme()
+    p = Rounding.initial(grouped.shape, 32)
+    start, rtn = quantize_rounding(grouped, p, scheme), quantize_rtn(W)
+    assert torch.equal(start.values.view(torch.uint8), rtn.values.view(torch.uint8))
+    assert torch.equal(start.scale_exp, rtn.scale_exp)
+    with torch.no_grad():
+        p.V.copy_(torch.rand(p.V.shape, generator=g) - 0.5)
+        p.beta.copy_(0.5 + 0.5 * torch.rand(p.beta.shape, generator=g))
+    tuned = quantize_rounding(grouped, p, scheme)
+    assert torch.equal(fake_quantize_rounding(grouped, p, scheme).detach(), tuned.dequantize())
+    assert not torch.equal(tuned.values.view(torch.uint8), rtn.values.view(torch.uint8))
+    # the clip lowers a group's exponent by at most one binade for each halving of β
+    assert int((rtn.scale_exp.int() - tuned.scale_exp.int()).min()) >= 0
+    assert int((rtn.scale_exp.int() - tuned.scale_exp.int()).max()) <= 1
 
 
 def invoke(*args: object) -> tuple[int, str]:
@@ -198,6 +225,7 @@ def runs(tmp_path_factory) -> dict:  # noqa: ANN001
     for name, flags in {
         "rtn-a16": ("--scheme", "MXFP8A16"),
         "gptq-w8a8": ("--scheme", "MXFP8", "--method", "gptq"),
+        "autoround-a16": ("--scheme", "MXFP8A16", "--method", "autoround", "--iters", "4", "--batch", "4"),
     }.items():
         code, text = invoke(
             "quantize", root / "model", *flags, "--calib", root / "corpus.txt", "--out", root / name,
@@ -213,7 +241,7 @@ def test_checkpoint_is_compressed_tensors_mxfp8(runs: dict) -> None:
     from infer_tool.formats.mxfp8.weight import Mxfp8Weight
     from infer_tool.packers.checkpoint import read_checkpoint
 
-    for name, w8a8 in (("rtn-a16", False), ("gptq-w8a8", True)):
+    for name, w8a8 in (("rtn-a16", False), ("gptq-w8a8", True), ("autoround-a16", False)):
         config, layers, _ = read_checkpoint(runs["root"] / name)
         qc = config["quantization_config"]
         assert qc["format"] == "mxfp8-quantized" and qc["config_groups"]["group_0"]["format"] == "mxfp8-quantized"
@@ -224,7 +252,7 @@ def test_checkpoint_is_compressed_tensors_mxfp8(runs: dict) -> None:
         assert report["eval"]["activations"] == ("mxfp8 (e4m3, e8m0 per 32)" if w8a8 else "unquantized")
 
 
-@pytest.mark.parametrize("name", ["rtn-a16", "gptq-w8a8"])
+@pytest.mark.parametrize("name", ["rtn-a16", "gptq-w8a8", "autoround-a16"])
 def test_eval_ppl_equals_quantize_eval(runs: dict, name: str) -> None:
     """`eval ppl` loads the checkpoint as `Mxfp8Linear`s (the FP8 GEMM with (1, 32) blocks) and
     gives `--eval`'s perplexity, activations included, to 1e-6 relative."""
@@ -239,7 +267,7 @@ def test_eval_ppl_equals_quantize_eval(runs: dict, name: str) -> None:
     assert math.isclose(doc["ppl"], runs[name]["eval"]["ppl_after"], rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["rtn-a16", "gptq-w8a8"])
+@pytest.mark.parametrize("name", ["rtn-a16", "gptq-w8a8", "autoround-a16"])
 def test_transformers_with_compressed_tensors_reads_our_weights(runs: dict, name: str) -> None:
     """transformers + compressed-tensors loads the checkpoint as its MXFP8 linears (our values and
     E8M0 exponents, byte for byte) and dequantizes them itself; its logits equal a bfloat16 model

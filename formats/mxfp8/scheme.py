@@ -4,9 +4,9 @@ optionally MXFP8 activations (dynamic, per 32), `kind = "mxfp8"`. Standard libra
 `mxfp8_activations`: "none" (weights only, llm-compressor's MXFP8A16) or "mxfp8" (W8A8,
 llm-compressor's MXFP8: each linear's input rounded to E4M3 with a dynamic E8M0 scale per 32).
 What the format fixes (8 bits, symmetric, groups of 32, uint8 E8M0 scales) is not an option.
-As a class of its own the scheme is RTN; `Mxfp8GPTQScheme` composes GPTQ's config
-(`schemes/methods.GPTQConfig`: options, defaults and checks, not restated) with it: one GPTQ, on
-this format's grid.
+As a class of its own the scheme is RTN; `Mxfp8GPTQScheme` and `Mxfp8AutoRoundScheme` compose
+GPTQ's and AutoRound's configs (`schemes/methods.py`: options, defaults and checks, not
+restated) with it: one GPTQ and one AutoRound, on this format's grid.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from infer_tool.common.errors import BadInput
 from infer_tool.schemes.base import Scheme
-from infer_tool.schemes.methods import GPTQConfig
+from infer_tool.schemes.methods import AutoRoundConfig, GPTQConfig
 from infer_tool.schemes.options import option
 
 KIND = "mxfp8"
@@ -33,7 +33,7 @@ class Mxfp8Scheme(Scheme):
     kind: ClassVar[str] = KIND
     mxfp8_activations: str = option(
         "none",
-        "MXFP8 weights (E4M3, an E8M0 scale per 32 inputs) instead of INT, for --method rtn or gptq, with these "
+        "MXFP8 weights (E4M3, an E8M0 scale per 32 inputs) instead of INT, for --method rtn, gptq or autoround, with "
         "activations: none (llm-compressor's MXFP8A16) or mxfp8 (its MXFP8: E4M3 with a dynamic E8M0 scale per 32). "
         "--scheme MXFP8A16 / MXFP8 set it.",
         panel="MXFP8",
@@ -90,4 +90,17 @@ class Mxfp8GPTQScheme(GPTQConfig, Mxfp8Scheme):
     method: ClassVar[str] = "gptq"
 
 
-SCHEMES: tuple[type[Mxfp8Scheme], ...] = (Mxfp8Scheme, Mxfp8GPTQScheme)
+@dataclass(frozen=True)
+class Mxfp8AutoRoundScheme(AutoRoundConfig, Mxfp8Scheme):
+    """AutoRound on the MXFP8 grid (`formats/mxfp8/autoround.py`): per weight an offset added
+    before the E4M3 rounding and per group a clip factor of max |w|, learned by signed gradient
+    descent on each block's output."""
+
+    method: ClassVar[str] = "autoround"
+
+    def describe(self) -> str:
+        """'autoround mxfp8 (MXFP8A16), 200 iters' for the report table."""
+        return f"{super().describe()}, {self.iters} iters"
+
+
+SCHEMES: tuple[type[Mxfp8Scheme], ...] = (Mxfp8Scheme, Mxfp8GPTQScheme, Mxfp8AutoRoundScheme)
