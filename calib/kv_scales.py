@@ -17,7 +17,7 @@ projection child (`k_proj`, `v_proj`, fused `qkv_proj`, GPT-2's `c_attn`) whose
 attention layer hands to its cache through e4m3 with given k_scale / v_scale.
 
 This module measures amax only; turning amax into scales and tensor names is packers'
-(`packers/fp8.py`, `packers/fp8_formats.py`).
+(`packers/fp8.py`, `packers/codecs/fp8_formats.py`).
 """
 
 from __future__ import annotations

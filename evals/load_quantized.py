@@ -68,8 +68,8 @@ def load_quantized(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from infer_tool.packers.checkpoint import format_of, read_checkpoint
+    from infer_tool.packers.codecs.fp8_formats import read_kv_scales
     from infer_tool.packers.deploy import ACTIVATIONS, INT8_KERNELS, Deploy
-    from infer_tool.packers.fp8_formats import read_kv_scales
 
     if activations not in ACTIVATIONS:
         raise BadInput(f"unknown --activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")

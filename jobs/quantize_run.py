@@ -60,8 +60,8 @@ from infer_tool.jobs.quantize_report import (
 from infer_tool.jobs.run_dir import REST, NoRun, RunDir, model_fingerprint, run_key
 from infer_tool.packers.checkpoint import REPORT_NAME, CheckpointFormat, checkpoint_tensors
 from infer_tool.packers.checkpoint_parts import write_from_parts
+from infer_tool.packers.codecs.fp8_formats import kv_scale_tensors
 from infer_tool.packers.fp8 import scale_from_amax
-from infer_tool.packers.fp8_formats import kv_scale_tensors
 from infer_tool.schemes.base import SCALE_DTYPES, Scheme
 
 # Options that do not change the checkpoint: a resumed run may differ in them.

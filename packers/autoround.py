@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.packers.rtn import _storable, full_range_scale
 from infer_tool.schemes.integer import QuantScheme
 

@@ -23,7 +23,7 @@ search returns its result as data; `quantize_fp8_weight(..., clip=...)` applies 
 
 Static activation scales: `input_scale` = act_abs_max / 448 (one per layer).
 
-This module knows nothing about models, files or formats (see `fp8_formats.py`).
+This module knows nothing about models, files or formats (see `codecs/fp8_formats.py`).
 """
 
 from __future__ import annotations

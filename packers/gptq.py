@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.packers.rtn import observed_qparams, quantize_codes, quantize_rtn
 from infer_tool.schemes.integer import GPTQScheme
 

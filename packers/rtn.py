@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.schemes.integer import QuantScheme, RTNScheme
 
 MSE_DEFAULTS = {"grid": 100.0, "maxshrink": 0.2, "norm": 2.4, "patience": 5}  # llm-compressor's

@@ -1,4 +1,4 @@
-"""FP8 checkpoint formats and KV-cache scales (packers/fp8_formats.py, calib/kv_scales.py).
+"""FP8 checkpoint formats and KV-cache scales (packers/codecs/fp8_formats.py, calib/kv_scales.py).
 
 Independent readers: plain `transformers.AutoModelForCausalLM.from_pretrained` (with the
 compressed-tensors package for `float-quantized`; transformers' FineGrainedFP8 dequantizer
@@ -18,8 +18,7 @@ import torch
 
 from infer_tool.calib.kv_scales import measure_kv_amax
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.fp8 import Fp8Scheme, Fp8Weight, quantize_fp8_weight, static_input_scale
-from infer_tool.packers.fp8_formats import (
+from infer_tool.packers.codecs.fp8_formats import (
     block_alignment_notes,
     fp8_state_dict,
     kv_scale_tensors,
@@ -28,6 +27,7 @@ from infer_tool.packers.fp8_formats import (
     read_fp8_layers,
     read_kv_scales,
 )
+from infer_tool.packers.fp8 import Fp8Scheme, Fp8Weight, quantize_fp8_weight, static_input_scale
 
 ACT_MAX = 3.0  # the static activation abs-max used for every layer in these tests
 

@@ -1,5 +1,5 @@
 """FP8 through the calibration pipeline and the checkpoint registry (calib/quantizers/fp8.py,
-packers/fp8_formats.py registered in packers/checkpoint.py).
+packers/codecs/fp8_formats.py registered in packers/checkpoint.py).
 
 Independent references: statistics re-measured with plain forward hooks / a whole-model
 KV recording on the final (FP8-weight) model, and the checkpoint read back by our reader.
@@ -18,8 +18,8 @@ from infer_tool.calib.kv_scales import measure_kv_amax
 from infer_tool.calib.pipeline import quantize_model
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import read_checkpoint, write_checkpoint
+from infer_tool.packers.codecs.fp8_formats import kv_scale_tensors, read_kv_scales
 from infer_tool.packers.fp8 import Fp8Weight
-from infer_tool.packers.fp8_formats import kv_scale_tensors, read_kv_scales
 from infer_tool.schemes.fp8 import Fp8Scheme
 
 

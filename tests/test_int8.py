@@ -1,5 +1,5 @@
 """INT8 activations (`kernels/int8_act.py`), vLLM's AMX W4A8 arithmetic (`kernels/w4a8.py`) and
-INT8 weights (`packers/int8.py`), each against an independent reference:
+INT8 weights (`packers/int8_activations.py`), each against an independent reference:
 
 - the quantizers against float64 formulas written from vLLM's kernels: identical codes wherever
   the float64 value is not within float32's error of a rounding tie (the reciprocal and the
@@ -31,8 +31,8 @@ from infer_tool.kernels.int8_act import (
 )
 from infer_tool.kernels.layout import pack_int4_k
 from infer_tool.kernels.w4a8 import w4a8_reference
-from infer_tool.packers.int8 import int8_input_scale
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int8_activations import int8_input_scale
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.integer import GPTQScheme, RTNScheme
 

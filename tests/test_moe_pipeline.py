@@ -303,7 +303,7 @@ def test_fp8_static_routed_starved_expert_uses_every_token() -> None:
 def test_w8a8_static_routed_starved_expert_gets_an_input_scale(method: str) -> None:
     """Static W8A8 on an MoE model: every linear, experts and the starved expert's RTN fallback
     included, gets a finite input_scale, and the int-quantized format accepts the result."""
-    from infer_tool.packers.int_quantized import check
+    from infer_tool.packers.codecs.int_quantized import check
 
     model = make_moe("mixtral")
     scheme = make_scheme(method, bits=8, group_size=-1, int8_activations="static")

@@ -15,10 +15,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from infer_tool.common.errors import BadInput
-from infer_tool.packers import awq_gemm, checkpoint, compressed_tensors, gptq_v1
+from infer_tool.packers import checkpoint
 from infer_tool.packers.checkpoint import CheckpointFormat, get_format, read_checkpoint, write_checkpoint
+from infer_tool.packers.codecs import awq_gemm, compressed_tensors, gptq_v1
 from infer_tool.packers.gptq import quantize_gptq
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.integer import GPTQScheme, RTNScheme
 

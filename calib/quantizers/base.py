@@ -37,7 +37,7 @@ from infer_tool.calib.moe import ExpertTokens, MoeLayer, Routing, capturing_rout
 from infer_tool.calib.result import Fallback, PipelineResult
 from infer_tool.calib.stats import LayerStats, StatsAccumulator, relative_output_error
 from infer_tool.common.errors import BadInput
-from infer_tool.packers.int8 import int8_input_scale
+from infer_tool.packers.int8_activations import int8_input_scale
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.base import Scheme
 

@@ -55,7 +55,7 @@ class Fp8Quantizer(LayerQuantizer[Fp8Scheme]):
 
     def notes(self, result: PipelineResult, scheme: Fp8Scheme) -> list[str]:
         """Block shapes runtimes refuse; KV scales transformers ignores."""
-        from infer_tool.packers.fp8_formats import block_alignment_notes
+        from infer_tool.packers.codecs.fp8_formats import block_alignment_notes
 
         notes = []
         if scheme.granularity == "block":

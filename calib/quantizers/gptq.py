@@ -52,7 +52,7 @@ from infer_tool.calib.replay import replay_points, replaying
 from infer_tool.calib.spill import chunk_store, drain
 from infer_tool.calib.stats import CrossAccumulator, LayerStats, StatsAccumulator
 from infer_tool.packers.gptq import gptaq_target, part_info, part_rows, quantize_gptq
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.schemes.integer import GPTQScheme
 
 SOLVE_ELEMENTS = 1 << 26  # weights stacked into one solve (fp32: 256 MiB; the solver keeps ~3 copies)

@@ -29,7 +29,7 @@ from infer_tool.calib.quantizers.base import (
 from infer_tool.calib.quantizers.fp8 import expert_stats
 from infer_tool.calib.quantizers.smoothquant import SmoothsSavedStats, smooth_layer
 from infer_tool.calib.stats import LayerStats
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.packers.rtn import quantize_rtn
 from infer_tool.schemes.integer import RTNScheme
 

@@ -2,7 +2,7 @@
 global scale) and MXFP4 (an E8M0 scale per 32) form.
 
 Numerics: `packers/fp4.py` and `packers/fp4_solve.py`; weight type `packers/fp4_weight.Fp4Weight`;
-codec: compressed-tensors `nvfp4-pack-quantized` / `mxfp4-pack-quantized` (`packers/fp4_format.py`);
+codec: compressed-tensors `nvfp4-pack-quantized` / `mxfp4-pack-quantized` (`packers/codecs/fp4_format.py`);
 activations as deployed: `deployed.py`; kernel: `kernels/fp4.py` (activations `kernels/fp4_act.py`).
 """
 
@@ -39,7 +39,7 @@ FORMAT = NumberFormat(
             "MXFP4A16's weights; fp4 activations per 32 inputs, dynamic",
         ),
     ),
-    codecs={("compressed-tensors", KIND): "infer_tool.packers.fp4_format:FORMAT"},
+    codecs={("compressed-tensors", KIND): "infer_tool.packers.codecs.fp4_format:FORMAT"},
     quantizers=("infer_tool.calib.quantizers.fp4", "infer_tool.calib.quantizers.awq_gptq"),
     deployed="infer_tool.formats.fp4.deployed",
     kernel="infer_tool.kernels.fp4",

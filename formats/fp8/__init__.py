@@ -2,7 +2,7 @@
 token or static per tensor) and an optional FP8 KV cache.
 
 Numerics and weight type: `packers/fp8.py` (`Fp8Weight`); codecs: compressed-tensors
-`float-quantized` and native `fp8` (`packers/fp8_formats.py`); activations as deployed:
+`float-quantized` and native `fp8` (`packers/codecs/fp8_formats.py`); activations as deployed:
 `deployed.py`; kernel: `kernels/fp8.py`.
 """
 
@@ -35,8 +35,8 @@ FORMAT = NumberFormat(
         ),
     ),
     codecs={
-        ("compressed-tensors", "fp8"): "infer_tool.packers.fp8_formats:CT_FORMAT",
-        ("fp8", "fp8"): "infer_tool.packers.fp8_formats:NATIVE_FORMAT",
+        ("compressed-tensors", "fp8"): "infer_tool.packers.codecs.fp8_formats:CT_FORMAT",
+        ("fp8", "fp8"): "infer_tool.packers.codecs.fp8_formats:NATIVE_FORMAT",
     },
     quantizers=("infer_tool.calib.quantizers.fp8",),
     deployed="infer_tool.formats.fp8.deployed",

@@ -2,9 +2,9 @@
 int8 weights per output channel with int8 activations per token or per tensor.
 
 Numerics: `packers/rtn.py` (the grid and its qparams); weight type `packers/quantized.
-QuantizedWeight`; codecs: compressed-tensors `pack-quantized` (`packers/compressed_tensors.py`)
-and `int-quantized` for W8A8 (`packers/int_quantized.py`), AutoAWQ GEMM (`packers/awq_gemm.py`),
-GPTQ v1 (`packers/gptq_v1.py`); activations as deployed: `deployed.py`; kernels: INT4
+QuantizedWeight`; codecs: compressed-tensors `pack-quantized` (`packers/codecs/compressed_tensors.py`)
+and `int-quantized` for W8A8 (`packers/codecs/int_quantized.py`), AutoAWQ GEMM (`packers/codecs/awq_gemm.py`),
+GPTQ v1 (`packers/codecs/gptq_v1.py`); activations as deployed: `deployed.py`; kernels: INT4
 `kernels/w4a16.py`, int8 activations `kernels/int8_act.py`.
 """
 
@@ -55,10 +55,10 @@ FORMAT = NumberFormat(
         ),
     ),
     codecs={
-        ("compressed-tensors", "int"): "infer_tool.packers.compressed_tensors:FORMAT",
-        ("awq", "int"): "infer_tool.packers.awq_gemm:FORMAT",
-        ("gptq", "int"): "infer_tool.packers.gptq_v1:FORMAT",
-        ("compressed-tensors", W8A8_KIND): "infer_tool.packers.int_quantized:FORMAT",
+        ("compressed-tensors", "int"): "infer_tool.packers.codecs.compressed_tensors:FORMAT",
+        ("awq", "int"): "infer_tool.packers.codecs.awq_gemm:FORMAT",
+        ("gptq", "int"): "infer_tool.packers.codecs.gptq_v1:FORMAT",
+        ("compressed-tensors", W8A8_KIND): "infer_tool.packers.codecs.int_quantized:FORMAT",
     },
     quantizers=(
         "infer_tool.calib.quantizers.rtn",

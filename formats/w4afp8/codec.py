@@ -1,7 +1,7 @@
 """compressed-tensors `pack-quantized` with FP8 activations: W4AFP8 as llm-compressor writes it
 (compressed-tensors 0.20 `quantization/quant_scheme.py` `W4AFP8`) and vLLM reads it (its
 `CompressedTensorsW4A8Fp8` on sm90, whose parameters are `weight_packed`). The tensors are INT
-pack-quantized's (`packers/compressed_tensors.py`, written and read by it); the config's group
+pack-quantized's (`packers/codecs/compressed_tensors.py`, written and read by it); the config's group
 adds input activations `{num_bits: 8, type: "float", strategy: "token", dynamic: true,
 symmetric: true}` and names its format, pack-quantized: compressed-tensors 0.20 otherwise infers
 its unpacked `int-quantized` for INT weights with float activations, which vLLM's W4A8-FP8
@@ -16,8 +16,8 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 from infer_tool.formats.w4afp8.scheme import KIND
 from infer_tool.formats.w4afp8.weight import W4Afp8Weight
-from infer_tool.packers import compressed_tensors as pack_quantized
 from infer_tool.packers.checkpoint import CheckpointFormat
+from infer_tool.packers.codecs import compressed_tensors as pack_quantized
 
 INPUTS = {
     "num_bits": 8,

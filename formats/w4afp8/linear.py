@@ -8,7 +8,7 @@ import torch
 
 from infer_tool.formats.w4afp8.numerics import hopper_group_scales, qdq_activations
 from infer_tool.kernels.quant_linear import Int4Linear
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 
 
 class W4Afp8Linear(Int4Linear):

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from infer_tool.packers.deploy import Deploy
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.int_weight import QuantizedWeight
 
 
 @dataclass

@@ -20,8 +20,8 @@ import torch
 
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import CheckpointFormat
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.packers.packing import pack_int32, unpack_int32
-from infer_tool.packers.quantized import QuantizedWeight
 from infer_tool.schemes.integer import QuantScheme
 
 SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")

@@ -28,9 +28,9 @@ import torch
 
 from infer_tool.common.errors import BadInput
 from infer_tool.packers.checkpoint import CheckpointFormat, group_quantizes_inputs
-from infer_tool.packers.fp8_formats import quant_args
-from infer_tool.packers.int8 import ZERO
-from infer_tool.packers.quantized import QuantizedWeight
+from infer_tool.packers.codecs.fp8_formats import quant_args
+from infer_tool.packers.int8_activations import ZERO
+from infer_tool.packers.int_weight import QuantizedWeight
 from infer_tool.schemes.integer import W8A8_KIND, QuantScheme, observer_name
 
 FORMAT_NAME = "int-quantized"
