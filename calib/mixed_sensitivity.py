@@ -105,18 +105,24 @@ def fits(candidate: Candidate, group: LinearGroup) -> bool:
     return True
 
 
-def dequantized(candidate: Candidate, weights: Sequence[torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
-    """The group's weights (each (N_i, K)) as the candidate's RTN solver leaves them, float32.
-    FP4 shards share one global scale, as vLLM keeps one per fused linear."""
-    if candidate.scheme is None:
-        return [w.float() for w in weights]
+def solved(candidate: Candidate, weights: Sequence[torch.Tensor], names: Sequence[str]) -> list[Any]:
+    """The group's weights (each (N_i, K)) solved by the candidate's RTN solver: the weight
+    objects its codec writes (what a uniform run of the scheme writes for these linears). FP4
+    shards share one global scale, as vLLM keeps one per fused linear."""
     from infer_tool.calib.quantizers import quantizer_for
 
     scheme = candidate.scheme
     q = quantizer_for(scheme)
     ws = [w.float() for w in weights]
     shared = q.fused_share(ws, scheme) if q.shares_fused(scheme) else None  # NVFP4: one global scale
-    return [q.solve_data_free(w, scheme, n, shared).dequantize(torch.float32) for w, n in zip(ws, names)]
+    return [q.solve_data_free(w, scheme, n, shared) for w, n in zip(ws, names)]
+
+
+def dequantized(candidate: Candidate, weights: Sequence[torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
+    """The group's weights (each (N_i, K)) as the candidate's RTN solver leaves them, float32."""
+    if candidate.scheme is None:
+        return [w.float() for w in weights]
+    return [w.dequantize(torch.float32) for w in solved(candidate, weights, names)]
 
 
 def plan_weights(

@@ -153,15 +153,28 @@ def plan_rows(
     return rows, uniform
 
 
-def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> MixedPlanReport:
-    """Load the model (weights rounded to its checkpoint dtype), measure the sensitivity on
-    `num_samples` x `seq_len` calibration tokens, and plan each budget."""
+@dataclass
+class Measured:
+    """What one sensitivity pass leaves: the loaded model (weights rounded to `dtype`), its
+    architecture, groups, candidates (schemes `for_storage(dtype)`) and the sensitivity."""
+
+    loaded: Any
+    arch: Any
+    dtype: str
+    candidates: list[Any]
+    sensitivity: Any
+    seconds: float
+
+
+def measure(opts: MixedPlanOptions, progress: Progress | None = None) -> Measured:
+    """Load the model (weights rounded to its checkpoint dtype) and measure the sensitivity on
+    `num_samples` x `seq_len` calibration tokens."""
     import torch
 
     from infer_tool.calib.architectures import architecture_for
     from infer_tool.calib.corpora import calibration_batch
     from infer_tool.calib.mixed_candidates import Candidate, parse_candidates
-    from infer_tool.calib.mixed_sensitivity import ESTIMATORS, linear_groups, measure_sensitivity
+    from infer_tool.calib.mixed_sensitivity import linear_groups, measure_sensitivity
     from infer_tool.calib.models import load_model
     from infer_tool.common.device import pick_device
     from infer_tool.jobs.quantize_run import checkpoint_dtype, round_to
@@ -187,10 +200,18 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
     batch = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     t0 = time.perf_counter()
     sens = measure_sensitivity(model, arch, groups, cands, batch, seed=opts.seed, progress=progress)
-    rows, uniform = plan_rows(sens, dtype, opts.estimator, opts.target_bits, opts.max_kld)
+    return Measured(loaded, arch, dtype, cands, sens, time.perf_counter() - t0)
+
+
+def report_of(opts: MixedPlanOptions, m: Measured) -> MixedPlanReport:
+    """The plans for each budget of `opts` from one measurement."""
+    from infer_tool.calib.mixed_sensitivity import ESTIMATORS
+
+    sens, cands, groups = m.sensitivity, m.candidates, m.sensitivity.groups
+    rows, uniform = plan_rows(sens, m.dtype, opts.estimator, opts.target_bits, opts.max_kld)
     return MixedPlanReport(
         model=opts.model,
-        dtype=dtype,
+        dtype=m.dtype,
         estimator=opts.estimator,
         candidates=[
             {
@@ -203,7 +224,7 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
         weights=sum(g.weights for g in groups),
         linear_groups=len(groups),
         calibration_tokens=sens.tokens,
-        sensitivity_seconds=time.perf_counter() - t0,
+        sensitivity_seconds=m.seconds,
         uniform=uniform,
         plans=rows,
         group_costs={
@@ -215,3 +236,8 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
             f"{opts.estimator} Fisher estimate on {sens.tokens} calibration tokens; not measured",
         ],
     )
+
+
+def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> MixedPlanReport:
+    """Load the model, measure the sensitivity, and plan each budget (`measure`, `report_of`)."""
+    return report_of(opts, measure(opts, progress))
