@@ -72,6 +72,7 @@ class MixedQuantizeReport:
     candidates: list[dict[str, Any]]
     counts: dict[str, int]
     bits_planned: float  # stored bits per weight of the planned linears, from the written tensors
+    bits_plan: float  # the same as the plan computed it (calib/mixed_bits.py) before writing
     bits_model: float  # 8 x every stored tensor's bytes / the model's parameters
     predicted_kld: float
     predicted_bound: float
@@ -189,6 +190,7 @@ def write_plan(opts: MixedWriteOptions, *, overwrite: bool, progress: Progress |
             candidates=[{"name": c.name, "describe": c.describe()} for c in cands],
             counts=row.counts,
             bits_planned=8 * sum(_stored_bytes(tensors, n) for n in plan_cost) / planned,
+            bits_plan=row.bits,
             bits_model=8 * stored / params,
             predicted_kld=row.predicted_kld,
             predicted_bound=row.bound,

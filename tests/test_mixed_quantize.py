@@ -81,6 +81,7 @@ def test_target_bits_writes_the_plan_and_measures_it_as_eval_kld_does(files: tup
         }[mod]
         assert lin["bits"] == pytest.approx(8 * stored / (n * k), rel=1e-12), lin["name"]
     assert rep["bits_planned"] <= 5.5
+    assert rep["bits_plan"] == pytest.approx(rep["bits_planned"], rel=1e-12)  # planned sizes = written sizes
     params = sum(t.numel() for t in load_file(str(model / "model.safetensors")).values())
     assert rep["bits_model"] == pytest.approx(8 * sum(sizes.values()) / params, rel=1e-12)
     # fused units share one group of the config; the groups are the planned candidates
