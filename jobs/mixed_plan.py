@@ -33,6 +33,7 @@ class MixedPlanOptions:
     seq_len: int = 512
     seed: int = 0
     estimator: str = "scaled"
+    method: str = "rtn"  # every candidate's (a preset that names its own, FP8, keeps it)
     dtype: str = "auto"
     device: str = "auto"
     allow_pickle: bool = False
@@ -93,7 +94,7 @@ def check_options(opts: MixedPlanOptions) -> None:
     from infer_tool.calib.mixed_candidates import parse_candidates
     from infer_tool.calib.mixed_sensitivity import ESTIMATORS
 
-    parse_candidates(opts.candidates)
+    parse_candidates(opts.candidates, opts.method)
     if not opts.target_bits and opts.max_kld is None:
         raise BadInput("give a budget: --target-bits B[,B...] (average bits per weight) and/or --max-kld X")
     if opts.max_kld is not None and not (math.isfinite(opts.max_kld) and opts.max_kld > 0):
@@ -164,6 +165,7 @@ class Measured:
     candidates: list[Any]
     sensitivity: Any
     seconds: float
+    stats: dict[str, Any] | None = None  # {linear: LayerStats} when a candidate's method reads them (GPTQ)
 
 
 def measure(opts: MixedPlanOptions, progress: Progress | None = None) -> Measured:
@@ -174,7 +176,7 @@ def measure(opts: MixedPlanOptions, progress: Progress | None = None) -> Measure
     from infer_tool.calib.architectures import architecture_for
     from infer_tool.calib.corpora import calibration_batch
     from infer_tool.calib.mixed_candidates import Candidate, parse_candidates
-    from infer_tool.calib.mixed_sensitivity import linear_groups, measure_sensitivity
+    from infer_tool.calib.mixed_sensitivity import collect_stats, linear_groups, measure_sensitivity, needs_stats
     from infer_tool.calib.models import load_model
     from infer_tool.common.device import pick_device
     from infer_tool.jobs.quantize_run import checkpoint_dtype, round_to
@@ -193,14 +195,18 @@ def measure(opts: MixedPlanOptions, progress: Progress | None = None) -> Measure
         round_to(model, getattr(torch, dtype))
     cands = [
         Candidate(c.name, None if c.scheme is None else c.scheme.for_storage(dtype))
-        for c in parse_candidates(opts.candidates)
+        for c in parse_candidates(opts.candidates, opts.method)
     ]
     arch = architecture_for(model.config.model_type, model.config)
     groups = linear_groups(model, arch)
     batch = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     t0 = time.perf_counter()
-    sens = measure_sensitivity(model, arch, groups, cands, batch, seed=opts.seed, progress=progress)
-    return Measured(loaded, arch, dtype, cands, sens, time.perf_counter() - t0)
+    stats = None
+    if needs_stats(cands):  # GPTQ: each linear's H from the fp model on the same windows
+        progress("calibration statistics", 0, 1)
+        stats = collect_stats(model, [n for g in groups for n in g.linears], batch)
+    sens = measure_sensitivity(model, arch, groups, cands, batch, seed=opts.seed, progress=progress, stats=stats)
+    return Measured(loaded, arch, dtype, cands, sens, time.perf_counter() - t0, stats)
 
 
 def report_of(opts: MixedPlanOptions, m: Measured) -> MixedPlanReport:
@@ -232,7 +238,8 @@ def report_of(opts: MixedPlanOptions, m: Measured) -> MixedPlanReport:
             for est in ESTIMATORS
         },
         notes=[
-            "predicted KL: sum over groups of each group's estimated KL increase with only it quantized (RTN), "
+            "predicted KL: sum over groups of each group's estimated KL increase with only it quantized "
+            f"({opts.method}), "
             f"{opts.estimator} Fisher estimate on {sens.tokens} calibration tokens; not measured",
         ],
     )

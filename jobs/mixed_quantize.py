@@ -24,8 +24,6 @@ from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
 from infer_tool.jobs.mixed_plan import MixedPlanOptions
 
-REPORT_METHOD = "rtn"  # every candidate's method (GPTQ per candidate is not built)
-
 
 @dataclass
 class MixedWriteOptions:
@@ -154,11 +152,11 @@ def write_plan(opts: MixedWriteOptions, *, overwrite: bool, progress: Progress |
         if cand.scheme is None:
             continue
         ws = [weight_nk(model.get_submodule(n), arch.conv1d).detach() for n in g.linears]
-        for n, w in zip(g.linears, solved(cand, ws, g.linears)):
+        for n, w in zip(g.linears, solved(cand, ws, g.linears, m.stats)):
             quantized[n], schemes[n] = w, cand.scheme
         progress("quantizing", gi + 1, len(sens.groups))
     seconds["quantize"] = time.perf_counter() - t1
-    dtype_name, cands = m.dtype, m.candidates
+    dtype_name, cands, has_stats = m.dtype, m.candidates, m.stats is not None
     dtype = getattr(torch, dtype_name)
     params = sum(p.numel() for p in model.parameters())
     planned = sum(g.weights for g in sens.groups)
@@ -181,7 +179,7 @@ def write_plan(opts: MixedWriteOptions, *, overwrite: bool, progress: Progress |
         report = MixedQuantizeReport(
             model=opts.plan.model,
             out=str(opts.out),
-            method=REPORT_METHOD,
+            method=opts.plan.method,
             format=f"compressed-tensors {FORMAT_NAME}",
             scheme="mixed: " + ", ".join(f"{k} x{v}" for k, v in row.counts.items() if v),
             dtype=dtype_name,
@@ -201,7 +199,9 @@ def write_plan(opts: MixedWriteOptions, *, overwrite: bool, progress: Progress |
             calibration_tokens=sens.tokens,
             seconds=seconds,
             notes=[
-                f"every candidate rounded with RTN; predicted KL: {opts.plan.estimator} Fisher estimate on "
+                f"every candidate solved by {opts.plan.method} (FP8 by its own RTN)"
+                + ("; GPTQ's Hessians from the fp model's inputs, not layer by layer" if has_stats else "")
+                + f"; predicted KL: {opts.plan.estimator} Fisher estimate on "
                 f"{sens.tokens} calibration tokens, summed over groups (jobs/mixed_plan.py)",
                 "bits: as stored (codes, scales, zero points, shapes); bits_planned over the planned decoder "
                 "linears, bits_model over every parameter of the model (embeddings, norms, lm_head as stored)",

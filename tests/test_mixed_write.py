@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -78,6 +79,7 @@ def mixed_weights(model: Any, plan: dict[str, str]) -> tuple[dict[str, Any], dic
     return quantized, schemes
 
 
+@pytest.mark.slow  # six uniform quantize + write runs of a tiny model
 def test_each_linear_is_what_a_uniform_run_of_its_scheme_writes(tmp_path: Path) -> None:
     from infer_tool.calib.pipeline import quantize_model
 
@@ -151,6 +153,7 @@ def test_suffixes_cover_every_compressed_tensors_codec() -> None:
     assert ct <= set(SUFFIXES)
 
 
+@pytest.mark.slow  # transformers + compressed-tensors load a checkpoint
 def test_transformers_with_compressed_tensors_reads_an_int4_int8_nvfp4_mix(tmp_path: Path) -> None:
     """transformers decompresses the mixed checkpoint with compressed-tensors' own readers, group
     by group; its logits equal a model holding our dequantized weights (bfloat16, the dtype its

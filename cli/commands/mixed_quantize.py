@@ -34,7 +34,7 @@ MIXED_OPTIONS = (
 
 def mixed_options(opts: Any, flags: dict[str, Any], recipe: dict[str, Any]) -> Any:
     """The job's options from `quantize`'s; BadInput for what does not apply."""
-    from infer_tool.calib.mixed_candidates import DEFAULT_CANDIDATES
+    from infer_tool.calib.mixed_candidates import DEFAULT_CANDIDATES, METHODS
     from infer_tool.calib.recipe import flag, preset_option_names
     from infer_tool.common.errors import BadInput
     from infer_tool.jobs.mixed_plan import MixedPlanOptions
@@ -47,10 +47,10 @@ def mixed_options(opts: Any, flags: dict[str, Any], recipe: dict[str, Any]) -> A
             f"{', '.join(wrong)} do{'es' if len(wrong) == 1 else ''} not apply to mixed precision (--target-bits / "
             "--candidates), whose schemes are the --candidates, each RTN: drop them, or quantize with one scheme"
         )
-    if "method" in given and opts.method != "rtn":
+    if "method" in given and opts.method not in METHODS:
         raise BadInput(
-            f"--method {opts.method}: mixed precision rounds every candidate with RTN (GPTQ, AWQ per candidate "
-            "are not built); drop --method or give --method rtn"
+            f"--method {opts.method}: mixed precision solves every candidate with {' or '.join(METHODS)} "
+            "(AWQ, AutoRound per candidate are not built)"
         )
     if opts.model is None:
         raise BadInput("mixed precision needs MODEL (--target-bits / --candidates)")
@@ -75,6 +75,7 @@ def mixed_options(opts: Any, flags: dict[str, Any], recipe: dict[str, Any]) -> A
         num_samples=opts.num_samples if "num_samples" in given else defaults.num_samples,
         seq_len=opts.seq_len,
         seed=opts.seed,
+        method=opts.method if "method" in given else "rtn",
         dtype=opts.dtype,
         device=opts.device or "auto",
         allow_pickle=opts.allow_pickle,

@@ -50,6 +50,10 @@ def quantize_plan(
             "diagonal (biased low); sampled (one-sample full Fisher, noisy)."
         ),
     ] = "scaled",
+    method: Annotated[
+        str,
+        typer.Option(help="The candidates' method: rtn or gptq (Hessians from the fp model; FP8 keeps its own)."),
+    ] = "rtn",
     dtype: Annotated[
         str,
         typer.Option(
@@ -86,6 +90,7 @@ def quantize_plan(
         seq_len=seq_len,
         seed=seed,
         estimator=estimator,
+        method=method,
         dtype=dtype,
         device=device,
         allow_pickle=allow_pickle,
