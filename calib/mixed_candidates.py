@@ -1,5 +1,5 @@
 """`--candidates`: the schemes a mixed-precision plan chooses among, by llm-compressor's preset
-names (`schemes/presets.py`), each rounded with RTN (the method's solver for its format).
+names (`schemes/presets.py`), each solved by one method (RTN, or GPTQ) for its format.
 
 A name is a preset, optionally with `_G<size>` for another group size (`W4A16_G32`), or
 `NONE` (the linear stays unquantized, in the checkpoint dtype). Presets that quantize
@@ -27,7 +27,7 @@ _GROUP = re.compile(r"^(?P<base>[A-Z0-9_]+?)_G(?P<g>[0-9]+)$", re.ASCII)
 
 @dataclass(frozen=True)
 class Candidate:
-    """One choice for a linear group: `name` as the user wrote it (upper case) and its RTN
+    """One choice for a linear group: `name` as the user wrote it (upper case) and its
     scheme (None: unquantized)."""
 
     name: str

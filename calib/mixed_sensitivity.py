@@ -1,6 +1,7 @@
 """The sensitivity pass of a mixed-precision plan: for every linear group and candidate, the
 predicted increase of the KL divergence of the model's next-token distribution from the
-unquantized model's when only that group is quantized with that candidate (RTN).
+unquantized model's when only that group is quantized with that candidate (RTN, or GPTQ with
+each linear's H from the unquantized model's inputs: `collect_stats`).
 
 Groups are the units vLLM requires to share one scheme (`linear_groups`): the shards it fuses
 into one linear (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`: its compressed-tensors
@@ -122,6 +123,8 @@ def solved(
     q = quantizer_for(scheme)
     ws = [w.float() for w in weights]
     if not q.needs(scheme).data_free:
+        if q.shares_fused(scheme):  # refused by jobs/mixed_plan.check_options before any work
+            raise ValueError(f"{candidate.name} ({scheme.method}): fused shards sharing a scale need the pipeline")
         if stats is None:
             raise ValueError(f"{candidate.name} ({scheme.method}) needs calibration statistics")
         return [q.solve(w, stats[n], scheme, n) for w, n in zip(ws, names)]

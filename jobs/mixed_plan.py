@@ -93,8 +93,15 @@ def check_options(opts: MixedPlanOptions) -> None:
     from infer_tool.calib.mixed_bits import DTYPE_BYTES
     from infer_tool.calib.mixed_candidates import parse_candidates
     from infer_tool.calib.mixed_sensitivity import ESTIMATORS
+    from infer_tool.calib.quantizers import quantizer_for
 
-    parse_candidates(opts.candidates, opts.method)
+    for c in parse_candidates(opts.candidates, opts.method):
+        q = None if c.scheme is None else quantizer_for(c.scheme)
+        if q is not None and not q.needs(c.scheme).data_free and q.shares_fused(c.scheme):
+            raise BadInput(
+                f"--candidates {c.name} with --method {opts.method}: the shards of a fused linear share one global "
+                "scale, which the per-linear solve here does not fit; use --method rtn for it"
+            )
     if not opts.target_bits and opts.max_kld is None:
         raise BadInput("give a budget: --target-bits B[,B...] (average bits per weight) and/or --max-kld X")
     if opts.max_kld is not None and not (math.isfinite(opts.max_kld) and opts.max_kld > 0):

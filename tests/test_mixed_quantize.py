@@ -209,6 +209,7 @@ def test_quantize_plan_out_writes_one_budget(files: tuple[Path, Path], tmp_path:
         (["--candidates", "W4A16_G32,FP8", "--max-kld", "0.1"], "--max-kld needs --eval"),
         (["--target-bits", "5", "--candidates", "W4A16,INT3"], "--candidates 'INT3' is not a preset"),
         (["--target-bits", "-1"], "--target-bits -1: expected a positive number"),
+        (["--target-bits", "5", "--candidates", "NVFP4A16,FP8", "--method", "gptq"], "share one global scale"),
     ],
 )
 def test_refusals_are_one_line_exit_2_and_write_nothing(
