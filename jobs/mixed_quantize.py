@@ -4,11 +4,12 @@
 One sensitivity pass and one budget (`jobs/mixed_plan.py`), then every planned linear solved
 by its candidate's solver (`calib.mixed_sensitivity.solved`: for RTN the weight a uniform run of
 that scheme writes; for GPTQ with the fp model's statistics), written by
-`packers/mixed_precision.write_mixed` (one config group per scheme). With `eval`, the written checkpoint's KL divergence from the source model is
-measured as `eval kld` measures it (`jobs/eval_kld.evaluate`, the checkpoint loaded back from
-disk), and `max_kld_gate` says whether it held. The report (quantize_report.json in the
-checkpoint, rewritten once the KL is measured) lists every linear's scheme, stored bits and
-predicted KL, and the bits of the whole model as stored.
+`packers/mixed_precision.write_mixed` (one config group per scheme). With `eval`, the written
+checkpoint's KL divergence from the source model is measured as `eval kld` measures it
+(`jobs/eval_kld.evaluate`, the checkpoint loaded back from disk), and `max_kld_gate` says
+whether it held. The report (quantize_report.json in the checkpoint, rewritten once the KL is
+measured) lists every linear's scheme, stored bits and predicted KL, and the bits of the whole
+model as stored.
 """
 
 from __future__ import annotations
