@@ -96,7 +96,13 @@ def quantization_config(schemes: Mapping[str, Any], ignore: Sequence[str]) -> di
 
 def _sub_config(quant_config: Mapping[str, Any], group: Mapping[str, Any]) -> dict[str, Any]:
     """A one-group config as that group's codec alone would have written it."""
-    return {**quant_config, "format": group.get("format") or FORMAT_NAME, "config_groups": {"group_0": dict(group)}}
+    fmt = group.get("format")
+    if not fmt or fmt == FORMAT_NAME:
+        raise BadInput(
+            f"a config group of this mixed-precision checkpoint has format {fmt!r}; each group needs its own "
+            "(pack-quantized, float-quantized, nvfp4-pack-quantized, ...)"
+        )
+    return {**quant_config, "format": fmt, "config_groups": {"group_0": dict(group)}}
 
 
 def _targeted(targets: Sequence[str], name: str) -> bool:

@@ -185,3 +185,16 @@ def test_transformers_with_compressed_tensors_reads_an_int4_int8_nvfp4_mix(tmp_p
         c = model(ids).logits.float()
     assert float((a - b).abs().max()) <= 1e-2 * float(b.abs().max())
     assert float((a - c).abs().max()) > 3e-2 * float(c.abs().max())  # and the weights were quantized
+
+
+def test_a_group_without_its_format_is_refused_naming_it(tmp_path: Path) -> None:
+    from infer_tool.common.errors import BadInput
+
+    model = tiny_bf16()
+    quantized, schemes = mixed_weights(model, PLAN)
+    out = write_mixed(model, quantized, schemes, tmp_path / "mixed", dtype=torch.bfloat16)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]["config_groups"]["group_0"]["format"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BadInput, match="has format None; each group needs its own"):
+        read_checkpoint(out)
