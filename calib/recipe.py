@@ -358,7 +358,8 @@ class QuantizeOptions:
     )
     candidates: str | None = option(
         None,
-        "Mixed precision: the schemes to choose among, by preset name, each RTN: W4A16, W4A16_G32 "
+        "Mixed precision: the schemes to choose among, by preset name, each solved by --method rtn (default) "
+        "or gptq: W4A16, W4A16_G32 "
         "(_G<n>: group size), W8A16, FP8, NVFP4A16, MXFP4A16, NONE (default W4A16,W8A16,FP8). Alone with "
         "--max-kld X --eval CORPUS: the smallest plan predicted under X, measured and gated.",
         str,
