@@ -47,7 +47,14 @@ def _written_bytes(scheme: Any, n: int, k: int, dtype: str) -> int:
     w = torch.linspace(-1.0, 1.0, n * k, dtype=torch.float32).reshape(n, k)  # a stand-in: sizes only
     quantizer = quantizer_for(stored)
     shared = quantizer.fused_share([w], stored) if quantizer.shares_fused(stored) else None
-    tensors = fmt.tensors("linear", quantizer.solve_data_free(w, stored, "linear", shared), getattr(torch, dtype))
+    if quantizer.needs(stored).data_free:
+        solved = quantizer.solve_data_free(w, stored, "linear", shared)
+    else:  # a method reading statistics (GPTQ): stand-in statistics, the sizes are the format's
+        from infer_tool.calib.stats import LayerStats
+
+        ones = torch.ones(k)
+        solved = quantizer.solve(w, LayerStats(2 * torch.eye(k), ones, 1.0, n, ones), stored, "linear")
+    tensors = fmt.tensors("linear", solved, getattr(torch, dtype))
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 

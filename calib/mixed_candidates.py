@@ -1,5 +1,5 @@
 """`--candidates`: the schemes a mixed-precision plan chooses among, by llm-compressor's preset
-names (`schemes/presets.py`), each rounded with RTN (the method's solver for its format).
+names (`schemes/presets.py`), each solved by one method (RTN, or GPTQ) for its format.
 
 A name is a preset, optionally with `_G<size>` for another group size (`W4A16_G32`), or
 `NONE` (the linear stays unquantized, in the checkpoint dtype). Presets that quantize
@@ -27,7 +27,7 @@ _GROUP = re.compile(r"^(?P<base>[A-Z0-9_]+?)_G(?P<g>[0-9]+)$", re.ASCII)
 
 @dataclass(frozen=True)
 class Candidate:
-    """One choice for a linear group: `name` as the user wrote it (upper case) and its RTN
+    """One choice for a linear group: `name` as the user wrote it (upper case) and its
     scheme (None: unquantized)."""
 
     name: str
@@ -37,8 +37,12 @@ class Candidate:
         return "unquantized" if self.scheme is None else self.scheme.describe()
 
 
-def parse_candidate(text: str) -> Candidate:
-    """The candidate `text` names; BadInput naming it and what is accepted."""
+METHODS = ("rtn", "gptq")  # the candidates' method: one for every candidate whose format takes it
+
+
+def parse_candidate(text: str, method: str = "rtn") -> Candidate:
+    """The candidate `text` names, solved by `method` (a preset that names its own method, FP8,
+    keeps it); BadInput naming it and what is accepted."""
     from infer_tool.schemes.presets import BY_NAME, get_preset
     from infer_tool.schemes.registry import make_scheme
 
@@ -68,17 +72,19 @@ def parse_candidate(text: str) -> Candidate:
         if "group_size" not in options:
             raise BadInput(f"--candidates {text!r}: {preset.name} has no group size to change")
         options["group_size"] = group
-    return Candidate(name, make_scheme("rtn" if preset.method is None else preset.method, **options))
+    if method not in METHODS:
+        raise BadInput(f"--method {method!r}: the candidates' method is one of {', '.join(METHODS)}")
+    return Candidate(name, make_scheme(method if preset.method is None else preset.method, **options))
 
 
-def parse_candidates(text: str) -> list[Candidate]:
+def parse_candidates(text: str, method: str = "rtn") -> list[Candidate]:
     """A comma-separated list of candidate names, in order, without repeats; at least one."""
     names = [t for t in (p.strip() for p in text.split(",")) if t]
     if not names:
         raise BadInput(f"--candidates {text!r} names no scheme; e.g. {','.join(DEFAULT_CANDIDATES)}")
     found: dict[str, Candidate] = {}
     for t in names:
-        c = parse_candidate(t)
+        c = parse_candidate(t, method)
         if c.name in found:
             raise BadInput(f"--candidates names {c.name} twice")
         found[c.name] = c

@@ -1,6 +1,7 @@
 """The sensitivity pass of a mixed-precision plan: for every linear group and candidate, the
 predicted increase of the KL divergence of the model's next-token distribution from the
-unquantized model's when only that group is quantized with that candidate (RTN).
+unquantized model's when only that group is quantized with that candidate (RTN, or GPTQ with
+each linear's H from the unquantized model's inputs: `collect_stats`).
 
 Groups are the units vLLM requires to share one scheme (`linear_groups`): the shards it fuses
 into one linear (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`: its compressed-tensors
@@ -40,6 +41,7 @@ from torch import nn
 from infer_tool.calib.architectures import Architecture, get_submodule
 from infer_tool.calib.layers import set_weight_nk, weight_nk
 from infer_tool.calib.mixed_candidates import Candidate
+from infer_tool.calib.stats import LayerStats
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
 
@@ -105,18 +107,69 @@ def fits(candidate: Candidate, group: LinearGroup) -> bool:
     return True
 
 
-def dequantized(candidate: Candidate, weights: Sequence[torch.Tensor], names: Sequence[str]) -> list[torch.Tensor]:
-    """The group's weights (each (N_i, K)) as the candidate's RTN solver leaves them, float32.
-    FP4 shards share one global scale, as vLLM keeps one per fused linear."""
-    if candidate.scheme is None:
-        return [w.float() for w in weights]
+def solved(
+    candidate: Candidate,
+    weights: Sequence[torch.Tensor],
+    names: Sequence[str],
+    stats: Mapping[str, LayerStats] | None = None,
+) -> list[Any]:
+    """The group's weights (each (N_i, K)) solved by the candidate's solver: the weight objects
+    its codec writes (for RTN, what a uniform run of the scheme writes for these linears). FP4
+    shards share one global scale, as vLLM keeps one per fused linear. A solver that reads
+    statistics (GPTQ) gets each linear's `stats` (`collect_stats`: the fp model's inputs)."""
     from infer_tool.calib.quantizers import quantizer_for
 
     scheme = candidate.scheme
     q = quantizer_for(scheme)
     ws = [w.float() for w in weights]
+    if not q.needs(scheme).data_free:
+        if q.shares_fused(scheme):  # refused by jobs/mixed_plan.check_options before any work
+            raise ValueError(f"{candidate.name} ({scheme.method}): fused shards sharing a scale need the pipeline")
+        if stats is None:
+            raise ValueError(f"{candidate.name} ({scheme.method}) needs calibration statistics")
+        return [q.solve(w, stats[n], scheme, n) for w, n in zip(ws, names)]
     shared = q.fused_share(ws, scheme) if q.shares_fused(scheme) else None  # NVFP4: one global scale
-    return [q.solve_data_free(w, scheme, n, shared).dequantize(torch.float32) for w, n in zip(ws, names)]
+    return [q.solve_data_free(w, scheme, n, shared) for w, n in zip(ws, names)]
+
+
+def dequantized(
+    candidate: Candidate,
+    weights: Sequence[torch.Tensor],
+    names: Sequence[str],
+    stats: Mapping[str, LayerStats] | None = None,
+) -> list[torch.Tensor]:
+    """The group's weights (each (N_i, K)) as the candidate's solver leaves them, float32."""
+    if candidate.scheme is None:
+        return [w.float() for w in weights]
+    return [w.dequantize(torch.float32) for w in solved(candidate, weights, names, stats)]
+
+
+def needs_stats(candidates: Sequence[Candidate]) -> bool:
+    """Whether a candidate's solver reads calibration statistics (GPTQ's Hessian)."""
+    from infer_tool.calib.quantizers import quantizer_for
+
+    return any(c.scheme is not None and not quantizer_for(c.scheme).needs(c.scheme).data_free for c in candidates)
+
+
+@torch.no_grad()
+def collect_stats(model: nn.Module, names: Sequence[str], batch: torch.Tensor) -> dict[str, LayerStats]:
+    """{linear: statistics of its input (H = 2XXᵀ/T, ...)} over `batch` (B, T) run through the
+    unquantized model (not layer by layer after quantized ones, as a uniform run's pipeline does:
+    the statistics `calibrate` saves)."""
+    from infer_tool.calib.stats import StatsAccumulator
+
+    acc = {n: StatsAccumulator(model.get_submodule(n).in_features) for n in names}
+    handles = [
+        model.get_submodule(n).register_forward_hook(lambda m, args, out, n=n: acc[n].add(args[0])) for n in names
+    ]
+    device = next(model.parameters()).device
+    try:
+        for s in range(batch.shape[0]):
+            model(batch[s : s + 1].to(device), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: a.result() for n, a in acc.items()}
 
 
 def plan_weights(
@@ -206,6 +259,7 @@ def measure_sensitivity(
     *,
     seed: int = 0,
     progress: Progress | None = None,
+    stats: Mapping[str, LayerStats] | None = None,
 ) -> Sensitivity:
     """Both estimates (module docstring) over `batch` (B, T) token windows, one sequence at a
     time; the model is left as it was (weights, requires_grad)."""
@@ -221,7 +275,9 @@ def measure_sensitivity(
         ws = [weight_nk(model.get_submodule(n), arch.conv1d).detach().float() for n in g.linears]
         for ci, c in enumerate(candidates):
             if ok[gi][ci] and c.scheme is not None:
-                delta[gi, ci] = [(w_hat - w).to(torch.bfloat16) for w_hat, w in zip(dequantized(c, ws, g.linears), ws)]
+                delta[gi, ci] = [
+                    (w_hat - w).to(torch.bfloat16) for w_hat, w in zip(dequantized(c, ws, g.linears, stats), ws)
+                ]
         progress("quantizing candidates", gi + 1, G)
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters()]

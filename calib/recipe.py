@@ -218,6 +218,22 @@ class RunOptions:
         bool,
         flag="--default-ignore/--no-default-ignore",
     )
+    # ---- quantize --target-bits / --candidates (jobs/mixed_quantize.py): mixed precision, one block
+    target_bits: float | None = option(
+        None,
+        "Mixed precision: the average stored bits per weight of the decoder linears (scales and zero points "
+        "counted); each fused unit gets the --candidates scheme that keeps the predicted KL least "
+        "(`quantize-plan` prints the table first). With --max-kld (and --eval): the measured gate.",
+        float,
+    )
+    candidates: str | None = option(
+        None,
+        "Mixed precision: the schemes to choose among, by preset name, each solved by --method rtn (default) "
+        "or gptq: W4A16, W4A16_G32 "
+        "(_G<n>: group size), W8A16, FP8, NVFP4A16, MXFP4A16, NONE (default W4A16,W8A16,FP8). Alone with "
+        "--max-kld X --eval CORPUS: the smallest plan predicted under X, measured and gated.",
+        str,
+    )
 
 
 def _scheme_option(d: Declared) -> tuple[str, Any, dataclasses.Field]:

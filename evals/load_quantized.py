@@ -88,6 +88,12 @@ def load_quantized(
                 f"AMX) and W8A8 ones; {directory} has {', '.join(bad)} weights"
             )
     kernels: set[str] = set()
+    from dataclasses import replace
+
+    from infer_tool.packers.mixed_precision import activations_by_linear
+
+    # a mixed-precision checkpoint's groups differ in whether they quantize activations
+    acts = activations_by_linear(config["quantization_config"], sorted(layers))
     hf_config = AutoConfig.from_pretrained(directory, local_files_only=True)
     if hasattr(hf_config, "quantization_config"):
         del hf_config.quantization_config
@@ -109,7 +115,8 @@ def load_quantized(
             ) from None
         bias = rest.pop(f"{name}.bias", None)
         bias = bias.to(dtype) if bias is not None else None
-        module = w.to_linear(bias, dtype, deploy, f"{directory}: layer {name}")
+        layer_deploy = replace(deploy, quantized_activations=acts.get(name, deploy.quantized_activations))
+        module = w.to_linear(bias, dtype, layer_deploy, f"{directory}: layer {name}")
         if (module.in_features, module.out_features) != (linear.in_features, linear.out_features):
             raise BadInput(f"{directory}: layer {name} shape does not match the model config")
         _set_module(model, name, module)

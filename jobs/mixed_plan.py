@@ -33,6 +33,7 @@ class MixedPlanOptions:
     seq_len: int = 512
     seed: int = 0
     estimator: str = "scaled"
+    method: str = "rtn"  # every candidate's (a preset that names its own, FP8, keeps it)
     dtype: str = "auto"
     device: str = "auto"
     allow_pickle: bool = False
@@ -92,8 +93,15 @@ def check_options(opts: MixedPlanOptions) -> None:
     from infer_tool.calib.mixed_bits import DTYPE_BYTES
     from infer_tool.calib.mixed_candidates import parse_candidates
     from infer_tool.calib.mixed_sensitivity import ESTIMATORS
+    from infer_tool.calib.quantizers import quantizer_for
 
-    parse_candidates(opts.candidates)
+    for c in parse_candidates(opts.candidates, opts.method):
+        q = None if c.scheme is None else quantizer_for(c.scheme)
+        if q is not None and not q.needs(c.scheme).data_free and q.shares_fused(c.scheme):
+            raise BadInput(
+                f"--candidates {c.name} with --method {opts.method}: the shards of a fused linear share one global "
+                "scale, which the per-linear solve here does not fit; use --method rtn for it"
+            )
     if not opts.target_bits and opts.max_kld is None:
         raise BadInput("give a budget: --target-bits B[,B...] (average bits per weight) and/or --max-kld X")
     if opts.max_kld is not None and not (math.isfinite(opts.max_kld) and opts.max_kld > 0):
@@ -153,15 +161,29 @@ def plan_rows(
     return rows, uniform
 
 
-def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> MixedPlanReport:
-    """Load the model (weights rounded to its checkpoint dtype), measure the sensitivity on
-    `num_samples` x `seq_len` calibration tokens, and plan each budget."""
+@dataclass
+class Measured:
+    """What one sensitivity pass leaves: the loaded model (weights rounded to `dtype`), its
+    architecture, groups, candidates (schemes `for_storage(dtype)`) and the sensitivity."""
+
+    loaded: Any
+    arch: Any
+    dtype: str
+    candidates: list[Any]
+    sensitivity: Any
+    seconds: float
+    stats: dict[str, Any] | None = None  # {linear: LayerStats} when a candidate's method reads them (GPTQ)
+
+
+def measure(opts: MixedPlanOptions, progress: Progress | None = None) -> Measured:
+    """Load the model (weights rounded to its checkpoint dtype) and measure the sensitivity on
+    `num_samples` x `seq_len` calibration tokens."""
     import torch
 
     from infer_tool.calib.architectures import architecture_for
     from infer_tool.calib.corpora import calibration_batch
     from infer_tool.calib.mixed_candidates import Candidate, parse_candidates
-    from infer_tool.calib.mixed_sensitivity import ESTIMATORS, linear_groups, measure_sensitivity
+    from infer_tool.calib.mixed_sensitivity import collect_stats, linear_groups, measure_sensitivity, needs_stats
     from infer_tool.calib.models import load_model
     from infer_tool.common.device import pick_device
     from infer_tool.jobs.quantize_run import checkpoint_dtype, round_to
@@ -180,17 +202,29 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
         round_to(model, getattr(torch, dtype))
     cands = [
         Candidate(c.name, None if c.scheme is None else c.scheme.for_storage(dtype))
-        for c in parse_candidates(opts.candidates)
+        for c in parse_candidates(opts.candidates, opts.method)
     ]
     arch = architecture_for(model.config.model_type, model.config)
     groups = linear_groups(model, arch)
     batch = calibration_batch(loaded.tokenizer, opts.calib, opts.num_samples, opts.seq_len, opts.seed)
     t0 = time.perf_counter()
-    sens = measure_sensitivity(model, arch, groups, cands, batch, seed=opts.seed, progress=progress)
-    rows, uniform = plan_rows(sens, dtype, opts.estimator, opts.target_bits, opts.max_kld)
+    stats = None
+    if needs_stats(cands):  # GPTQ: each linear's H from the fp model on the same windows
+        progress("calibration statistics", 0, 1)
+        stats = collect_stats(model, [n for g in groups for n in g.linears], batch)
+    sens = measure_sensitivity(model, arch, groups, cands, batch, seed=opts.seed, progress=progress, stats=stats)
+    return Measured(loaded, arch, dtype, cands, sens, time.perf_counter() - t0, stats)
+
+
+def report_of(opts: MixedPlanOptions, m: Measured) -> MixedPlanReport:
+    """The plans for each budget of `opts` from one measurement."""
+    from infer_tool.calib.mixed_sensitivity import ESTIMATORS
+
+    sens, cands, groups = m.sensitivity, m.candidates, m.sensitivity.groups
+    rows, uniform = plan_rows(sens, m.dtype, opts.estimator, opts.target_bits, opts.max_kld)
     return MixedPlanReport(
         model=opts.model,
-        dtype=dtype,
+        dtype=m.dtype,
         estimator=opts.estimator,
         candidates=[
             {
@@ -203,7 +237,7 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
         weights=sum(g.weights for g in groups),
         linear_groups=len(groups),
         calibration_tokens=sens.tokens,
-        sensitivity_seconds=time.perf_counter() - t0,
+        sensitivity_seconds=m.seconds,
         uniform=uniform,
         plans=rows,
         group_costs={
@@ -211,7 +245,13 @@ def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> Mixe
             for est in ESTIMATORS
         },
         notes=[
-            "predicted KL: sum over groups of each group's estimated KL increase with only it quantized (RTN), "
+            "predicted KL: sum over groups of each group's estimated KL increase with only it quantized "
+            f"({opts.method}), "
             f"{opts.estimator} Fisher estimate on {sens.tokens} calibration tokens; not measured",
         ],
     )
+
+
+def plan_mixed(opts: MixedPlanOptions, progress: Progress | None = None) -> MixedPlanReport:
+    """Load the model, measure the sensitivity, and plan each budget (`measure`, `report_of`)."""
+    return report_of(opts, measure(opts, progress))

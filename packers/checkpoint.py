@@ -127,7 +127,9 @@ def _builtin() -> dict[tuple[str, str], str]:
     """{(`--format` name, kind): "module:attribute"}: the codecs every number format declares."""
     from infer_tool.formats.registry import all_formats
 
-    return {key: spec for f in all_formats() for key, spec in f.codecs.items()}
+    found = {key: spec for f in all_formats() for key, spec in f.codecs.items()}
+    found[("compressed-tensors", "mixed")] = "infer_tool.packers.mixed_precision:FORMAT"  # several formats' groups
+    return found
 
 
 def _load(spec: str) -> CheckpointFormat:

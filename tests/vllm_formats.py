@@ -170,6 +170,7 @@ W8A16_NONE = (f"choose_mp_linear_kernel: {' '.join(W8A16_CPU.split())}",)
 # engines survives that. Without down_proj the two formulas are 0.18% apart.
 NO_DOWN_PROJ = ("--ignore", "*.down_proj")
 W8A8 = ("--scheme", "W8A8", "--method", "rtn", *NO_DOWN_PROJ)
+MIXED = ("--target-bits", "4.5", "--dtype", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -410,6 +411,25 @@ ROWS = (
         ("--scheme", "W8A16", "--method", "rtn", "--group-size", "64"),  # the demo's K = 576: no group 128
         refusal=W8A16_CPU,  # no 8-bit WNA16 kernel in the CPU build, either class
         kernels=W8A16_NONE,
+    ),
+    # Mixed precision (issue 62): one checkpoint, one config group per scheme, each with its own
+    # format. The plan comes from a sensitivity pass on CALIB's 128 tokens, at 4.5 stored bits (bf16
+    # scales: W4A16 g64 alone is 4.25): mostly INT4, the most sensitive units 8-bit.
+    Row(
+        "mixed-int4-int8",
+        "compressed-tensors mixed-precision, W4A16 + W8A16 (group 64), 4.5 bits",
+        (*MIXED, "--candidates", "W4A16_G64,W8A16_G64"),
+        refusal=W8A16_CPU,  # the W8A16 group: no 8-bit WNA16 kernel in the CPU build, either class
+        kernels=tuple(sorted(WNA16 + W8A16_NONE)),  # INT4 layers are built before the first 8-bit one
+    ),
+    Row(
+        "mixed-int4-fp8",
+        "compressed-tensors mixed-precision, W4A16 (group 64) + FP8 per channel dynamic, 4.5 bits",
+        (*MIXED, "--candidates", "W4A16_G64,FP8"),
+        kernels=tuple(sorted(WNA16 + FP8_TORCH)),
+        torch_scaled_mm=True,
+        avx2_refusal=NO_WNA16_AVX2,
+        avx2_refusal_stage="score",
     ),
 )
 

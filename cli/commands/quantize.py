@@ -95,6 +95,11 @@ def _quantize_command() -> Any:
 
             run_model_free(opts, flags, from_recipe, overwrite=overwrite, json_=json_, no_progress=no_progress)
             return
+        if opts.target_bits is not None or opts.candidates is not None:  # jobs/mixed_quantize.py: mixed precision
+            from infer_tool.cli.commands.mixed_quantize import run_mixed
+
+            run_mixed(opts, flags, from_recipe, overwrite=overwrite, json_=json_, no_progress=no_progress)
+            return
         if not opts.default_ignore:
             from infer_tool.common.errors import BadInput
 

@@ -1,7 +1,7 @@
 """`infer-tool quantize-plan`: a dry run of mixed precision. One sensitivity pass over the
 candidates, then the Pareto table of stored bits against predicted KL divergence for each
-budget, with which linear groups get which scheme; no checkpoint is written
-(`jobs/mixed_plan.py`)."""
+budget, with which linear groups get which scheme (`jobs/mixed_plan.py`); with `--out`, the
+plan of one budget written as a mixed-precision checkpoint (`jobs/mixed_quantize.py`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from infer_tool.cli.options import AllowPickle, Device, TrustRemoteCode
+from infer_tool.cli.options import AllowPickle, Device, Overwrite, TrustRemoteCode
 from infer_tool.cli.output import cli_command, emit_json, err, out, progress_bar, quiet_libraries
 
 
@@ -50,6 +50,10 @@ def quantize_plan(
             "diagonal (biased low); sampled (one-sample full Fisher, noisy)."
         ),
     ] = "scaled",
+    method: Annotated[
+        str,
+        typer.Option(help="The candidates' method: rtn or gptq (Hessians from the fp model; FP8 keeps its own)."),
+    ] = "rtn",
     dtype: Annotated[
         str,
         typer.Option(
@@ -60,10 +64,20 @@ def quantize_plan(
     device: Device = "auto",
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemoteCode = False,
+    out_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--out",
+            help="Write the plan of the one budget given as a mixed-precision checkpoint here (one config group "
+            "per scheme); several budgets are refused. `quantize --target-bits` also measures its KL.",
+        ),
+    ] = None,
+    overwrite: Overwrite = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No progress bars on stderr.")] = False,
 ) -> None:
-    """Plan mixed precision under bit budgets (a dry run: prints the Pareto table, writes nothing)."""
+    """Plan mixed precision under bit budgets: prints the Pareto table (a dry run), or with --out
+    writes the plan of one budget as a checkpoint."""
     from infer_tool.jobs.mixed_plan import MixedPlanOptions, check_options, parse_target_bits, plan_mixed
 
     opts = MixedPlanOptions(
@@ -76,12 +90,16 @@ def quantize_plan(
         seq_len=seq_len,
         seed=seed,
         estimator=estimator,
+        method=method,
         dtype=dtype,
         device=device,
         allow_pickle=allow_pickle,
         trust_remote_code=trust_remote_code,
     )
     check_options(opts)
+    if out_dir is not None:
+        _write(opts, out_dir, overwrite=overwrite, json_=json_, no_progress=no_progress)
+        return
     quiet_libraries()
     with progress_bar(not no_progress) as bar:
         report = plan_mixed(opts, progress=bar)
@@ -89,6 +107,25 @@ def quantize_plan(
         emit_json(report)
         return
     _print(report.to_dict())
+
+
+def _write(opts: Any, out_dir: str, *, overwrite: bool, json_: bool, no_progress: bool) -> None:
+    """--out: the plan of one budget written (jobs/mixed_quantize.py), its KL not measured."""
+    from infer_tool.cli.commands.mixed_quantize import finish
+    from infer_tool.common.errors import BadInput
+    from infer_tool.jobs.mixed_quantize import MixedWriteOptions, check, write_plan
+
+    if len(opts.target_bits) + (opts.max_kld is not None) != 1:
+        raise BadInput(
+            "--out writes one checkpoint: give one budget (--target-bits B or --max-kld X); without --out the "
+            "table shows several"
+        )
+    wo = MixedWriteOptions(plan=opts, out=out_dir)
+    check(wo, overwrite)
+    quiet_libraries()
+    with progress_bar(not no_progress) as bar:
+        report = write_plan(wo, overwrite=overwrite, progress=bar)
+    finish(report, json_)
 
 
 def _print(report: dict[str, Any]) -> None:
