@@ -597,6 +597,8 @@ def _outputs(unit: Unit, codec: Any, shape: list[int]) -> list[tuple[str, int]]:
 def _write_shard(
     work: Path, shard: str, units: list[Unit], *, reader: Reader, codec: Any, scales: Any, src: Source
 ) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     from infer_tool.packers.safetensors_sequential import SequentialWriter, reserve
@@ -606,13 +608,26 @@ def _write_shard(
     tmp = work / f"{shard}.tmp"
     writer = SequentialWriter(tmp, reserve(entries, METADATA), METADATA)
     done: set[str] = set()
+
+    def write(tensors: list[tuple[str, Any]]) -> None:
+        for k, t in tensors:
+            writer.add(k, t)
+
+    # The next unit is read and the previous one written while this one is quantized (file I/O
+    # and torch release the GIL): one tensor in flight each way, in order, so the bytes are the
+    # same as one after the other.
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-free-io")
     try:
-        for u in units:
-            w = scales.take(u.name)
-            if w is None:
-                w = reader.weight(u.name)
+        ahead = pool.submit(reader.weight, units[0].name) if units else None
+        behind = None
+        for i, u in enumerate(units):
+            w = ahead.result()
+            held = scales.take(u.name)  # read already for a fused group's global scale
+            if held is not None:
+                w = held
+            ahead = pool.submit(reader.weight, units[i + 1].name) if i + 1 < len(units) else None
             if not u.quantize:
-                writer.add(u.name, w)
+                out = {u.name: w}
             else:
                 module = module_of(u.name)
                 if w.dim() == 2:
@@ -622,15 +637,21 @@ def _write_shard(
                         codec.quantize(module, w[e], scales.of(module, w, e, shard, done)) for e in range(w.shape[0])
                     ]
                     out = {k: torch.stack([p[k] for p in per]) for k in per[0]}
-                for k in sorted(out):
-                    writer.add(k, out[k])
+            if behind is not None:
+                behind.result()
+            behind = pool.submit(write, [(k, out[k]) for k in sorted(out)])
             done.add(u.name)
-            del w
+            del w, out
+        if behind is not None:
+            behind.result()
         writer.close()
     except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
         writer.abort()
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        pool.shutdown(wait=True)
     tmp.rename(work / shard)
 
 

@@ -26,6 +26,7 @@ from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.fp8 import Fp8Scheme
 
 FORMAT_NAME = "compressed-tensors"
+EXACT_IN_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # What a quantizer's `Needs` reads from calibration text, in a refusal's words.
@@ -85,7 +86,11 @@ class TensorCodec:
 
     def global_scale(self, weights: Sequence[torch.Tensor]) -> Any:
         """What the fused shards `weights` (each (N_i, K)) share (NVFP4's global scale); else None."""
-        return self.quantizer.fused_share([w.float() for w in weights], self.scheme)
+        # bfloat16 / float16 / float32 convert to float32 exactly: the quantizer's own cast of them
+        # (to its amax dtype) gives what it gives from float32, without a float32 copy first.
+        return self.quantizer.fused_share(
+            [w if w.dtype in EXACT_IN_FLOAT32 else w.float() for w in weights], self.scheme
+        )
 
     def quantize(self, module: str, weight: torch.Tensor, global_scale: Any = None) -> dict:
         """{tensor name: tensor} of the quantized linear `module` from its weight (N, K)."""
