@@ -295,6 +295,9 @@ class GlobalScales:
     def take(self, name: str) -> Any | None:
         return self.held.pop(name, None)
 
+    def holds(self, name: str) -> bool:
+        return name in self.held
+
 
 # ---------------------------------------------------------------- the run
 
@@ -621,22 +624,22 @@ def _write_shard(
         ahead = pool.submit(reader.weight, units[0].name) if units else None
         behind = None
         for i, u in enumerate(units):
-            w = ahead.result()
-            held = scales.take(u.name)  # read already for a fused group's global scale
-            if held is not None:
-                w = held
-            ahead = pool.submit(reader.weight, units[i + 1].name) if i + 1 < len(units) else None
+            w = scales.take(u.name)  # read already for a fused group's global scale
+            if w is None:
+                w = ahead.result()
+            module = module_of(u.name)
+            if u.quantize:  # global scales first: they may read (and hold) later members of this shard
+                experts = [None] if w.dim() == 2 else list(range(w.shape[0]))
+                shared = [scales.of(module, w, e, shard, done) for e in experts]
+            nxt = units[i + 1].name if i + 1 < len(units) else None
+            ahead = pool.submit(reader.weight, nxt) if nxt is not None and not scales.holds(nxt) else None
             if not u.quantize:
                 out = {u.name: w}
-            else:
-                module = module_of(u.name)
-                if w.dim() == 2:
-                    out = codec.quantize(module, w, scales.of(module, w, None, shard, done))
-                else:  # (E, N, K): expert by expert, stacked
-                    per = [
-                        codec.quantize(module, w[e], scales.of(module, w, e, shard, done)) for e in range(w.shape[0])
-                    ]
-                    out = {k: torch.stack([p[k] for p in per]) for k in per[0]}
+            elif w.dim() == 2:
+                out = codec.quantize(module, w, shared[0])
+            else:  # (E, N, K): expert by expert, stacked
+                per = [codec.quantize(module, w[e], shared[e]) for e in experts]
+                out = {k: torch.stack([p[k] for p in per]) for k in per[0]}
             if behind is not None:
                 behind.result()
             behind = pool.submit(write, [(k, out[k]) for k in sorted(out)])
