@@ -102,7 +102,7 @@ def carried_divisor(multiplier: torch.Tensor, block_scales: torch.Tensor) -> tup
         rank = (recip and div, recip, div)
         if best is None or rank > best[0]:
             best = (rank, g)
-    (both, recip, div), g = best
+    (_, recip, div), g = best
     return g.reshape(1).clone(), recip, div
 
 
@@ -132,6 +132,8 @@ def read_layers(tensors: Mapping[str, torch.Tensor], quant_config: Mapping[str, 
             raise BadInput(
                 f"{name}: ModelOpt NVFP4 needs a uint8 {name}.weight and a float8_e4m3fn {name}.weight_scale"
             )
+        if packed.dim() != 2:
+            raise BadInput(f"{name}: a {packed.dim()}-D ModelOpt weight {tuple(packed.shape)}; linears (2-D) are read")
         n, half = packed.shape
         if tuple(scale.shape) != (n, 2 * half // GROUP) or (2 * half) % GROUP:
             raise BadInput(f"{name}: weight_scale {tuple(scale.shape)} does not cover a weight {n}x{2 * half} by 16")

@@ -260,3 +260,28 @@ def test_converted_modelopt_loads_in_transformers(tmp_path: Path) -> None:
     with torch.no_grad():
         a, b = hf(input_ids=ids).logits.float(), want(input_ids=ids).logits.float()
     assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max()) + 1e-6
+
+
+def test_modelopt_refusals_name_why(tmp_path: Path) -> None:
+    """Another quant_algo, another group size and a zero weight_scale_2: exit 2 naming the value, nothing written."""
+    from safetensors.torch import load_file
+
+    src, _ = _modelopt(tmp_path, w4a4=False, legacy=False)
+    config = json.loads((src / "config.json").read_text())
+    for change, words in (
+        ({"quant_algo": "FP8"}, "'FP8'"),
+        ({"group_size": 32}, "group_size 32"),
+    ):
+        bad = json.loads(json.dumps(config))
+        bad["quantization_config"]["quantization"].update(change)
+        (src / "config.json").write_text(json.dumps(bad))
+        r = invoke("convert", src, "--out", tmp_path / "o", "--no-progress")
+        assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    (src / "config.json").write_text(json.dumps(config))
+    state = load_file(str(src / "model.safetensors"))
+    key = next(k for k in state if k.endswith(".weight_scale_2"))
+    state[key] = torch.tensor(0.0)
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    r = invoke("convert", src, "--out", tmp_path / "o", "--no-progress")
+    assert r.exit_code == 2 and key in r.output and "positive finite" in r.output, r.output
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))
