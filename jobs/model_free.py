@@ -12,9 +12,10 @@ config.json with the `quantization_config`, the index, every other file of the s
 byte for byte (tokenizer, chat template, generation config, custom code: never imported),
 and the report; the directory is renamed into `--out` at the end.
 
-Memory: one tensor at a time, its float32 copy and its quantized tensors (a 3-D expert tensor
-is quantized expert by expert; the members of an NVFP4 fused group in the same shard are held
-until they are written), so the peak is a few times the largest tensor (or fused group) plus
+Memory: one tensor at a time, its float32 copy and its quantized tensors, plus the next tensor
+(read meanwhile) and the previous output (written meanwhile) (a 3-D expert tensor is quantized
+expert by expert; the members of an NVFP4 fused group in the same shard are held until they are
+written), so the peak is a few times the largest tensor (or fused group) plus
 the interpreter, with glibc's mmap threshold fixed so that freed tensors leave no heap behind
 (`fixed_mmap_threshold`). Progress: each finished
 shard is renamed into `.{out}.partial/` beside `--out`; `--resume` keeps those and continues
