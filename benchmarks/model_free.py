@@ -9,9 +9,10 @@ q/k/v/o projections, a router and transformers-style fused 3-D experts
 its `eh_proj`. Random normal weights (std 0.02), seeded per tensor name.
 
 Then, per scheme (NVFP4A16, FP8_BLOCK), `infer-tool quantize CKPT --model-free --scheme S`
-runs --runs times in a fresh process each; the table shows the median of the report's
-figures: input MB/s over the run (MB = 10^6 bytes), wall seconds, and the process's peak RSS
-(ru_maxrss, the interpreter and torch included). A read-only pass (every tensor read once, as
+runs --runs times in a fresh process each (`--threads N`: its OMP_NUM_THREADS); the table shows the
+median of the report's figures: input MB/s over the run (MB = 10^6 bytes), wall seconds, the
+process's CPU seconds (user + system) and peak RSS (ru_maxrss, the interpreter and torch
+included). A read-only pass (every tensor read once, as
 the job reads them, and dropped) and the solver alone on one expert's gate/up slice show what
 bounds the throughput: the disk / page cache, or the rounding.
 
@@ -150,8 +151,14 @@ def solver_only(scheme: str) -> float:
     return 3 * w.numel() * 2 / 1e6 / (time.perf_counter() - t)
 
 
-def run_once(ckpt: Path, out: Path, scheme: str) -> dict:
+def run_once(ckpt: Path, out: Path, scheme: str, threads: int | None = None) -> dict:
+    """One `quantize --model-free` in a fresh process (`threads`: its OMP_NUM_THREADS, torch's
+    intra-op threads; None: torch's default, one per core). cpu_s: the process's user + system."""
+    import resource
+
     cli = Path(sys.executable).with_name("infer-tool")
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run(
         [
@@ -169,8 +176,10 @@ def run_once(ckpt: Path, out: Path, scheme: str) -> dict:
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"quantize --model-free --scheme {scheme} exited {r.returncode}: {r.stderr[-2000:]}")
     report = json.loads(r.stdout)
@@ -180,6 +189,7 @@ def run_once(ckpt: Path, out: Path, scheme: str) -> dict:
         "wall_s": wall,
         "rss_mib": report["peak_rss_mib"],
         "in_mb": report["bytes_in"] / 1e6,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
     }
 
 
@@ -189,6 +199,12 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--schemes", nargs="+", default=["NVFP4A16", "FP8_BLOCK"])
     p.add_argument("--work", type=Path, default=None, help="directory for the checkpoint (default: a new one in /tmp)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS of each run (default: torch's, one per core); 1 avoids spin-waiting on a shared machine",
+    )
     p.add_argument("--keep", action="store_true", help="keep the checkpoint (a later run with --work reuses it)")
     args = p.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="model-free-bench-"))
@@ -208,16 +224,17 @@ def main() -> None:
         rows = []
         for scheme in args.schemes:
             solver = solver_only(scheme)
-            runs = [run_once(ckpt, work / "out", scheme) for _ in range(args.runs)]
+            runs = [run_once(ckpt, work / "out", scheme, args.threads) for _ in range(args.runs)]
             rows.append((scheme, solver, runs))
             print(json.dumps({"scheme": scheme, "solver_mb_s": solver, "runs": runs}), flush=True)
-        print("\n| scheme | runs | input MB/s | wall s | peak RSS MiB | solver alone MB/s |")
-        print("|---|---|---|---|---|---|")
+        threads = args.threads or "default"
+        print("\n| scheme | threads | runs | input MB/s | wall s | CPU s | peak RSS MiB | solver alone MB/s |")
+        print("|---|---|---|---|---|---|---|---|")
         for scheme, solver, runs in rows:
-            med = {k: statistics.median(r[k] for r in runs) for k in ("mb_s", "wall_s", "rss_mib")}
+            med = {k: statistics.median(r[k] for r in runs) for k in ("mb_s", "wall_s", "cpu_s", "rss_mib")}
             print(
-                f"| {scheme} | {len(runs)} | {med['mb_s']:.1f} | {med['wall_s']:.1f} | {med['rss_mib']:.0f} "
-                f"| {solver:.1f} |"
+                f"| {scheme} | {threads} | {len(runs)} | {med['mb_s']:.1f} | {med['wall_s']:.1f} | {med['cpu_s']:.1f} "
+                f"| {med['rss_mib']:.0f} | {solver:.1f} |"
             )
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:

@@ -1,13 +1,16 @@
 """`infer-tool convert SRC --to compressed-tensors`: a checkpoint another tool wrote (AutoAWQ's
-GEMM, GPTQ v1, native FP8 per tensor or per block) rewritten as compressed-tensors, linear by
-linear, without the model class and without rounding anything again.
+GEMM, GPTQ v1, native FP8 per tensor or per block, ModelOpt NVFP4) rewritten as compressed-tensors,
+linear by linear, without the model class and without rounding anything again.
 
 Each source linear is read by its format's reader (`packers/`, through
 `jobs/model_free_formats.conversion`) into the canonical weight (integer codes, scales, zero
 points; or e4m3 values and scales) and written by the compressed-tensors writer: the codes are
 the same codes, the scales the same values in the same dtype (float16 for AWQ / GPTQ, float32
 for FP8), so the dequantized weights are equal bit for bit. What compressed-tensors cannot
-carry is refused naming why (GPTQ act-order whose g_idx reorders groups). Every other tensor
+carry is refused naming why (GPTQ act-order whose g_idx reorders groups). ModelOpt NVFP4 keeps
+its codes and E4M3 block scales byte for byte; its global multiplier becomes compressed-tensors'
+divisor, exact where float32 allows (`packers/modelopt_nvfp4.py`; the report's notes count
+where). A legacy ModelOpt export's hf_quant_config.json is read and not copied. Every other tensor
 is copied as it is; output shards keep the source's names; the other files are copied
 byte for byte (`jobs/model_free.py`'s rules). This module does not print.
 """
@@ -47,11 +50,13 @@ class ConvertReport:
 
 
 def _source_ignore(qcfg: dict[str, Any]) -> list[str]:
+    """The source's own list of unquantized modules, names only (ModelOpt's wildcards are left
+    out: the kept float linears are listed by name anyway)."""
     out = []
     for key in ("modules_to_not_convert", "ignored_layers", "ignore"):
         v = qcfg.get(key)
         if isinstance(v, list):
-            out += [str(x) for x in v]
+            out += [str(x) for x in v if "*" not in str(x)]
     return out
 
 
@@ -63,6 +68,7 @@ def convert(
     from infer_tool.jobs.model_free_formats import conversion
     from infer_tool.jobs.model_free_select import DEFAULT_IGNORE
     from infer_tool.packers.checkpoint import check_checkpoint_out
+    from infer_tool.packers.modelopt_config import HF_QUANT_CONFIG, hf_quant_config
 
     started = time.perf_counter()
     progress = progress or no_progress
@@ -71,7 +77,7 @@ def convert(
     path, _ = resolve_model_dir(model)
     check_checkpoint_out(out, overwrite=overwrite, src_dir=path)
     src = open_source(path)
-    qcfg = src.config.get("quantization_config")
+    qcfg = src.config.get("quantization_config") or hf_quant_config(path)
     conv = conversion(qcfg, to)
     anchors = {}  # module -> anchor tensor name
     for name in src.where:
@@ -108,6 +114,7 @@ def convert(
         bytes_out = write_index(tmp, src)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         copy_other_files(src.path, tmp)
+        (tmp / HF_QUANT_CONFIG).unlink(missing_ok=True)  # ModelOpt's config would contradict config.json
         report = ConvertReport(
             model=model,
             out=str(out),
@@ -120,6 +127,7 @@ def convert(
             bytes_in=total,
             bytes_out=bytes_out,
             seconds=time.perf_counter() - started,
+            notes=conv.notes(),
         )
         _publish(tmp, out_path, report)
     except BaseException:

@@ -12,9 +12,10 @@ config.json with the `quantization_config`, the index, every other file of the s
 byte for byte (tokenizer, chat template, generation config, custom code: never imported),
 and the report; the directory is renamed into `--out` at the end.
 
-Memory: one tensor at a time, its float32 copy and its quantized tensors (a 3-D expert tensor
-is quantized expert by expert; the members of an NVFP4 fused group in the same shard are held
-until they are written), so the peak is a few times the largest tensor (or fused group) plus
+Memory: one tensor at a time, its float32 copy and its quantized tensors, plus the next tensor
+(read meanwhile) and the previous output (written meanwhile) (a 3-D expert tensor is quantized
+expert by expert; the members of an NVFP4 fused group in the same shard are held until they are
+written), so the peak is a few times the largest tensor (or fused group) plus
 the interpreter, with glibc's mmap threshold fixed so that freed tensors leave no heap behind
 (`fixed_mmap_threshold`). Progress: each finished
 shard is renamed into `.{out}.partial/` beside `--out`; `--resume` keeps those and continues
@@ -294,6 +295,9 @@ class GlobalScales:
 
     def take(self, name: str) -> Any | None:
         return self.held.pop(name, None)
+
+    def holds(self, name: str) -> bool:
+        return name in self.held
 
 
 # ---------------------------------------------------------------- the run
@@ -597,6 +601,8 @@ def _outputs(unit: Unit, codec: Any, shape: list[int]) -> list[tuple[str, int]]:
 def _write_shard(
     work: Path, shard: str, units: list[Unit], *, reader: Reader, codec: Any, scales: Any, src: Source
 ) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     from infer_tool.packers.safetensors_sequential import SequentialWriter, reserve
@@ -606,31 +612,50 @@ def _write_shard(
     tmp = work / f"{shard}.tmp"
     writer = SequentialWriter(tmp, reserve(entries, METADATA), METADATA)
     done: set[str] = set()
+
+    def write(tensors: list[tuple[str, Any]]) -> None:
+        for k, t in tensors:
+            writer.add(k, t)
+
+    # The next unit is read and the previous one written while this one is quantized (file I/O
+    # and torch release the GIL): one tensor in flight each way, in order, so the bytes are the
+    # same as one after the other.
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-free-io")
     try:
-        for u in units:
-            w = scales.take(u.name)
+        ahead = pool.submit(reader.weight, units[0].name) if units else None
+        behind = None
+        for i, u in enumerate(units):
+            w = scales.take(u.name)  # read already for a fused group's global scale
             if w is None:
-                w = reader.weight(u.name)
+                w = ahead.result()
+            module = module_of(u.name)
+            if u.quantize:  # global scales first: they may read (and hold) later members of this shard
+                experts = [None] if w.dim() == 2 else list(range(w.shape[0]))
+                shared = [scales.of(module, w, e, shard, done) for e in experts]
+            nxt = units[i + 1].name if i + 1 < len(units) else None
+            ahead = pool.submit(reader.weight, nxt) if nxt is not None and not scales.holds(nxt) else None
             if not u.quantize:
-                writer.add(u.name, w)
-            else:
-                module = module_of(u.name)
-                if w.dim() == 2:
-                    out = codec.quantize(module, w, scales.of(module, w, None, shard, done))
-                else:  # (E, N, K): expert by expert, stacked
-                    per = [
-                        codec.quantize(module, w[e], scales.of(module, w, e, shard, done)) for e in range(w.shape[0])
-                    ]
-                    out = {k: torch.stack([p[k] for p in per]) for k in per[0]}
-                for k in sorted(out):
-                    writer.add(k, out[k])
+                out = {u.name: w}
+            elif w.dim() == 2:
+                out = codec.quantize(module, w, shared[0])
+            else:  # (E, N, K): expert by expert, stacked
+                per = [codec.quantize(module, w[e], shared[e]) for e in experts]
+                out = {k: torch.stack([p[k] for p in per]) for k in per[0]}
+            if behind is not None:
+                behind.result()
+            behind = pool.submit(write, [(k, out[k]) for k in sorted(out)])
             done.add(u.name)
-            del w
+            del w, out
+        if behind is not None:
+            behind.result()
         writer.close()
     except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
         writer.abort()
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        pool.shutdown(wait=True)
     tmp.rename(work / shard)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from infer_tool.schemes.base import Scheme
 from infer_tool.schemes.fp8 import Fp8Scheme
 
 FORMAT_NAME = "compressed-tensors"
+EXACT_IN_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
 
 
 # What a quantizer's `Needs` reads from calibration text, in a refusal's words.
@@ -85,7 +86,11 @@ class TensorCodec:
 
     def global_scale(self, weights: Sequence[torch.Tensor]) -> Any:
         """What the fused shards `weights` (each (N_i, K)) share (NVFP4's global scale); else None."""
-        return self.quantizer.fused_share([w.float() for w in weights], self.scheme)
+        # bfloat16 / float16 / float32 convert to float32 exactly: the quantizer's own cast of them
+        # (to its amax dtype) gives what it gives from float32, without a float32 copy first.
+        return self.quantizer.fused_share(
+            [w if w.dtype in EXACT_IN_FLOAT32 else w.float() for w in weights], self.scheme
+        )
 
     def quantize(self, module: str, weight: torch.Tensor, global_scale: Any = None) -> dict:
         """{tensor name: tensor} of the quantized linear `module` from its weight (N, K)."""
@@ -156,6 +161,7 @@ class Conversion:
     anchor: str
     scale_dtype: torch.dtype
     normalize: Callable[[str, Any, Any], Any] = lambda module, w, scheme: w  # source weight -> what the target carries
+    tally: dict[str, int] = field(default_factory=dict)  # what `notes` reports, counted by `normalize`
 
     @property
     def suffixes(self) -> tuple[str, ...]:
@@ -171,6 +177,33 @@ class Conversion:
 
     def config(self, ignore: Sequence[str]) -> dict[str, Any]:
         return self.target.config(self.scheme, sorted(set(ignore)))
+
+    def notes(self) -> list[str]:
+        """What the report says beyond the counts (ModelOpt's global scales: which equalities hold)."""
+        t = self.tally
+        if not t.get("linears"):
+            return []
+        n = t["linears"]
+        return [
+            f"ModelOpt weight_scale_2 (a multiplier) carried as compressed-tensors' divisor weight_global_scale: "
+            f"codes and E4M3 block scales byte for byte in all {n} linears; 1 / global_scale equals weight_scale_2 "
+            f"exactly (vLLM dequantizes the same weights) in {t['reciprocal_exact']} of {n}; s / global_scale equals "
+            f"s * weight_scale_2 for every block scale (compressed-tensors' dequantization bit for bit) in "
+            f"{t['division_exact']} of {n}; float32 has no divisor doing so for the others, whose effective "
+            "scales s / global_scale differ from ModelOpt's by float32 rounding (at most 2^-22 relative)"
+        ]
+
+
+def _fp4_for_ct(tally: dict[str, int]) -> Callable[[str, Any, Any], Any]:
+    """Count which equalities a ModelOpt NVFP4 weight's carried global scale keeps."""
+
+    def normalize(module: str, w: Any, scheme: Any) -> Any:
+        tally["linears"] = tally.get("linears", 0) + 1
+        for key in ("reciprocal_exact", "division_exact"):
+            tally[key] = tally.get(key, 0) + int(bool(w.info.get(key)))
+        return w
+
+    return normalize
 
 
 def _int_for_ct(module: str, w: Any, scheme: Any) -> Any:
@@ -204,11 +237,33 @@ def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversio
     method = quant_config.get("quant_method")
     if method == "compressed-tensors":
         raise BadInput("the source is already compressed-tensors")
-    if method not in ("awq", "gptq", "fp8"):
+    if method not in ("awq", "gptq", "fp8", "modelopt"):
         raise BadInput(
-            f"quant_method {method!r} is not a format convert reads; it reads awq (GEMM), gptq (v1) and fp8 (native)"
+            f"quant_method {method!r} is not a format convert reads; it reads awq (GEMM), gptq (v1), fp8 (native) "
+            "and modelopt (NVFP4)"
         )
+    if method == "modelopt":
+        from infer_tool.packers.modelopt_nvfp4 import ALGOS, ANCHOR, matches, settings, w4a4
+
+        if not matches(quant_config):
+            raise BadInput(
+                f"ModelOpt quant_algo {settings(quant_config)[0]!r} is not one convert reads; it reads "
+                f"{' and '.join(ALGOS)}"
+            )
     source = format_of(quant_config)
+    if method == "modelopt":
+        scheme = make_scheme("rtn", fp4="nvfp4", fp4_activations="fp4" if w4a4(quant_config) else "none")
+        tally: dict[str, int] = {}
+        return Conversion(
+            source,
+            get_format(FORMAT_NAME, "fp4"),
+            scheme,
+            quant_config,
+            ANCHOR,
+            torch.float32,
+            _fp4_for_ct(tally),
+            tally,
+        )
     if method == "fp8":
         block = quant_config.get("weight_block_size")
         act = quant_config.get("activation_scheme", "dynamic")

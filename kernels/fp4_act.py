@@ -63,9 +63,11 @@ def _index_u8(x: torch.Tensor) -> torch.Tensor:
     on every value, NaN passing none."""
     if x.numel() > SEARCH_MAX:
         a = x.abs()
+        passed = torch.empty(x.shape, dtype=torch.bool, device=x.device)  # one buffer for every threshold
         idx = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
         for t, inclusive in _UP:
-            idx += (a >= t) if inclusive else (a > t)
+            (torch.ge if inclusive else torch.gt)(a, t, out=passed)
+            idx += passed.view(torch.uint8)  # uint8 + uint8: no mixed-dtype (casting) loop
         return idx
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     a = torch.nan_to_num(x.abs().to(dtype), nan=0.0)

@@ -154,8 +154,12 @@ def get_format(name: str, kind: str = "int") -> CheckpointFormat:
     raise BadInput(f"format {name!r} is not supported for {kind} weights; use one of {', '.join(accepted)}")
 
 
+# Formats other tools write that we read (eval, convert) and never write: no `--format` offers them.
+READ_ONLY = ("infer_tool.packers.modelopt_nvfp4:FORMAT",)
+
+
 def format_of(quantization_config: Mapping[str, Any]) -> CheckpointFormat:
-    for fmt in all_formats():
+    for fmt in all_formats() + [_load(spec) for spec in READ_ONLY]:
         if fmt.matches(quantization_config):
             return fmt
     method = quantization_config.get("quant_method")
@@ -402,6 +406,13 @@ def load_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def modelopt_config(directory: Path) -> dict[str, Any] | None:
+    """A legacy ModelOpt export's hf_quant_config.json as its quantization_config, or None."""
+    from infer_tool.packers.modelopt_config import hf_quant_config
+
+    return hf_quant_config(directory)
+
+
 def read_checkpoint(
     directory: str | os.PathLike[str],
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
@@ -414,9 +425,10 @@ def read_checkpoint(
     if not cfg_path.is_file():
         raise BadInput(f"{str(d)!r} has no config.json; expected a checkpoint directory")
     config = json.loads(cfg_path.read_text())
-    qcfg = config.get("quantization_config")
+    qcfg = config.get("quantization_config") or modelopt_config(d)
     if not qcfg:
         raise BadInput(f"{str(d)!r} is not quantized (config.json has no quantization_config)")
+    config["quantization_config"] = qcfg
     fmt = format_of(qcfg)
     tensors = load_tensors(d)
     layers = fmt.read(tensors, qcfg)

@@ -102,7 +102,7 @@ def _group_of(w: torch.Tensor, scale: torch.Tensor) -> int:
 
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """E2M1 codes of the rounded x: uint8 0..15, bit 3 the sign, bits 0..2 the magnitude index."""
-    return e2m1_index(x) | ((x < 0).to(torch.uint8) * SIGN_BIT)
+    return e2m1_index(x).bitwise_or_((x < 0).view(torch.uint8).mul(SIGN_BIT))
 
 
 def fake_quantize(x: torch.Tensor, eff_scale: torch.Tensor) -> torch.Tensor:

@@ -80,13 +80,14 @@ class Fp4Weight:
         from infer_tool.kernels.fp4_layout import pack_fp4
         from infer_tool.kernels.quant_linear import Fp4Linear
 
+        w4a4 = self.activations == "fp4" and deploy.activations != "none"
         return Fp4Linear(
             pack_fp4(self.codes),
             self.w_scale,
             self.global_scale,
             bias,
-            w4a4=self.activations == "fp4" and deploy.activations != "none",
-            input_global_scale=self.input_global_scale,
+            w4a4=w4a4,
+            input_global_scale=self.input_global_scale if w4a4 else None,  # --activations none: weights only
         )
 
     @classmethod

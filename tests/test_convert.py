@@ -161,3 +161,127 @@ def test_overwrite_never_replaces_a_users_directory(tiny: Path, tmp_path: Path) 
         p.name for p in (tmp_path / "o").iterdir()
     ) == ["mine.txt"]
     assert not list(tmp_path.glob(".o.tmp-*"))
+
+
+# ---------------------------------------------------------------- ModelOpt NVFP4 (tests/producers.py)
+
+
+def _modelopt(tmp_path: Path, *, w4a4: bool, legacy: bool, exact_scale: bool = False) -> tuple[Path, Path]:
+    """A ModelOpt NVFP4 checkpoint of a tiny Llama from ModelOpt's layout; `exact_scale` sets every
+    linear's amax so that weight_scale_2 = 2^-10 (a power of two: float32 carries its reciprocal)."""
+    from producers import write_producer
+
+    model = save_tiny_llama(tmp_path / "model", tie=True)
+    if exact_scale:
+        from safetensors.torch import load_file
+
+        state = load_file(str(model / "model.safetensors"))
+        for k, v in state.items():
+            if k.endswith("proj.weight"):
+                state[k] = (v / v.abs().max() * (2688 * 2.0**-10)).contiguous()
+        save_file(state, str(model / "model.safetensors"), metadata={"format": "pt"})
+    return write_producer(model, tmp_path, "modelopt-nvfp4" if w4a4 else "modelopt-w4a16", legacy_modelopt=legacy)
+
+
+@pytest.mark.parametrize("w4a4,legacy", [(True, False), (False, True)])
+def test_modelopt_nvfp4_converts_with_its_codes_and_scales(w4a4: bool, legacy: bool, tmp_path: Path) -> None:
+    """Codes and E4M3 block scales byte for byte; the global scale g is the reciprocal of ModelOpt's
+    multiplier weight_scale_2 (ws2): vLLM's dequantization of the converted checkpoint,
+    value · (s · float32(1 / g)), equals ModelOpt's value · (s · ws2) bit for bit wherever
+    float32(1 / g) == ws2, and the report counts it; compressed-tensors' effective scale s / g is
+    within 2^-22 (relative) of ModelOpt's s · ws2 everywhere (float32 rounding)."""
+    from safetensors.torch import load_file
+
+    src, _ = _modelopt(tmp_path, w4a4=w4a4, legacy=legacy)
+    r = invoke("convert", src, "--out", tmp_path / "ct", "--no-progress", "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["linears"] == 14 and report["source_format"] == "modelopt"
+    assert not (tmp_path / "ct" / "hf_quant_config.json").exists()
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == "nvfp4-pack-quantized"
+    assert (qc["config_groups"]["group_0"]["input_activations"] is not None) is w4a4
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "ct" / "model.safetensors"))
+    values = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    recip_exact = 0
+    for key in sorted(k for k in a if k.endswith(".weight_scale_2")):
+        name = key.removesuffix(".weight_scale_2")
+        assert torch.equal(a[f"{name}.weight"], b[f"{name}.weight_packed"]), name
+        assert torch.equal(a[f"{name}.weight_scale"].view(torch.uint8), b[f"{name}.weight_scale"].view(torch.uint8))
+        ws2, g = a[key].float(), b[f"{name}.weight_global_scale"].float()
+        assert g.shape == (1,) and abs(float(g * ws2) - 1) < 2e-7
+        if w4a4:
+            assert abs(float(b[f"{name}.input_global_scale"] * a[f"{name}.input_scale"]) - 1) < 2e-7
+        packed = a[f"{name}.weight"]
+        codes = torch.stack((packed & 15, packed >> 4), -1).flatten(-2).long()
+        v = values[codes].unflatten(-1, (-1, 16))
+        s = a[f"{name}.weight_scale"].float().unsqueeze(-1)
+        modelopt = v * (s * ws2)
+        if torch.equal(1.0 / g, ws2.reshape(1)):
+            recip_exact += 1
+            assert torch.equal(v * (s * (1.0 / g)), modelopt), name
+        assert bool(((s / g - s * ws2).abs() <= s * ws2 * 2.0**-22).all()), name
+        ct = v * (s / g)
+        assert bool(((ct - modelopt).abs() <= modelopt.abs() * 2.0**-21).all()), name
+    assert f"in {recip_exact} of 14" in report["notes"][0], report["notes"]
+
+
+def test_modelopt_nvfp4_power_of_two_scale_converts_bit_for_bit(tmp_path: Path) -> None:
+    """weight_scale_2 = 2^-10: g = 1024 carries it exactly, so the converted checkpoint dequantizes
+    (our compressed-tensors reader, s / g) to ModelOpt's weights bit for bit, in every linear."""
+    from safetensors.torch import load_file
+
+    src, ref = _modelopt(tmp_path, w4a4=False, legacy=False, exact_scale=True)
+    r = invoke("convert", src, "--out", tmp_path / "ct", "--no-progress", "--json")
+    assert r.exit_code == 0, r.output
+    note = json.loads(r.stdout)["notes"][0]
+    assert "exactly (vLLM dequantizes the same weights) in 14 of 14" in note and "bit for bit) in 14 of 14" in note
+    _, layers, _ = read_checkpoint(tmp_path / "ct")
+    want = load_file(str(ref / "model.safetensors"))
+    assert len(layers) == 14
+    for name, w in layers.items():
+        assert float(w.global_scale) == 1024.0
+        assert torch.equal(w.dequantize(torch.float32).view(torch.int32), want[f"{name}.weight"].view(torch.int32)), (
+            name
+        )
+
+
+def test_converted_modelopt_loads_in_transformers(tmp_path: Path) -> None:
+    """transformers + compressed-tensors (an independent reader) load the converted W4A16 checkpoint:
+    logits in bfloat16 (its FP4 decompression's dtype) within 1e-3 of the largest logit of the
+    float model holding ModelOpt's dequantized weights."""
+    from transformers import AutoModelForCausalLM
+
+    src, ref = _modelopt(tmp_path, w4a4=False, legacy=True)
+    assert invoke("convert", src, "--out", tmp_path / "ct", "--no-progress").exit_code == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.bfloat16)
+    want = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.bfloat16)
+    ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = hf(input_ids=ids).logits.float(), want(input_ids=ids).logits.float()
+    assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max()) + 1e-6
+
+
+def test_modelopt_refusals_name_why(tmp_path: Path) -> None:
+    """Another quant_algo, another group size and a zero weight_scale_2: exit 2 naming the value, nothing written."""
+    from safetensors.torch import load_file
+
+    src, _ = _modelopt(tmp_path, w4a4=False, legacy=False)
+    config = json.loads((src / "config.json").read_text())
+    for change, words in (
+        ({"quant_algo": "FP8"}, "'FP8'"),
+        ({"group_size": 32}, "group_size 32"),
+    ):
+        bad = json.loads(json.dumps(config))
+        bad["quantization_config"]["quantization"].update(change)
+        (src / "config.json").write_text(json.dumps(bad))
+        r = invoke("convert", src, "--out", tmp_path / "o", "--no-progress")
+        assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    (src / "config.json").write_text(json.dumps(config))
+    state = load_file(str(src / "model.safetensors"))
+    key = next(k for k in state if k.endswith(".weight_scale_2"))
+    state[key] = torch.tensor(0.0)
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    r = invoke("convert", src, "--out", tmp_path / "o", "--no-progress")
+    assert r.exit_code == 2 and key in r.output and "positive finite" in r.output, r.output
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))

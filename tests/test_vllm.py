@@ -536,3 +536,34 @@ def test_table_names_a_loaded_only_row() -> None:
     refused = _result("ct-w8a16", {"error": vllm_formats.W8A16_CPU, "stage": "load"})
     text = vllm_formats.table(vllm_formats.Run(AVX2_HOST, [res, refused], {}))
     assert "| loads (not scored here) |" in text and "refused in `LLM(...)`" in text
+
+
+def test_model_free_checkpoint_is_the_one_vllm_scored(run: vllm_formats.Run, tmp_path) -> None:  # noqa: ANN001
+    """`quantize --model-free --scheme FP8_DYNAMIC` of the demo model writes every tensor and the
+    quantization_config of the ct-fp8-channel row's checkpoint, which vLLM loaded and scored within
+    1% of our `eval ppl` (test_format_in_vllm): vLLM reads the same bytes from the model-free one.
+    (Scoring it again would repeat that row: ~1-2 minutes of vLLM and eval on this machine.)"""
+    import json
+
+    from safetensors.torch import load_file
+
+    (res,) = [r for r in run.results if r.row.id == "ct-fp8-channel"]
+    assert vllm_formats.problems(res, run.host) == [] and res.rel_diff is not None
+    out = tmp_path / "model-free"
+    vllm_formats.cli("quantize", vllm_formats.MODEL, "--model-free", "--scheme", "FP8_DYNAMIC", "--out", out)
+    a, b = json.loads((out / "config.json").read_text()), json.loads((res.path / "config.json").read_text())
+    assert a["quantization_config"] == b["quantization_config"] and a["architectures"] == b["architectures"]
+    mine = {k: v for f in sorted(out.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    scored = {k: v for f in sorted(res.path.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+    assert sorted(mine) == sorted(scored)
+    for k, v in scored.items():
+        assert _same_bytes(mine[k], v), k
+
+
+def _same_bytes(a, b) -> bool:  # noqa: ANN001
+    """Equal dtype, shape and bytes (float8 has no equality kernel on every build; -0.0 and NaN
+    compare as their bits)."""
+    import torch
+
+    flat = lambda t: t.contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(flat(a), flat(b))

@@ -1,5 +1,6 @@
-"""`infer-tool convert SRC --to compressed-tensors`: rewrite an AWQ (GEMM), GPTQ (v1) or native
-FP8 checkpoint as compressed-tensors without rounding anything again (`jobs/convert.py`)."""
+"""`infer-tool convert SRC --to compressed-tensors`: rewrite an AWQ (GEMM), GPTQ (v1), native FP8
+or ModelOpt NVFP4 checkpoint as compressed-tensors without rounding anything again
+(`jobs/convert.py`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ def register(app: typer.Typer) -> None:
 @cli_command
 def convert(
     src: Annotated[
-        str, typer.Argument(help="Checkpoint directory (or hub name) of an AWQ, GPTQ or FP8 model.", metavar="SRC")
+        str,
+        typer.Argument(
+            help="Checkpoint directory (or hub name) of an AWQ, GPTQ, FP8 or ModelOpt NVFP4 model.", metavar="SRC"
+        ),
     ],
     out: Annotated[str, typer.Option("--out", help="Output checkpoint directory.")],
     to: Annotated[str, typer.Option("--to", help="Target format: compressed-tensors.")] = "compressed-tensors",
@@ -45,3 +49,5 @@ def convert(
         f"{report.seconds:.1f}s",
         highlight=False,
     )
+    for note in report.notes:
+        stdout().print(f"note: {note}", highlight=False)
