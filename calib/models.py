@@ -299,7 +299,7 @@ def check_config(directory: Path, trust_remote_code: bool = False) -> dict[str, 
 
 def quantization_method(directory: Path) -> str | None:
     """The checkpoint's `quantization_config.quant_method`, or None for a plain model."""
-    from infer_tool.packers.modelopt_config import hf_quant_config
+    from infer_tool.packers.codecs.modelopt_config import hf_quant_config
 
     qc = read_config(directory).get("quantization_config") or hf_quant_config(directory)
     return qc.get("quant_method") if isinstance(qc, dict) else None

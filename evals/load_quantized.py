@@ -90,7 +90,7 @@ def load_quantized(
     kernels: set[str] = set()
     from dataclasses import replace
 
-    from infer_tool.packers.mixed_precision import activations_by_linear
+    from infer_tool.packers.codecs.mixed_precision import activations_by_linear
 
     # a mixed-precision checkpoint's groups differ in whether they quantize activations
     acts = activations_by_linear(config["quantization_config"], sorted(layers))

@@ -9,7 +9,7 @@ the same codes, the scales the same values in the same dtype (float16 for AWQ / 
 for FP8), so the dequantized weights are equal bit for bit. What compressed-tensors cannot
 carry is refused naming why (GPTQ act-order whose g_idx reorders groups). ModelOpt NVFP4 keeps
 its codes and E4M3 block scales byte for byte; its global multiplier becomes compressed-tensors'
-divisor, exact where float32 allows (`packers/modelopt_nvfp4.py`; the report's notes count
+divisor, exact where float32 allows (`packers/codecs/modelopt_nvfp4.py`; the report's notes count
 where). A legacy ModelOpt export's hf_quant_config.json is read and not copied. Every other tensor
 is copied as it is; output shards keep the source's names; the other files are copied
 byte for byte (`jobs/model_free.py`'s rules). This module does not print.
@@ -68,7 +68,7 @@ def convert(
     from infer_tool.jobs.model_free_formats import conversion
     from infer_tool.jobs.model_free_select import DEFAULT_IGNORE
     from infer_tool.packers.checkpoint import check_checkpoint_out
-    from infer_tool.packers.modelopt_config import HF_QUANT_CONFIG, hf_quant_config
+    from infer_tool.packers.codecs.modelopt_config import HF_QUANT_CONFIG, hf_quant_config
 
     started = time.perf_counter()
     progress = progress or no_progress

@@ -128,7 +128,7 @@ def write_plan(opts: MixedWriteOptions, *, overwrite: bool, progress: Progress |
     from infer_tool.calib.mixed_sensitivity import solved
     from infer_tool.jobs.mixed_plan import measure, plan_rows
     from infer_tool.packers.checkpoint import REPORT_NAME
-    from infer_tool.packers.mixed_precision import FORMAT_NAME, write_mixed
+    from infer_tool.packers.codecs.mixed_precision import FORMAT_NAME, write_mixed
 
     progress = progress or no_progress
     check(opts, overwrite)

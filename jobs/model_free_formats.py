@@ -243,7 +243,7 @@ def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversio
             "and modelopt (NVFP4)"
         )
     if method == "modelopt":
-        from infer_tool.packers.modelopt_nvfp4 import ALGOS, ANCHOR, matches, settings, w4a4
+        from infer_tool.packers.codecs.modelopt_nvfp4 import ALGOS, ANCHOR, matches, settings, w4a4
 
         if not matches(quant_config):
             raise BadInput(

@@ -128,7 +128,9 @@ def _builtin() -> dict[tuple[str, str], str]:
     from infer_tool.formats.registry import all_formats
 
     found = {key: spec for f in all_formats() for key, spec in f.codecs.items()}
-    found[("compressed-tensors", "mixed")] = "infer_tool.packers.mixed_precision:FORMAT"  # several formats' groups
+    found[("compressed-tensors", "mixed")] = (
+        "infer_tool.packers.codecs.mixed_precision:FORMAT"  # several formats' groups
+    )
     return found
 
 
@@ -155,7 +157,7 @@ def get_format(name: str, kind: str = "int") -> CheckpointFormat:
 
 
 # Formats other tools write that we read (eval, convert) and never write: no `--format` offers them.
-READ_ONLY = ("infer_tool.packers.modelopt_nvfp4:FORMAT",)
+READ_ONLY = ("infer_tool.packers.codecs.modelopt_nvfp4:FORMAT",)
 
 
 def format_of(quantization_config: Mapping[str, Any]) -> CheckpointFormat:
@@ -408,7 +410,7 @@ def load_tensors(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 
 def modelopt_config(directory: Path) -> dict[str, Any] | None:
     """A legacy ModelOpt export's hf_quant_config.json as its quantization_config, or None."""
-    from infer_tool.packers.modelopt_config import hf_quant_config
+    from infer_tool.packers.codecs.modelopt_config import hf_quant_config
 
     return hf_quant_config(directory)
 

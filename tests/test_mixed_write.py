@@ -1,4 +1,4 @@
-"""The mixed-precision checkpoint (packers/mixed_precision.py): each linear's tensors are exactly
+"""The mixed-precision checkpoint (packers/codecs/mixed_precision.py): each linear's tensors are exactly
 those a uniform run of its scheme writes for it (the oracle: `calib.pipeline.quantize_model` +
 `write_checkpoint` of that scheme alone), the config has one group per scheme with its own
 format, our reader and transformers + compressed-tensors read it back."""
@@ -20,7 +20,7 @@ from tiny import save_tiny_llama  # noqa: E402
 from infer_tool.calib.mixed_candidates import parse_candidate  # noqa: E402
 from infer_tool.calib.mixed_sensitivity import solved  # noqa: E402
 from infer_tool.packers.checkpoint import all_formats, read_checkpoint, write_checkpoint  # noqa: E402
-from infer_tool.packers.mixed_precision import SUFFIXES, write_mixed  # noqa: E402
+from infer_tool.packers.codecs.mixed_precision import SUFFIXES, write_mixed  # noqa: E402
 
 # a plan by hand over a 2-layer tiny Llama: every fused unit (q/k/v, gate/up) shares its scheme
 PLAN = {

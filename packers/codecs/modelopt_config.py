@@ -1,6 +1,6 @@
 """A legacy ModelOpt export's `hf_quant_config.json` (its config outside config.json), read as a
 `quantization_config`. Standard library only: `calib/models.py` and `packers/checkpoint.py` ask it
-whether a directory is quantized without importing the NVFP4 reader (`packers/modelopt_nvfp4.py`)."""
+whether a directory is quantized without importing the NVFP4 reader (`packers/codecs/modelopt_nvfp4.py`)."""
 
 from __future__ import annotations
 
