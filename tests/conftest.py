@@ -59,6 +59,7 @@ SLOW_MODULES = frozenset(
         "test_streaming_memory.py",
         "test_streaming_quantize.py",
         "test_resume.py",
+        "test_eval_producers.py",  # eval ppl / kld of each producer's tiny checkpoint (the first pays the imports)
     }
 )
 # Tests that take more than about 0.8 s of CPU a case, and tiny-model runs (quantize, read back,
