@@ -37,6 +37,8 @@ PANELS: dict[str, dict[str, tuple[str, ...]]] = {
         "FP4": (),
         "MXFP8": (),
         "MoE": ("--moe-calibration", "--moe-min-tokens"),
+        "Mixed precision": ("--target-bits", "--candidates"),
+        "Model-free": ("--model-free", "--default-ignore"),
         "Calibration": ("--calib", "--num-samples", "--seq-len", "--seed", "--stats"),
         "Calibration switches": ("--layer-error",),
         "Evaluation and gate": (
