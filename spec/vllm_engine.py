@@ -53,6 +53,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.spec.vllm_cost_model import ModelFit, fit
 from infer_tool.spec.vllm_costs import StepCosts, step_costs
 
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
@@ -118,6 +119,7 @@ class VllmProfile:
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # setting -> load_s, runs_s
     errors: list[str] = field(default_factory=list)
     step_costs: dict[str, StepCosts] = field(default_factory=dict)  # setting -> its timed engine steps' costs
+    cost_fits: dict[str, ModelFit] = field(default_factory=dict)  # probe name -> the model's costs alone
 
 
 VLLM_NOTES = [
@@ -303,7 +305,7 @@ def run_worker(
     done: set[str] = set()
     records: list[dict[str, Any]] = []
     host: dict[str, Any] = {}
-    total = len(settings) * len(job["batch_sizes"])
+    total = sum(1 for s in settings if not s.get("probe")) * len(job["batch_sizes"])
     attempt = 0
     while len(done) < len(settings):
         attempt += 1
@@ -333,6 +335,12 @@ def run_worker(
                             batch = rec.get("batch")
                             if "load_s" in rec:
                                 records.append({"setting": name, "load_s": rec["load_s"]})
+                        elif rec.get("probe_done"):
+                            done.add(rec["setting"])
+                            stage, since = "between", time.monotonic()
+                        elif "probe" in rec:
+                            records.append(rec)
+                            since = time.monotonic()
                         elif "error" in rec:
                             records.append(rec)
                             done.add(rec["setting"])
@@ -523,9 +531,17 @@ def profile_vllm(
     load_timeout: float,
     run_timeout: float,
     progress: Progress | None = None,
+    probes: list[tuple[str, str]] | None = None,
+    probe_repeats: int = 3,
 ) -> VllmProfile:
-    """Measure no speculation and every (draft, k) at every batch size in vLLM."""
-    settings: list[dict[str, Any]] = [{"name": setting_name(None, 0), "speculative_config": None}]
+    """Measure no speculation and every (draft, k) at every batch size in vLLM; `probes`
+    (name, model directory): models also timed alone without speculation, for the cost model
+    (`vllm_worker.run_probe`, `vllm_cost_model.fit`), first."""
+    queries = list(range(1, max(ks) + 2))
+    settings: list[dict[str, Any]] = [
+        {"name": name, "probe": True, "model": model, "queries": queries} for name, model in probes or []
+    ]
+    settings.append({"name": setting_name(None, 0), "speculative_config": None})
     for d in drafts:
         for k in ks:
             settings.append(
@@ -542,6 +558,7 @@ def profile_vllm(
         "seed": seed,
         "batch_sizes": batch_sizes,
         "repeats": repeats,
+        "probe_repeats": probe_repeats,
         "threads": threads,
         "settings": settings,
     }
@@ -552,8 +569,20 @@ def profile_vllm(
     baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes)
     outputs = {r["setting"]: r["outputs"] for r in records if r.get("repeat") == 0 and r.get("batch") == batch_sizes[0]}
     steps: dict[str, list[list[float]]] = {}
+    probed: dict[str, list[dict[str, Any]]] = {}
     for r in records:
-        steps.setdefault(r["setting"], []).extend(r.get("steps", []))
+        if "probe" in r:
+            probed.setdefault(r["setting"], []).append(r)
+        else:
+            steps.setdefault(r["setting"], []).extend(r.get("steps", []))
+    fits: dict[str, ModelFit] = {}
+    for name, recs in probed.items():
+        try:
+            fits[name] = fit(recs)
+        except ValueError as e:
+            errors.append(f"{name}: {e}")
+    probe_names = {name for name, _ in probes or []}
+    errors += [f"{r['setting']}: {r['error']}" for r in records if "error" in r and r["setting"] in probe_names]
     timings: dict[str, dict[str, float]] = {}
     for r in records:
         t = timings.setdefault(r["setting"], {"load_s": 0.0, "runs_s": 0.0})
@@ -574,4 +603,5 @@ def profile_vllm(
         timings=timings,
         errors=errors,
         step_costs={name: step_costs(v) for name, v in steps.items() if v},
+        cost_fits=fits,
     )

@@ -8,7 +8,9 @@ own transformers), so users can run it by path:
 
 JOBS.json: `{"target", "dtype", "max_model_len", "prompts": [[int, ...], ...],
 "max_new_tokens", "temperature", "top_p", "seed", "batch_sizes": [int, ...], "repeats",
-"settings": [{"name", "speculative_config": {...} | null}]}`. Each setting is one `vllm.LLM`
+"settings": [{"name", "speculative_config": {...} | null} | {"name", "probe": true, "model",
+"queries"}], "probe_repeats"}`. A probe setting measures a model's step costs without
+speculation (`run_probe`). Every other setting is one `vllm.LLM`
 (engine in this process, `max_num_seqs` = the largest batch size); for each batch size B the
 prompts are generated in consecutive chunks of B (so B sequences decode together), `repeats`
 times, after one warm-up chunk. Sampling: the job's temperature and top-p, `ignore_eos`, every
@@ -21,7 +23,10 @@ RESULTS.jsonl gets, written and flushed as they happen:
   "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos": [...]}` (the
   counters' increase over that repeat, from `LLM.get_metrics()`), and in repeat 0 `"outputs"`:
   the generated token ids per prompt, and `"steps"`: each engine step of the repeat as
-  `[requests, tokens, spec_tokens, prefill, seconds, draft_seconds]` (`StepTimer`);
+  `[requests, tokens, spec_tokens, prefill, seconds, draft_seconds, forward_seconds,
+  logits_seconds]` (`StepTimer`);
+- per probe setting, batch size, repeat and kind: `{"setting", "probe", "batch", "probe_repeat",
+  "steps"}`, then `{"setting", "probe_done": true}` (`run_probe`);
 - per setting that vLLM refused: `{"setting", "stage", "error": "Type: message"}` on one line.
 The caller (`spec/vllm_engine.py`) enforces the time limits: it kills this process when a stage
 overruns and starts another for the settings left.
@@ -89,6 +94,9 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 DRAFT_SECONDS = [0.0]  # the drafter's time inside the current engine step (`time_drafting`)
+FORWARD_SECONDS = [0.0]  # the model runner's forward of the served model in the step (`time_model`)
+LOGITS_SECONDS = [0.0]  # the served model's logits in the step, the drafter's excluded
+DRAFTING = [False]
 
 
 def time_drafting() -> None:
@@ -101,21 +109,53 @@ def time_drafting() -> None:
 
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
+        DRAFTING[0] = True
         try:
             return original(self, *args, **kwargs)
         finally:
+            DRAFTING[0] = False
             DRAFT_SECONDS[0] += time.perf_counter() - t
 
     GPUModelRunner.propose_draft_token_ids = timed  # type: ignore[method-assign]
+
+
+def time_model() -> None:
+    """Add the served model's forward (`GPUModelRunner._model_forward`: the decoder layers, no
+    head) to `FORWARD_SECONDS` and its logits (`LogitsProcessor.forward`: the head over the rows
+    sampled, outside drafting) to `LOGITS_SECONDS`. Once per process, before any engine starts;
+    a vLLM without these leaves them at 0."""
+    try:
+        from vllm.model_executor.layers.logits_processor import LogitsProcessor
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:
+        return
+
+    def wrap(cls: Any, name: str, into: list[float], skip_drafting: bool) -> None:
+        original = getattr(cls, name)
+
+        def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if skip_drafting and DRAFTING[0]:
+                return original(self, *args, **kwargs)
+            t = time.perf_counter()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                into[0] += time.perf_counter() - t
+
+        setattr(cls, name, timed)
+
+    wrap(GPUModelRunner, "_model_forward", FORWARD_SECONDS, False)
+    wrap(LogitsProcessor, "forward", LOGITS_SECONDS, True)
 
 
 class StepTimer:
     """Times each engine step of one `vllm.LLM` (`LLMEngine.step`, which `LLM.generate` calls
     until its requests finish: schedule, forward, sampling, drafting, output processing) and
     keeps, per step with scheduled tokens, `[requests, tokens, spec_tokens, prefill, seconds,
-    draft_seconds]`: the requests in the batch, the tokens scheduled for them (spec_tokens of
-    them drafted tokens to verify), prefill 1 when a request fed more than its last token and
-    drafts (a prompt), the step's wall seconds and the drafter's share of them."""
+    draft_seconds, forward_seconds, logits_seconds]`: the requests in the batch, the tokens
+    scheduled for them (spec_tokens of them drafted tokens to verify), prefill 1 when a request
+    fed more than its last token and drafts (a prompt), the step's wall seconds, the drafter's
+    share of them, and the served model's forward and logits (`time_model`)."""
 
     def __init__(self, llm: Any):
         self.steps: list[list[float]] = []
@@ -129,7 +169,7 @@ class StepTimer:
             return out
 
         def timed_step() -> Any:
-            self._scheduled, DRAFT_SECONDS[0] = None, 0.0
+            self._scheduled, DRAFT_SECONDS[0], FORWARD_SECONDS[0], LOGITS_SECONDS[0] = None, 0.0, 0.0, 0.0
             t = time.perf_counter()
             result = step()
             seconds = time.perf_counter() - t
@@ -145,6 +185,8 @@ class StepTimer:
                         int(prefill),
                         seconds,
                         DRAFT_SECONDS[0],
+                        FORWARD_SECONDS[0],
+                        LOGITS_SECONDS[0],
                     ]
                 )
             return result
@@ -264,6 +306,88 @@ def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
         release()
 
 
+def run_probe(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
+    """A model's step costs without speculation, for the cost model (`spec/vllm_cost_model.py`):
+    one `vllm.LLM` of `setting["model"]` with prefix caching; per batch size B, `probe_repeats`
+    times (consecutive chunks of B prompts, rotating):
+    - "decode": B prompts generate `max_new_tokens` tokens (every decode step feeds 1 token a
+      request);
+    - q in `setting["queries"]`: B prompts' prefixes (a whole number of KV blocks) are cached by a
+      one-token request, then the same prefixes plus q more tokens are submitted for one token:
+      that step computes q query tokens per request over a cached context, as a verify step of
+      q - 1 drafted tokens does, with the head over one row a request (the verify step's over q).
+    Records `{"setting", "probe": "decode" | q, "batch", "probe_repeat", "steps"}` and at the
+    end `{"setting", "probe_done": true}`; a refusal as in `run_setting`."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    name = setting["name"]
+    write(f, {"setting": name, "event": "load"})
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(
+            model=setting["model"],
+            dtype=job["dtype"],
+            max_model_len=job["max_model_len"] + 256,
+            max_num_seqs=max(job["batch_sizes"]),
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            seed=job["seed"],
+            disable_log_stats=False,
+        )
+        timer = StepTimer(llm)
+        block = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    except Exception as exc:
+        traceback.print_exc()
+        write(f, {"setting": name, "stage": "load", "error": one_line(exc)})
+        return
+    write(f, {"setting": name, "event": "loaded", "load_s": time.perf_counter() - t0})
+    prompts = job["prompts"]
+    n = job["max_new_tokens"]
+    queries = setting["queries"]
+
+    def tokens(i: int, length: int) -> list[int]:
+        p = prompts[i % len(prompts)]
+        return (p * (length // len(p) + 1))[:length]
+
+    def prefix_len(i: int) -> int:
+        return block * max(1, len(prompts[i % len(prompts)]) // block)
+
+    def params(tokens: int, seed: int) -> Any:
+        return SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, seed=seed)
+
+    def run(batch: list[list[int]], max_tokens: int) -> list[list[float]]:
+        timer.take()
+        llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in batch],
+            [params(max_tokens, job["seed"] + i) for i in range(len(batch))],
+            use_tqdm=False,
+        )
+        return timer.take()
+
+    try:
+        for B in job["batch_sizes"]:
+            write(f, {"setting": name, "event": "run", "batch": B})
+            run([prompts[i % len(prompts)] for i in range(B)], 4)  # warm-up
+            for r in range(job["probe_repeats"]):
+                idx = [(r * B + i) % len(prompts) for i in range(B)]
+                steps = run([prompts[i] for i in idx], n)
+                write(f, {"setting": name, "probe": "decode", "batch": B, "probe_repeat": r, "steps": steps})
+                for q in queries:
+                    heads = [tokens(i, prefix_len(i)) for i in idx]
+                    run(heads, 1)  # caches the prefixes
+                    tails = [h + tokens(i + 1, q) for h, i in zip(heads, idx)]
+                    write(f, {"setting": name, "probe": q, "batch": B, "probe_repeat": r, "steps": run(tails, 1)})
+        write(f, {"setting": name, "probe_done": True})
+    except Exception as exc:
+        traceback.print_exc()
+        write(f, {"setting": name, "stage": "run", "error": one_line(exc)})
+    finally:
+        timer.close()
+        llm = None  # noqa: F841 (the engine goes before the next one starts)
+        release()
+
+
 def release() -> None:
     """Tear down what a finished or failed LLM left, so the next one starts clean."""
     from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
@@ -292,8 +416,12 @@ def main(argv: list[str]) -> int:
         write(f, host())
         register_kernel_overrides_once()
         time_drafting()
+        time_model()
         for setting in job["settings"]:
-            run_setting(job, setting, f)
+            if setting.get("probe"):
+                run_probe(job, setting, f)
+            else:
+                run_setting(job, setting, f)
         write(f, {"done": True})
     return 0
 

@@ -383,18 +383,23 @@ def predicted_vs_vllm(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _predicted_vs_vllm(report: dict[str, Any]) -> None:
-    """Our acceptance priced with vLLM's step costs per (draft, batch size, k), next to vLLM's
-    measured speedup; at batch 1 also our loop's own prediction (its transformers costs)."""
+    """Our acceptance priced per (draft, batch size, k) two ways, next to vLLM's measured
+    speedup: with the cost model fitted from vLLM runs without speculation (the prediction),
+    and with the step costs timed inside the same speculative runs (a consistency check); at
+    batch 1 also our loop's own prediction (its transformers costs)."""
     ours = {(r["draft"], r["k"]): r["ours_predicted"] for r in predicted_vs_vllm(report)}
     rows = report.get("priced") or []
     if not rows and not ours:
         return
     table = Table(title="speedup predicted for our acceptance / measured by vLLM (prefill included)")
-    for col in ("draft", "B", "k", "p/v/d ms", "pred.", "vLLM", "range", "error", "ours"):
+    for col in ("draft", "B", "k", "vLLM", "range", "model", "err", "p/v/d", "check", "err", "p/v/d", "ours"):
         table.add_column(col, justify="left" if col == "draft" else "right")
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
+
+    def num(x: float | None, fmt: str = "{:.2f}") -> str:
+        return "-" if x is None else fmt.format(x)
 
     last = None
     for r in sorted(rows, key=lambda r: (r["draft"], r["batch"], r["k"])):
@@ -405,24 +410,29 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
             r["draft"] if r["draft"] != last else "",
             str(r["batch"]),
             str(r["k"]),
-            "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
-            f"{r['predicted_speedup']:.2f}",
-            "-" if r["vllm_speedup"] is None else f"{r['vllm_speedup']:.2f}",
+            num(r["vllm_speedup"]),
             "" if r["vllm_speedup_range"] is None else "{:.2f}-{:.2f}".format(*r["vllm_speedup_range"]),
-            "-" if r["error"] is None else f"{r['error']:+.0%}",
-            "-" if mine is None else f"{mine:.2f}",
+            num(r.get("model_speedup")),
+            num(r.get("model_error"), "{:+.0%}"),
+            "/".join(ms(r.get(f)) for f in ("model_plain_step_ms", "model_verify_step_ms", "model_draft_ms")),
+            f"{r['predicted_speedup']:.2f}",
+            num(r["error"], "{:+.0%}"),
+            "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
+            num(mine),
         )
         last = r["draft"]
     console = out()
     console.print()
     console.print(table)
     console.print(
-        "pred.: our loop's acceptance along each continuation, priced with vLLM's own engine steps timed in "
-        "its runs (median no-speculation step, speculative step = verify + draft, the prefill as a line in prompt "
-        "tokens), prompts in chunks of B as vLLM ran them; p/v/d ms: vLLM's median plain step, verify step "
-        "(drafting excluded) and drafting at the full batch B; vLLM: its measured speedup, range over repeats; "
-        "error: pred. / vLLM - 1; ours (B = 1): our loop's prediction with its own transformers costs (prefill "
-        "excluded)",
+        "vLLM: its measured speedup, range over repeats. model: the prediction, our loop's acceptance along "
+        "each continuation priced by the cost model fitted from vLLM runs without speculation (the target "
+        "alone: plain decode steps and cached-prefix steps of k + 1 tokens a request; a draft model alone: "
+        "one pass over k + 1 tokens and k - 1 one-token passes), none of the speculative runs' timings; "
+        "check: the same acceptance priced with the steps timed inside the speculative runs themselves "
+        "(a consistency check of the accounting, not a prediction); err: / vLLM - 1; p/v/d: plain step, "
+        "verify step (drafting excluded) and drafting at B, ms, as the model prices them and as timed in the "
+        "runs; ours (B = 1): our loop's prediction with its own transformers costs (prefill excluded)",
         highlight=False,
     )
 
