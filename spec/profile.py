@@ -334,6 +334,7 @@ def profile(
                 seed=seed,
                 continuations=conts,
                 acceptance=acc,
+                drafted=drafted,
                 clock=clock,
                 name=target_name,
                 progress=progress,

@@ -146,18 +146,23 @@ class ModelCosts:
     target: ModelFit
     draft: ModelFit | None
     k: int
+    first_pass: float | None = None  # tokens a request of the draft's first pass; None: the target's q (vLLM)
+    prefill: bool = True  # False: prefill steps cost nothing (a loop timed without its prefill)
 
     def draft_seconds(self, b: float, q: float) -> float:
         """The draft model's proposal of k tokens for b requests after the target scored q a request."""
         if self.draft is None or self.k == 0:
             return 0.0
-        return self.draft.pass_(b, q) + (self.k - 1) * self.draft.pass_(b, 1)
+        first = q if self.first_pass is None else self.first_pass
+        return self.draft.pass_(b, first) + (self.k - 1) * self.draft.pass_(b, 1)
 
     def step(self, b: int, tokens: int) -> float:
         q = tokens / b
         return self.target.verify(b, q) + self.draft_seconds(b, q)
 
     def prefill_seconds(self, tokens: int, batch: int = 1) -> float:
+        if not self.prefill:
+            return 0.0
         s = self.target.prefill_seconds(tokens)
         if self.draft is not None and self.k:
             s += self.draft.prefill_pass_seconds(tokens) + (self.k - 1) * self.draft.pass_(batch, 1)

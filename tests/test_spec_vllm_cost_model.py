@@ -118,3 +118,15 @@ def test_predicted_run_is_the_hand_count_priced_by_the_ground_truth() -> None:
 def test_no_decode_step_is_refused() -> None:
     with pytest.raises(ValueError, match="no plain decode step"):
         fit([{"probe": 2, "batch": 1, "steps": [[1, 2, 0, 1, 0.1, 0.0, 0.08, 0.01]]}])
+
+
+def test_our_loops_prices_first_pass_of_one_token_and_no_prefill() -> None:
+    """Our batched loop's rounds: the draft's first pass feeds 1 token a row (not the target's
+    k + 1), and its timed phase has no prefill."""
+    target = fit(probe_records(target_forward, target_logits))
+    draft = fit(probe_records(draft_forward, draft_logits))
+    for b in (1, 2, 4):
+        for k in (1, 3):
+            costs = ModelCosts(target, draft, k, first_pass=1, prefill=False)
+            assert costs.step(b, b * (k + 1)) == pytest.approx(true_verify(b, k + 1) + k * true_draft_pass(b, 1))
+            assert costs.prefill_seconds(100, b) == 0.0

@@ -219,7 +219,7 @@ def _loop_table(t: dict[str, Any]) -> None:
             table.add_row(
                 name if i == 0 else "",
                 str(b),
-                *(f"{cells[k]['speedup']:.2f}{' *' if best[b] == k else ''}" for k in t["ks"]),
+                *(f"{cells[k]['speedup']:.2f}{_pred(cells[k])}{' *' if best[b] == k else ''}" for k in t["ks"]),
                 "none" if best[b] == 0 else str(best[b]),
                 "-" if None in alone else ("yes" if alone == {True} else "NO"),
             )
@@ -228,8 +228,10 @@ def _loop_table(t: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         "speedup: plain decoding / speculative decoding of the same chunks of B prompts, decode phase (prefill "
-        "excluded); * the fastest k, none: no speculation wins; as alone (T=0): every sequence emitted the "
-        "target's greedy tokens and accepted what it accepts decoding alone",
+        "excluded), measured / predicted: our loop's prediction from a cost model fitted to its own passes "
+        "without speculation (the target's over 1 and k + 1 tokens a row, a model draft's alone) and the "
+        "acceptance along each continuation; * the fastest k measured, none: no speculation wins; as alone "
+        "(T=0): every sequence emitted the target's greedy tokens and accepted what it accepts decoding alone",
         highlight=False,
     )
     for name, rows in t["schedule"].items():
@@ -238,6 +240,11 @@ def _loop_table(t: dict[str, Any]) -> None:
             highlight=False,
             markup=False,
         )
+
+
+def _pred(cell: dict[str, Any]) -> str:
+    p = cell.get("predicted_speedup")
+    return "" if p is None else f"/{p:.2f}"
 
 
 def _rng(lo_hi: list[float] | None, fmt: str = ".2f") -> str:
