@@ -9,10 +9,16 @@ earliest occurrence), so the two must agree up to the engines' numerics (vLLM's 
 against torch's: a near-tie of two logits can flip an argmax and the continuation with it).
 `TOLERANCE` is the largest absolute difference per position accepted as agreement.
 
-Where they may differ, the row says why: temperature > 0 (different random streams, and vLLM's
-default `draft_sample_method: greedy` proposes the draft's argmax, accepted with probability
-p(argmax q) instead of our Σ min(p, q)); the continuations themselves differing (the share of
-prompts whose greedy output is identical in both engines is printed); vLLM's batch size.
+At temperature > 0 the two engines' continuations are different random draws, so only
+expectations can agree: ours is the expected per-position acceptance of vLLM's rounds along our
+continuations (`sampled_per_position`, the rounds sampled from the teacher-forced acceptance:
+p(argmax q) where vLLM drafts a model's argmax, its default `draft_sample_method: greedy`, else
+Σ min(p, q), or p(proposal) for a one-hot proposal), vLLM's a count over its drafts; agreement
+allows Z binomial standard errors of that count beside `TOLERANCE`.
+
+Where they may differ, the row says why: temperature > 0 (different random streams, the
+proposals' acceptance rule); the continuations themselves differing (the share of prompts
+whose greedy output is identical in both engines is printed); vLLM's batch size.
 
 What this module does not know: how either engine ran.
 """

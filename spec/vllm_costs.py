@@ -21,7 +21,8 @@ continuation (`profile.DraftProfile.round_acceptance`): at temperature 0 accepta
 predicted speedup is the ratio of the two predicted times, the prefill included as in vLLM's
 measured tokens/s.
 
-The costs come from the same runs whose throughput is measured: what this checks is the
+The costs come from the same runs whose throughput is measured (the prediction that does not
+use them is `vllm_cost_model`'s, priced by the same `predict`): what this checks is the
 accounting (our acceptance giving vLLM's rounds, the batch's shrinking tail, the prefill),
 not a cost model carried to other hardware; costs measured on one machine price that
 machine's runs only.

@@ -33,7 +33,10 @@ vLLM validates (`vllm/v1/spec_decode/dynamic/utils.py`: first range starts at 1,
 non-overlapping, k >= 0, capped by num_speculative_tokens).
 
 The worker also times each engine step; `VllmProfile.step_costs` holds them per setting
-(`vllm_costs.step_costs`), for pricing our acceptance with vLLM's own costs.
+(`vllm_costs.step_costs`), for pricing our acceptance with vLLM's own costs. Given `probes`,
+models are also timed alone without speculation first (`vllm_worker.run_probe`), fitted into
+`VllmProfile.cost_fits` (`vllm_cost_model.fit`): the cost model that prices a speculative run
+without its own timings.
 
 What this module does not know: our own loop (`profile`), or how results are printed.
 """
