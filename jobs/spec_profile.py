@@ -545,6 +545,8 @@ def _vllm(
         run_timeout=opts.vllm_timeout,
         progress=progress,
         probes=probes,
+        probe_repeats=PROBE_REPEATS,
+        clock=c.clock,
     )
     if not result.errors:
         shutil.rmtree(work, ignore_errors=True)
@@ -600,6 +602,7 @@ def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float, n_tok
 
 
 PROBE_TARGET = "cost probe: target"
+PROBE_REPEATS = 5  # chunks per batch size timed by each cost probe
 
 
 def probe_name(draft: str) -> str:
@@ -658,9 +661,14 @@ def _priced(
                     error=None if not c.speedup else speedup / c.speedup - 1.0,
                     model_speedup=m_speedup,
                     model_error=None if not c.speedup or m_speedup is None else m_speedup / c.speedup - 1.0,
-                    model_plain_step_ms=None if model is None else 1000 * model.step(c.batch, c.batch),
+                    model_plain_step_ms=None if model is None else 1000 * model.target.verify(c.batch, 1),
                     model_verify_step_ms=None if model is None else 1000 * model.target.verify(c.batch, c.k + 1),
                     model_draft_ms=None if model is None else 1000 * model.draft_seconds(c.batch, c.k + 1),
+                    vllm_speedup_cpu=c.speedup_cpu,
+                    vllm_speedup_cpu_range=c.speedup_cpu_range,
+                    error_cpu=None if not c.speedup_cpu else speedup / c.speedup_cpu - 1.0,
+                    model_error_cpu=None if not c.speedup_cpu or m_speedup is None else m_speedup / c.speedup_cpu - 1.0,
+                    clock=vllm.clock,
                 )
             )
     return rows

@@ -221,3 +221,10 @@ class PricedRow:
     model_plain_step_ms: float | None = None  # its plain decode step at B
     model_verify_step_ms: float | None = None  # its verify step at B, k + 1 tokens a request
     model_draft_ms: float | None = None  # its draft proposal at B (0: a proposal without a model)
+    # vLLM's speedup in its worker's CPU time (when the steps were timed in CPU time, the clock the
+    # predictions are priced in) and the errors against it
+    vllm_speedup_cpu: float | None = None
+    vllm_speedup_cpu_range: tuple[float, float] | None = None
+    error_cpu: float | None = None
+    model_error_cpu: float | None = None
+    clock: str = "wall"  # the clock the step costs (both predictions') were timed in

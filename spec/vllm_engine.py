@@ -93,6 +93,10 @@ class Cell:
     accepted_hist: list[int] = field(default_factory=list)  # drafts that accepted exactly 0..k tokens
     same_output: bool | None = None  # repeat 0 generated exactly no speculation's tokens (lossless at T = 0)
     decode_steps: int | None = None  # engine steps after the prefills in repeat 0 (the worker's step timings)
+    # The same in the worker's CPU time (all its threads): robust to other processes' load with one compute thread
+    tokens_per_cpu_s: float | None = None
+    speedup_cpu: float | None = None
+    speedup_cpu_range: tuple[float, float] | None = None
 
 
 @dataclass
@@ -123,6 +127,7 @@ class VllmProfile:
     errors: list[str] = field(default_factory=list)
     step_costs: dict[str, StepCosts] = field(default_factory=dict)  # setting -> its timed engine steps' costs
     cost_fits: dict[str, ModelFit] = field(default_factory=dict)  # probe name -> the model's costs alone
+    clock: str = "wall"  # the step timings' clock: wall, or cpu (the worker's CPU time)
 
 
 VLLM_NOTES = [
@@ -404,6 +409,8 @@ def cell(batch: int, k: int, recs: list[dict[str, Any]]) -> Cell:
     """One (batch size, k) from its repeats' records."""
     rates = [r["tokens"] / r["seconds"] for r in recs]
     c = Cell(batch, k, len(recs), sum(rates) / len(rates), _range(rates))
+    if all(r.get("cpu_seconds") for r in recs):
+        c.tokens_per_cpu_s = sum(r["tokens"] / r["cpu_seconds"] for r in recs) / len(recs)
     first = next((r for r in recs if r.get("repeat") == 0 and "steps" in r), None)
     if first is not None:
         c.decode_steps = sum(1 for s in first["steps"] if not s[3])
@@ -422,6 +429,18 @@ def cell(batch: int, k: int, recs: list[dict[str, Any]]) -> Cell:
     if c.num_draft_tokens:
         c.acceptance_rate = c.num_accepted_tokens / c.num_draft_tokens
     return c
+
+
+def _cpu_speedup(
+    mine: list[dict[str, Any]], base: list[dict[str, Any]]
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Speedup over no speculation in the worker's CPU time (mean rates' ratio, min / max and max / min
+    over repeats); None when a repeat has no CPU time."""
+    if not mine or not base or not all(r.get("cpu_seconds") for r in mine + base):
+        return None, None
+    a = [r["tokens"] / r["cpu_seconds"] for r in mine]
+    b = [r["tokens"] / r["cpu_seconds"] for r in base]
+    return (sum(a) / len(a)) / (sum(b) / len(b)), (min(a) / max(b), max(a) / min(b))
 
 
 def schedule(best_k: dict[int, int]) -> list[list[int]]:
@@ -491,6 +510,7 @@ def analyse(
                         c.tokens_per_s_range[0] / base.tokens_per_s_range[1],
                         c.tokens_per_s_range[1] / base.tokens_per_s_range[0],
                     )
+                    c.speedup_cpu, c.speedup_cpu_range = _cpu_speedup(by[name, b], by.get((base_name, b), []))
                 cells.append(c)
         best: dict[int, int] = {}
         for b in batch_sizes:
@@ -536,6 +556,7 @@ def profile_vllm(
     progress: Progress | None = None,
     probes: list[tuple[str, str]] | None = None,
     probe_repeats: int = 3,
+    clock: str = "wall",
 ) -> VllmProfile:
     """Measure no speculation and every (draft, k) at every batch size in vLLM; `probes`
     (name, model directory): models also timed alone without speculation, for the cost model
@@ -562,6 +583,7 @@ def profile_vllm(
         "batch_sizes": batch_sizes,
         "repeats": repeats,
         "probe_repeats": probe_repeats,
+        "clock": clock,
         "threads": threads,
         "settings": settings,
     }
@@ -607,4 +629,5 @@ def profile_vllm(
         errors=errors,
         step_costs={name: step_costs(v) for name, v in steps.items() if v},
         cost_fits=fits,
+        clock=clock,
     )

@@ -7,7 +7,7 @@ own transformers), so users can run it by path:
     VLLM_PYTHON spec/vllm_worker.py JOBS.json RESULTS.jsonl
 
 JOBS.json: `{"target", "dtype", "max_model_len", "prompts": [[int, ...], ...],
-"max_new_tokens", "temperature", "top_p", "seed", "batch_sizes": [int, ...], "repeats",
+"max_new_tokens", "temperature", "top_p", "seed", "batch_sizes": [int, ...], "repeats", "clock",
 "settings": [{"name", "speculative_config": {...} | null} | {"name", "probe": true, "model",
 "queries"}], "probe_repeats"}`. A probe setting measures a model's step costs without
 speculation (`run_probe`). Every other setting is one `vllm.LLM`
@@ -19,12 +19,15 @@ request exactly `max_new_tokens` tokens, seed `seed + prompt index` per request.
 RESULTS.jsonl gets, written and flushed as they happen:
 - `{"host": true, "vllm", "torch", "cpus"}` first;
 - `{"setting", "event": "load"}` and `{"setting", "event": "run", "batch"}` as each stage starts;
-- per (setting, batch size, repeat): `{"setting", "batch", "repeat", "seconds", "tokens",
+- per (setting, batch size, repeat): `{"setting", "batch", "repeat", "seconds", "cpu_seconds", "tokens",
   "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos": [...]}` (the
-  counters' increase over that repeat, from `LLM.get_metrics()`), and in repeat 0 `"outputs"`:
+  counters' increase over that repeat, from `LLM.get_metrics()`; `cpu_seconds`: this process's CPU
+  time, all threads, which with one compute thread is robust to other processes' load), and in
+  repeat 0 `"outputs"`:
   the generated token ids per prompt, and `"steps"`: each engine step of the repeat as
   `[requests, tokens, spec_tokens, prefill, seconds, draft_seconds, forward_seconds,
-  logits_seconds]` (`StepTimer`);
+  logits_seconds]` (`StepTimer`; timed with the job's `"clock"`: "wall" (default) or "cpu", this
+  process's CPU time);
 - per probe setting, batch size, repeat and kind: `{"setting", "probe", "batch", "probe_repeat",
   "steps"}`, then `{"setting", "probe_done": true}` (`run_probe`);
 - per setting that vLLM refused: `{"setting", "stage", "error": "Type: message"}` on one line.
@@ -97,6 +100,8 @@ DRAFT_SECONDS = [0.0]  # the drafter's time inside the current engine step (`tim
 FORWARD_SECONDS = [0.0]  # the model runner's forward of the served model in the step (`time_model`)
 LOGITS_SECONDS = [0.0]  # the served model's logits in the step, the drafter's excluded
 DRAFTING = [False]
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK = [time.perf_counter]  # the step timers' clock: the job's "clock", wall by default
 
 
 def time_drafting() -> None:
@@ -108,13 +113,13 @@ def time_drafting() -> None:
     original = GPUModelRunner.propose_draft_token_ids
 
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
+        t = CLOCK[0]()
         DRAFTING[0] = True
         try:
             return original(self, *args, **kwargs)
         finally:
             DRAFTING[0] = False
-            DRAFT_SECONDS[0] += time.perf_counter() - t
+            DRAFT_SECONDS[0] += CLOCK[0]() - t
 
     GPUModelRunner.propose_draft_token_ids = timed  # type: ignore[method-assign]
 
@@ -136,11 +141,11 @@ def time_model() -> None:
         def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
             if skip_drafting and DRAFTING[0]:
                 return original(self, *args, **kwargs)
-            t = time.perf_counter()
+            t = CLOCK[0]()
             try:
                 return original(self, *args, **kwargs)
             finally:
-                into[0] += time.perf_counter() - t
+                into[0] += CLOCK[0]() - t
 
         setattr(cls, name, timed)
 
@@ -170,9 +175,9 @@ class StepTimer:
 
         def timed_step() -> Any:
             self._scheduled, DRAFT_SECONDS[0], FORWARD_SECONDS[0], LOGITS_SECONDS[0] = None, 0.0, 0.0, 0.0
-            t = time.perf_counter()
+            t = CLOCK[0]()
             result = step()
-            seconds = time.perf_counter() - t
+            seconds = CLOCK[0]() - t
             so = self._scheduled
             if so is not None and so.total_num_scheduled_tokens > 0:
                 spec = {r: len(v) for r, v in so.scheduled_spec_decode_tokens.items()}
@@ -282,13 +287,13 @@ def run_setting(job: dict[str, Any], setting: dict[str, Any], f: Any) -> None:
                     timer.take()
                 before = counters(llm)
                 outputs: list[list[int]] = []
-                t = time.perf_counter()
+                t, cpu = time.perf_counter(), time.process_time()
                 for s in range(0, len(prompts), B):
                     chunk = prompts[s : s + B]
                     outs = llm.generate(chunk, [params(s + i) for i in range(len(chunk))], use_tqdm=False)
                     outputs += [list(o.outputs[0].token_ids) for o in outs]
-                seconds = time.perf_counter() - t
-                rec = {"setting": name, "batch": B, "repeat": r, "seconds": seconds}
+                seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+                rec = {"setting": name, "batch": B, "repeat": r, "seconds": seconds, "cpu_seconds": cpu}
                 rec["tokens"] = sum(len(o) for o in outputs)
                 if timer is not None:
                     rec["steps"] = timer.take()
@@ -412,6 +417,7 @@ def main(argv: list[str]) -> int:
         job = json.load(f)
     if job.get("threads"):
         os.environ["OMP_NUM_THREADS"] = str(job["threads"])
+    CLOCK[0] = CLOCKS[job.get("clock") or "wall"]
     with open(results_path, "a") as f:
         write(f, host())
         register_kernel_overrides_once()

@@ -398,9 +398,14 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
     rows = report.get("priced") or []
     if not rows and not ours:
         return
+    cpu = any(r.get("clock") == "cpu" for r in rows)
     table = Table(title="speedup predicted for our acceptance / measured by vLLM (prefill included)")
-    for col in ("draft", "B", "k", "vLLM", "range", "model", "err", "p/v/d", "check", "err", "p/v/d", "ours"):
+    vcols = ("vLLM wall", "vLLM cpu") if cpu else ("vLLM",)
+    for col in ("draft", "B", "k", *vcols, "model", "err", "p/v/d", "check", "err", "p/v/d", "ours"):
         table.add_column(col, justify="left" if col == "draft" else "right")
+
+    def rng(x: float | None, lo_hi: list[float] | None) -> str:
+        return "-" if x is None else f"{x:.2f}" + ("" if lo_hi is None else " ({:.2f}-{:.2f})".format(*lo_hi))
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
@@ -417,13 +422,13 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
             r["draft"] if r["draft"] != last else "",
             str(r["batch"]),
             str(r["k"]),
-            num(r["vllm_speedup"]),
-            "" if r["vllm_speedup_range"] is None else "{:.2f}-{:.2f}".format(*r["vllm_speedup_range"]),
+            rng(r["vllm_speedup"], r["vllm_speedup_range"]),
+            *((rng(r.get("vllm_speedup_cpu"), r.get("vllm_speedup_cpu_range")),) if cpu else ()),
             num(r.get("model_speedup")),
-            num(r.get("model_error"), "{:+.0%}"),
+            num(r.get("model_error_cpu") if cpu else r.get("model_error"), "{:+.0%}"),
             "/".join(ms(r.get(f)) for f in ("model_plain_step_ms", "model_verify_step_ms", "model_draft_ms")),
             f"{r['predicted_speedup']:.2f}",
-            num(r["error"], "{:+.0%}"),
+            num(r.get("error_cpu") if cpu else r["error"], "{:+.0%}"),
             "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
             num(mine),
         )
@@ -432,12 +437,15 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
     console.print()
     console.print(table)
     console.print(
-        "vLLM: its measured speedup, range over repeats. model: the prediction, our loop's acceptance along "
+        "vLLM: its measured speedup (wall: tokens/s; cpu: tokens per second of its worker's CPU time, robust to "
+        "other processes' load with --threads 1, the clock the costs were timed in), range over repeats. "
+        "model: the prediction, our loop's acceptance along "
         "each continuation priced by the cost model fitted from vLLM runs without speculation (the target "
         "alone: plain decode steps and cached-prefix steps of k + 1 tokens a request; a draft model alone: "
         "one pass over k + 1 tokens and k - 1 one-token passes), none of the speculative runs' timings; "
         "check: the same acceptance priced with the steps timed inside the speculative runs themselves "
-        "(a consistency check of the accounting, not a prediction); err: / vLLM - 1; p/v/d: plain step, "
+        "(a consistency check of the accounting, not a prediction); err: / vLLM - 1 (vLLM cpu when timed so); "
+        "p/v/d: plain step, "
         "verify step (drafting excluded) and drafting at B, ms, as the model prices them and as timed in the "
         "runs; ours (B = 1): our loop's prediction with its own transformers costs (prefill excluded)",
         highlight=False,
