@@ -150,6 +150,24 @@ def test_priced_steps_are_vllms(report: dict) -> None:
         assert r["error"] == pytest.approx(r["predicted_speedup"] / r["vllm_speedup"] - 1)
 
 
+def test_cost_model_probes_are_the_steps_it_prices(report: dict) -> None:
+    """The cost model's probes ran in vLLM without speculation (the target, and the draft model
+    alone): every cached-prefix probe step scheduled exactly q tokens a request (vLLM's prefix
+    cache served the rest), a plain decode step was timed at each batch size, and every row got
+    the model's prediction. (How close it lands is measured on the results page, not here: these
+    runs are too short to time.)"""
+    fits = report["vllm"]["cost_fits"]
+    assert set(fits) == {"cost probe: target", "cost probe: truncated:20"}
+    for name, f in fits.items():
+        assert f["misses"] == [], name
+        assert sorted(map(int, f["decode"])) == BATCHES, name
+        for b in BATCHES:
+            assert sorted(map(int, f["query"][str(b)])) == list(range(1, max(KS) + 2)), (name, b)
+    for r in report["priced"]:
+        assert r["model_speedup"] > 0, r
+        assert r["model_draft_ms"] == 0 if r["draft"] == "ngram:3" else r["model_draft_ms"] > 0
+
+
 def test_ngram_rule_is_vllms() -> None:
     """Our prompt lookup by vLLM's rule proposes what vLLM's own n-gram function proposes, on
     random sequences over a small alphabet (so that matches of every length occur)."""
