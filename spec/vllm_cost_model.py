@@ -74,20 +74,37 @@ class ModelFit:
         return _interpolate(points, q) - points[1]
 
     def verify(self, b: float, q: float) -> float:
-        """Seconds of the target's engine step scoring q tokens for each of b requests."""
+        """Seconds of the target's engine step scoring q tokens for each of b requests (at least
+        the cheapest step measured at that batch size: medians of short, noisy steps can make
+        the growth over q negative)."""
         return self._by_batch(
-            b, lambda x: self.decode[x] + self._growth(self.query, x, q) + self.logits_row * x * (q - 1)
+            b,
+            lambda x: max(
+                self.decode[x] + self._growth(self.query, x, q) + self.logits_row * x * (q - 1),
+                _floor(self.decode[x], self.query.get(x, {})),
+            ),
         )
 
     def pass_(self, b: float, q: float) -> float:
-        """Seconds of one forward and head of this model over q tokens for each of b requests."""
-        return self._by_batch(b, lambda x: self.decode_pass[x] + self._growth(self.query_pass, x, q))
+        """Seconds of one forward and head of this model over q tokens for each of b requests
+        (at least the cheapest measured at that batch size)."""
+        return self._by_batch(
+            b,
+            lambda x: max(
+                self.decode_pass[x] + self._growth(self.query_pass, x, q),
+                _floor(self.decode_pass[x], self.query_pass.get(x, {})),
+            ),
+        )
 
     def prefill_seconds(self, tokens: float) -> float:
         return self.prefill[0] + self.prefill[1] * tokens
 
     def prefill_pass_seconds(self, tokens: float) -> float:
         return self.prefill_pass[0] + self.prefill_pass[1] * tokens
+
+
+def _floor(decode: float, query: dict[int, float]) -> float:
+    return min([decode, *query.values()])
 
 
 def fit(records: list[dict]) -> ModelFit:
