@@ -405,7 +405,11 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "draft" else "right")
 
     def rng(x: float | None, lo_hi: list[float] | None) -> str:
-        return "-" if x is None else f"{x:.2f}" + ("" if lo_hi is None else " ({:.2f}-{:.2f})".format(*lo_hi))
+        """'0.65 .62-.68': the value and its range over repeats, short enough for one line."""
+        if x is None:
+            return "-"
+        short = [f"{v:.2f}".removeprefix("0") for v in lo_hi] if lo_hi is not None else None
+        return f"{x:.2f}" + ("" if short is None else f" {short[0]}-{short[1]}")
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
@@ -438,8 +442,8 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         "vLLM: its measured speedup (wall: tokens/s; cpu: tokens per second of its worker's CPU time, robust to "
-        "other processes' load with --threads 1, the clock the costs were timed in), range over repeats. "
-        "model: the prediction, our loop's acceptance along "
+        "other processes' load with --threads 1, the clock the costs were timed in), range over repeats "
+        "(.62-.68). model: the prediction, our loop's acceptance along "
         "each continuation priced by the cost model fitted from vLLM runs without speculation (the target "
         "alone: plain decode steps and cached-prefix steps of k + 1 tokens a request; a draft model alone: "
         "one pass over k + 1 tokens and k - 1 one-token passes), none of the speculative runs' timings; "
