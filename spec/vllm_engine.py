@@ -139,7 +139,8 @@ VLLM_NOTES = [
     "per_pos[i-1] / num_drafts); conditional = that over position i-1's, the chance position i is accepted "
     "once i-1 was (our alpha is its mean under independence); vLLM's acceptance rate accepted / drafted "
     "tokens = the mean of the unconditional ones when every draft proposes k tokens",
-    "the table's k per batch size is the measured fastest at that size, no speculation (k = 0) included; "
+    "the table's k per batch size is the measured fastest at that size, no speculation (k = 0) included "
+    "(in the worker's CPU time when the steps are timed so: --threads 1 on a CPU); "
     "size B_i's k covers B_i .. B_(i+1) - 1, and vLLM carries the last range's k to larger batches",
 ]
 
@@ -474,9 +475,16 @@ def recommended_config(config: dict[str, Any], rows: list[list[int]]) -> dict[st
 
 
 def analyse(
-    records: list[dict[str, Any]], drafts: list[VllmDraftSpec], ks: list[int], batch_sizes: list[int]
+    records: list[dict[str, Any]],
+    drafts: list[VllmDraftSpec],
+    ks: list[int],
+    batch_sizes: list[int],
+    basis: str = "wall",
 ) -> tuple[list[Cell], list[VllmDraftProfile], list[str]]:
-    """Baseline cells, each draft's profile, and the one-line errors (naming draft and setting)."""
+    """Baseline cells, each draft's profile, and the one-line errors (naming draft and setting).
+    `basis` "cpu": the best k per batch size is the fastest in the worker's CPU time (tokens per
+    CPU second; with one compute thread on a CPU robust to other processes' load, where wall time
+    swings between repeats), else in wall time."""
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     errors: dict[str, str] = {}
     for r in records:
@@ -513,9 +521,13 @@ def analyse(
                     c.speedup_cpu, c.speedup_cpu_range = _cpu_speedup(by[name, b], by.get((base_name, b), []))
                 cells.append(c)
         best: dict[int, int] = {}
+
+        def rate(c: Cell) -> float:
+            return c.tokens_per_cpu_s if basis == "cpu" and c.tokens_per_cpu_s else c.tokens_per_s
+
         for b in batch_sizes:
-            options = [(base_rate[b].tokens_per_s, 0)] if b in base_rate else []
-            options += [(c.tokens_per_s, c.k) for c in cells if c.batch == b]
+            options = [(rate(base_rate[b]), 0)] if b in base_rate else []
+            options += [(rate(c), c.k) for c in cells if c.batch == b]
             if b in base_rate and len(options) > 1:  # a choice needs the baseline and a k measured
                 best[b] = max(options)[1]
         rows = schedule(best) if best else []
@@ -591,7 +603,7 @@ def profile_vllm(
     host, records = run_worker(
         python, work, job, load_timeout=load_timeout, run_timeout=run_timeout, progress=progress or no_progress
     )
-    baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes)
+    baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes, basis=clock)
     outputs = {r["setting"]: r["outputs"] for r in records if r.get("repeat") == 0 and r.get("batch") == batch_sizes[0]}
     steps: dict[str, list[list[float]]] = {}
     probed: dict[str, list[dict[str, Any]]] = {}

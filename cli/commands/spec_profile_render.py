@@ -242,6 +242,11 @@ def _loop_table(t: dict[str, Any]) -> None:
         )
 
 
+def _speedup(c: dict[str, Any], cpu: bool) -> str:
+    x, r = (c.get("speedup_cpu"), c.get("speedup_cpu_range")) if cpu else (c["speedup"], c["speedup_range"])
+    return "-" if x is None else f"{x:.2f}{_rng(r)}"
+
+
 def _pred(cell: dict[str, Any]) -> str:
     p = cell.get("predicted_speedup")
     return "" if p is None else f"/{p:.2f}"
@@ -261,7 +266,9 @@ def _vllm(v: dict[str, Any]) -> None:
         title=f"measured by vLLM {host.get('vllm', '?')} (its counters and throughput; {v['repeats']} repeats, "
         f"range in brackets): target {v['target']}"
     )
-    for col in ("draft", "batch", "k", "tokens/s", "speedup", "mean acc. len", "per-position: uncond. / cond."):
+    cpu = v.get("clock") == "cpu"
+    for col in ("draft", "batch", "k", "tokens/s", "speedup (cpu)" if cpu else "speedup", "mean acc. len",
+                "per-position: uncond. / cond."):  # fmt: skip
         table.add_column(col, justify="left" if col in ("draft", "per-position: uncond. / cond.") else "right")
     for b in v["batch_sizes"]:
         if b in base:
@@ -286,7 +293,7 @@ def _vllm(v: dict[str, Any]) -> None:
                     str(b),
                     f"{c['k']}{' *' if best else ''}",
                     f"{c['tokens_per_s']:.1f}{_rng(c['tokens_per_s_range'], '.1f')}",
-                    "-" if c["speedup"] is None else f"{c['speedup']:.2f}{_rng(c['speedup_range'])}",
+                    _speedup(c, cpu),
                     "-" if c["mean_acceptance_length"] is None else f"{c['mean_acceptance_length']:.2f}",
                     " ".join(f"{x:.2f}" for x in c["per_position"])
                     + " / "
@@ -297,8 +304,9 @@ def _vllm(v: dict[str, Any]) -> None:
     console.print()
     console.print(table)
     console.print(
-        "speedup: tokens/s over no speculation's at the same batch size; * the measured fastest k at that size "
-        "(best k 0 means no speculation wins)",
+        "speedup: tokens/s over no speculation's at the same batch size (cpu: tokens per second of the worker's "
+        "CPU time, robust to other processes' load with --threads 1; tokens/s stays wall time); * the measured "
+        "fastest k at that size, by the same clock (best k 0 means no speculation wins)",
         highlight=False,
     )
     for d in v["drafts"]:
