@@ -96,6 +96,7 @@ class SpecProfileOptions:
     vllm_python: str | None = None  # default: $INFER_TOOL_VLLM_PYTHON, else this Python if it imports vllm
     repeats: int = 2  # vLLM runs per (draft, k, batch size), for the interval
     vllm_timeout: float = 600.0  # seconds per vLLM stage (a load, one batch size's runs)
+    cost_model: bool = True  # --engine both: time the target and model drafts alone in vLLM, for the cost model
 
 
 @dataclass
@@ -415,8 +416,12 @@ def spec_profile(
     report.notes += VLLM_NOTES
     report.warnings = vllm_warnings(report.vllm, opts.temperature)
     if result is not None:
-        report.cross_check = _cross_check(result, report.vllm, opts.temperature)
-        report.priced = _priced(result, report.vllm, [len(p) for p in ids], opts.max_new_tokens, opts.seed)
+        report.cross_check = _cross_check(result, report.vllm, opts.temperature, opts.max_new_tokens, opts.seed)
+        report.priced = _priced(
+            result, report.vllm, [len(p) for p in ids], opts.max_new_tokens, opts.seed, opts.temperature
+        )
+        if opts.temperature > 0:
+            report.notes.append(TEMPERATURE_NOTE)
     return report
 
 
@@ -515,6 +520,10 @@ def _vllm(
         vllm_draft(s, target_dir, cache_dir(), lambda spec: resolve_model_dir(spec, opts.allow_pickle)[0])
         for s in c.specs
     ]
+    probes = None
+    if c.engine == "both" and opts.cost_model:
+        probes = [(PROBE_TARGET, str(target_dir))]
+        probes += [(probe_name(d.name), d.config["model"]) for d in drafts if d.config.get("method") == "draft_model"]
     work = Path(tempfile.mkdtemp(prefix="infer-tool-vllm-"))
     result = profile_vllm(
         python=c.vllm_python,
@@ -535,24 +544,50 @@ def _vllm(
         load_timeout=opts.vllm_timeout,
         run_timeout=opts.vllm_timeout,
         progress=progress,
+        probes=probes,
+        probe_repeats=PROBE_REPEATS,
+        clock=c.clock,
     )
     if not result.errors:
         shutil.rmtree(work, ignore_errors=True)
     return result, ids
 
 
-def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float) -> list[CrossRow]:
+TEMPERATURE_NOTE = (
+    "temperature > 0: our acceptance along each continuation is an expectation (sum min(p, q) per position, "
+    "or p(argmax q) where vLLM drafts a model's argmax: its default draft_sample_method 'greedy'), the rounds "
+    "vLLM's rule makes are sampled from it (64 runs), and the cross-check allows 2 binomial standard errors "
+    "of vLLM's count beside 2%; vLLM's and our continuations are different random draws, so only the "
+    "expectations can agree"
+)
+
+
+def vllm_acceptance(d: Any, config: dict[str, Any] | None, k: int, temperature: float) -> Any:
+    """Our acceptance along each continuation as vLLM's drafting sees it: at temperature > 0 a model
+    draft vLLM drafts by argmax (its default draft_sample_method 'greedy') is accepted with p(argmax q)
+    (`DraftProfile.round_acceptance_argmax`), otherwise sum min(p, q) (or p(proposal), one-hot)."""
+    greedy = (config or {}).get("draft_sample_method", "greedy") == "greedy"
+    if temperature > 0 and greedy and k in d.round_acceptance_argmax:
+        return d.round_acceptance_argmax[k]
+    return d.round_acceptance[k]
+
+
+def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float, n_tokens: int, seed: int) -> list[CrossRow]:
     """Our per-position acceptance against vLLM's at its smallest batch size. At temperature 0
     ours are the rounds vLLM's rule makes along our continuations, replayed from the
     teacher-forced acceptance (`predict.vllm_rule_rounds`: exact, but for the rounds that run
-    past the requested tokens); at temperature > 0 the loop's measurement, if it ran."""
-    from infer_tool.spec.crosscheck import cross_check, identical_share, per_position_bounds
+    past the requested tokens); at temperature > 0 their expectation, the rounds sampled from
+    the acceptance as vLLM's drafting sees it (`vllm_acceptance`, `crosscheck.sampled_per_position`)."""
+    from infer_tool.spec.crosscheck import cross_check, identical_share, per_position_bounds, sampled_per_position
     from infer_tool.spec.predict import vllm_rule_rounds
+
+    configs = {v.name: v.config for v in vllm.drafts}
 
     def bounds(d: Any, r: Any) -> tuple[list[float], list[float]] | None:
         if temperature != 0:
-            m = r.vllm_measured
-            return None if m is None else (m.per_position, m.per_position)
+            acc = vllm_acceptance(d, configs.get(d.name), r.k, temperature)
+            v = sampled_per_position(acc, d.round_drafted[r.k], n_tokens, r.k, seed=seed)
+            return None if v is None else (v, v)
         rounds = []
         for acc, drafted in zip(d.round_acceptance[r.k], d.round_drafted[r.k]):
             rounds += vllm_rule_rounds(acc, drafted)
@@ -561,13 +596,27 @@ def _cross_check(ours: SpecProfile, vllm: VllmProfile, temperature: float) -> li
     mine = {d.name: {r.k: bounds(d, r) for r in d.per_k} for d in ours.drafts}
     batch = min(vllm.batch_sizes)
     theirs = {d.name: {c.k: c.per_position for c in d.cells if c.batch == batch} for d in vllm.drafts}
+    counts = {d.name: {c.k: c.num_drafts for c in d.cells if c.batch == batch} for d in vllm.drafts}
     same = identical_share(ours.continuations, vllm.outputs.get("no speculation", []))
-    return cross_check(mine, theirs, batch, temperature, same)
+    return cross_check(mine, theirs, batch, temperature, same, drafts=counts)
 
 
-def _priced(ours: SpecProfile, vllm: VllmProfile, prompt_lens: list[int], n_tokens: int, seed: int) -> list[PricedRow]:
-    """Per (draft, batch size, k) vLLM measured: the speedup vLLM's own step costs predict for
-    our acceptance along each prompt's continuation (`spec.vllm_costs`), next to vLLM's measured one."""
+PROBE_TARGET = "cost probe: target"
+PROBE_REPEATS = 5  # chunks per batch size timed by each cost probe
+
+
+def probe_name(draft: str) -> str:
+    return f"cost probe: {draft}"
+
+
+def _priced(
+    ours: SpecProfile, vllm: VllmProfile, prompt_lens: list[int], n_tokens: int, seed: int, temperature: float = 0.0
+) -> list[PricedRow]:
+    """Per (draft, batch size, k) vLLM measured: the speedup predicted for our acceptance along
+    each prompt's continuation, priced twice: with vLLM's own step costs timed in the same runs
+    (`spec.vllm_costs`, a consistency check) and with the cost model fitted from runs without
+    speculation (`spec.vllm_cost_model`); next to vLLM's measured one."""
+    from infer_tool.spec.vllm_cost_model import ModelCosts
     from infer_tool.spec.vllm_costs import PricedRow, Sequence, predict
     from infer_tool.spec.vllm_engine import setting_name
 
@@ -581,14 +630,19 @@ def _priced(ours: SpecProfile, vllm: VllmProfile, prompt_lens: list[int], n_toke
             costs = vllm.step_costs.get(setting_name(d.name, c.k))
             if costs is None or c.k not in d.round_acceptance:
                 continue
-            seqs = [
-                Sequence(n, acc, drafted)
-                for n, acc, drafted in zip(prompt_lens, d.round_acceptance[c.k], d.round_drafted[c.k])
-            ]
+            acceptance = vllm_acceptance(d, theirs.config, c.k, temperature)
+            seqs = [Sequence(n, acc, drafted) for n, acc, drafted in zip(prompt_lens, acceptance, d.round_drafted[c.k])]
             base = predict(plain, [Sequence(n) for n in prompt_lens], c.batch, n_tokens).seconds
             spec = predict(costs, seqs, c.batch, n_tokens, seed=seed)
             plain_row, spec_row = plain.typical(c.batch), costs.typical(c.batch)
             speedup = base / spec.seconds
+            model = _model_prices(vllm, d.name, c.k)
+            m_speedup = None
+            if model is not None:
+                plain_seqs = [Sequence(n) for n in prompt_lens]
+                m_base = predict(ModelCosts(model.target, None, 0), plain_seqs, c.batch, n_tokens)
+                m_spec = predict(model, seqs, c.batch, n_tokens, seed=seed)
+                m_speedup = m_base.seconds / m_spec.seconds
             rows.append(
                 PricedRow(
                     draft=d.name,
@@ -605,6 +659,33 @@ def _priced(ours: SpecProfile, vllm: VllmProfile, prompt_lens: list[int], n_toke
                     vllm_speedup=c.speedup,
                     vllm_speedup_range=c.speedup_range,
                     error=None if not c.speedup else speedup / c.speedup - 1.0,
+                    model_speedup=m_speedup,
+                    model_error=None if not c.speedup or m_speedup is None else m_speedup / c.speedup - 1.0,
+                    model_plain_step_ms=None if model is None else 1000 * model.target.verify(c.batch, 1),
+                    model_verify_step_ms=None if model is None else 1000 * model.target.verify(c.batch, c.k + 1),
+                    model_draft_ms=None if model is None else 1000 * model.draft_seconds(c.batch, c.k + 1),
+                    vllm_speedup_cpu=c.speedup_cpu,
+                    vllm_speedup_cpu_range=c.speedup_cpu_range,
+                    error_cpu=None if not c.speedup_cpu else speedup / c.speedup_cpu - 1.0,
+                    model_error_cpu=None if not c.speedup_cpu or m_speedup is None else m_speedup / c.speedup_cpu - 1.0,
+                    clock=vllm.clock,
                 )
             )
     return rows
+
+
+def _model_prices(vllm: VllmProfile, draft: str, k: int) -> Any:
+    """The cost model's prices (`vllm_cost_model.ModelCosts`) for one draft at k: the target's fit,
+    and the draft's when it is a model vLLM drafts with (its own probe); None when a fit is missing
+    (no probes ran, or a draft vLLM runs as a head or layer of the target, which cannot run alone)."""
+    from infer_tool.spec.vllm_cost_model import ModelCosts
+
+    target = vllm.cost_fits.get(PROBE_TARGET)
+    theirs = next((v for v in vllm.drafts if v.name == draft), None)
+    if target is None or theirs is None:
+        return None
+    method = theirs.config.get("method")
+    if method in ("ngram", "suffix"):
+        return ModelCosts(target, None, k)
+    fitted = vllm.cost_fits.get(probe_name(draft))
+    return None if fitted is None or method != "draft_model" else ModelCosts(target, fitted, k)

@@ -11,7 +11,8 @@
 - `vllm_engine`: the same drafts measured in vLLM per k and batch size, the k-per-batch-size table;
   `vllm_worker`: its side in vLLM's own environment (run by path, imports nothing of ours);
   `crosscheck`: our per-position acceptance against vLLM's; `vllm_costs`: vLLM's own step costs and the
-  speedup they predict for our acceptance.
+  speedup they predict for our acceptance; `vllm_cost_model`: a step-cost model fitted from runs without
+  speculation (vLLM's, or our batched loop's), the prediction that does not use the speculative runs' timings.
 
 The job (`jobs/spec_profile.py`) loads the models and calls `profile.profile`; the CLI prints.
 """

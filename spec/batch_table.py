@@ -13,6 +13,15 @@ The best k at each B is the measured fastest, no speculation (k = 0) included; t
 `vllm_engine.schedule`'s inclusive ranges. These are our transformers loop's figures on this
 machine, not a server's: label them so.
 
+Each (draft, B, k) also gets a predicted speedup from the cost model `vllm_cost_model` fitted
+to this loop's own passes without speculation (`probe_records`, timed per B in the same window
+as the measurement): the target's pass of 1 token a row and of q = 1 .. k + 1 tokens a row
+after a prompt, the draft model's alone; a round costs the target's pass over 1 + the drafted
+tokens a row plus, for a model draft, k passes of the draft (its first over the tokens it has
+not seen, 1 a row taken here); rounds from the teacher-forced acceptance along each
+continuation with this loop's rule (a round drafts at most the tokens left, `greedy_rounds`),
+sampled at temperature > 0; the prefill is excluded, as in the measurement.
+
 What this module does not know: where models, prompts and acceptance come from.
 """
 
@@ -24,11 +33,22 @@ from dataclasses import dataclass, field
 import torch
 
 from infer_tool.common.progress import Progress, no_progress
-from infer_tool.spec.batched import BatchedLM, batched, batched_speculative_decode, batched_target_decode
+from infer_tool.spec.batched import (
+    BatchedLM,
+    BatchedModelDraft,
+    batched,
+    batched_speculative_decode,
+    batched_target_decode,
+)
 from infer_tool.spec.decode import Clock
-from infer_tool.spec.drafts import Draft
+from infer_tool.spec.drafts import Draft, ModelDraft
 from infer_tool.spec.predict import VllmMetrics, greedy_rounds, vllm_measured
+from infer_tool.spec.vllm_cost_model import ModelCosts, ModelFit, fit
+from infer_tool.spec.vllm_costs import Sequence, predict
 from infer_tool.spec.vllm_engine import schedule
+
+PROBE_REPEATS = 3  # timed chunks per batch size for the cost model
+PROBE_DECODE_PASSES = 4  # one-token passes per chunk
 
 
 @dataclass
@@ -45,6 +65,8 @@ class LoopCell:
     metrics: VllmMetrics | None  # vLLM's metrics over every sequence's rounds
     accepted_hist: list[int]  # rounds that accepted 0..k drafted tokens
     as_alone: bool | None  # T = 0: every sequence's tokens and rounds are those it has alone
+    predicted_speedup: float | None = None  # the cost model fitted to this loop's passes without speculation
+    predicted_passes: float | None = None  # target passes over a batch the prediction counts, all chunks
 
 
 @dataclass
@@ -55,10 +77,62 @@ class LoopTable:
     plain_seconds: dict[int, float]  # batch size -> plain decoding, all chunks
     best_k: dict[str, dict[int, int]] = field(default_factory=dict)  # draft -> batch size -> k (0: none)
     schedule: dict[str, list[list[int]]] = field(default_factory=dict)  # draft -> [[lo, hi, k], ...]
+    # the cost model's fits of this loop's passes without speculation: "target" and each model draft's name
+    cost_fits: dict[str, ModelFit] = field(default_factory=dict)
 
 
 def _gens(seed: int, first: int, n: int, temperature: float) -> list[torch.Generator | None]:
     return [None if temperature == 0 else torch.Generator().manual_seed(seed + first + i) for i in range(n)]
+
+
+def probe_records(
+    lm: BatchedLM, prompts: list[torch.Tensor], B: int, queries: list[int], clock: Clock, repeats: int = PROBE_REPEATS
+) -> list[dict]:
+    """This loop's passes without speculation in the records `vllm_cost_model.fit` reads
+    (`vllm_worker.run_probe`'s): per repeat a chunk of B prompts is prefilled (untimed), then
+    timed: PROBE_DECODE_PASSES passes of 1 token a row ("decode"), and for each q one pass of q
+    tokens a row, rolled back after. A pass here is the whole step (the head over every row
+    fed: no separate logits)."""
+    recs: list[dict] = []
+    for r in range(repeats):
+        chunk = [prompts[(r * B + i) % len(prompts)].tolist() for i in range(B)]
+        lm.reset(B)
+        lm.extend(chunk)
+        steps = []
+        for _ in range(PROBE_DECODE_PASSES):
+            t = clock()
+            lm.extend([[x[-1]] for x in chunk])
+            s = clock() - t
+            steps.append([B, B, 0, 0, s, 0.0, s, 0.0])
+        recs.append({"probe": "decode", "batch": B, "steps": steps})
+        for q in queries:
+            lengths = list(lm.lengths)
+            t = clock()
+            lm.extend([(x * q)[:q] for x in chunk])
+            s = clock() - t
+            for row, n in enumerate(lengths):
+                lm.rollback(row, n)
+            recs.append({"probe": q, "batch": B, "steps": [[B, B * q, 0, int(q > 1), s, 0.0, s, 0.0]]})
+    return recs
+
+
+def predicted_speedup(
+    target: ModelFit,
+    draft: ModelFit | None,
+    k: int,
+    B: int,
+    acceptance: list[list[list[float]]],
+    drafted: list[list[int]],
+    max_new_tokens: int,
+    seed: int,
+) -> tuple[float, float]:
+    """(speedup, target passes) the cost model predicts for this loop at batch size B and k (see
+    the module docstring)."""
+    N = max_new_tokens
+    seqs = [Sequence(0, acc, [min(d, N - t - 1) for t, d in enumerate(dr)]) for acc, dr in zip(acceptance, drafted)]
+    plain = predict(ModelCosts(target, None, 0, prefill=False), [Sequence(0) for _ in seqs], B, N)
+    spec = predict(ModelCosts(target, draft, k, first_pass=1, prefill=False), seqs, B, N, seed=seed)
+    return plain.seconds / spec.seconds, spec.decode_steps
 
 
 def measure(
@@ -75,22 +149,32 @@ def measure(
     seed: int,
     continuations: list[torch.Tensor] | None = None,
     acceptance: list[dict[int, list[list[list[float]]]]] | None = None,
+    drafted: list[dict[int, list[list[int]]]] | None = None,
     clock: Clock = time.perf_counter,
     name: str = "target",
     progress: Progress | None = None,
 ) -> LoopTable:
     """Measure every (draft, k) and plain decoding at every batch size. `continuations` and
     `acceptance` (per draft, k -> per prompt `round_acceptance`): what each sequence does
-    alone at temperature 0, for `LoopCell.as_alone`."""
+    alone at temperature 0, for `LoopCell.as_alone`; with `drafted` (per draft, k -> per prompt
+    `round_drafted`) too, each cell's predicted speedup."""
     progress = progress or no_progress
+    round_drafted = drafted  # (the loop below counts its own drafted tokens)
     lm = BatchedLM(target, vocab, name=f"target {name}")
     N, T = max_new_tokens, temperature
     total = len(batch_sizes) * len(prompts) * (1 + len(drafts) * len(ks))
     done = 0
     cells: list[LoopCell] = []
     plain_total: dict[int, float] = {}
+    queries = list(range(1, max(ks) + 2))
+    model_lms = {d.name: BatchedModelDraft(d).lm for d in drafts if isinstance(d, ModelDraft)}
+    probes: dict[str, list[dict]] = {"target": [], **{name: [] for name in model_lms}}
     for B in batch_sizes:
         plain = 0.0
+        if round_drafted is not None:
+            probes["target"] += probe_records(lm, prompts, B, queries, clock)
+            for name, dlm in model_lms.items():
+                probes[name] += probe_records(dlm, prompts, B, queries, clock)
         runs: dict[tuple[int, int], list] = {(j, k): [] for j in range(len(drafts)) for k in ks}
         for s in range(0, len(prompts), B):
             chunk = prompts[s : s + B]
@@ -136,6 +220,21 @@ def measure(
                 )
             )
     table = LoopTable(batch_sizes, ks, cells, plain_total)
+    if round_drafted is not None and acceptance is not None:
+        table.cost_fits = {name: fit(recs) for name, recs in probes.items()}
+        index = {d.name: j for j, d in enumerate(drafts)}
+        for c in cells:
+            j = index[c.draft]
+            c.predicted_speedup, c.predicted_passes = predicted_speedup(
+                table.cost_fits["target"],
+                table.cost_fits.get(c.draft),
+                c.k,
+                c.batch,
+                acceptance[j][c.k],
+                round_drafted[j][c.k],
+                N,
+                seed,
+            )
     for d in drafts:
         best = {}
         for B in batch_sizes:

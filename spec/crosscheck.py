@@ -9,19 +9,31 @@ earliest occurrence), so the two must agree up to the engines' numerics (vLLM's 
 against torch's: a near-tie of two logits can flip an argmax and the continuation with it).
 `TOLERANCE` is the largest absolute difference per position accepted as agreement.
 
-Where they may differ, the row says why: temperature > 0 (different random streams, and vLLM's
-default `draft_sample_method: greedy` proposes the draft's argmax, accepted with probability
-p(argmax q) instead of our Σ min(p, q)); the continuations themselves differing (the share of
-prompts whose greedy output is identical in both engines is printed); vLLM's batch size.
+At temperature > 0 the two engines' continuations are different random draws, so only
+expectations can agree: ours is the expected per-position acceptance of vLLM's rounds along our
+continuations (`sampled_per_position`, the rounds sampled from the teacher-forced acceptance:
+p(argmax q) where vLLM drafts a model's argmax, its default `draft_sample_method: greedy`, else
+Σ min(p, q), or p(proposal) for a one-hot proposal), vLLM's a count over its drafts; agreement
+allows Z binomial standard errors of that count beside `TOLERANCE`.
+
+Where they may differ, the row says why: temperature > 0 (different random streams, the
+proposals' acceptance rule); the continuations themselves differing (the share of prompts
+whose greedy output is identical in both engines is printed); vLLM's batch size.
 
 What this module does not know: how either engine ran.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 
+from infer_tool.spec.vllm_costs import _accepted
+
 TOLERANCE = 0.02  # absolute, per position
+Z = 2.0  # at temperature > 0: standard errors of vLLM's count allowed beside TOLERANCE
+SAMPLES = 64  # Monte Carlo runs of each continuation at temperature > 0
 
 
 @dataclass
@@ -49,6 +61,37 @@ def per_position_bounds(rounds: list[tuple[int, int, int]], k: int) -> tuple[lis
     )
 
 
+def sampled_per_position(
+    acceptance: list[list[list[float]]],
+    drafted: list[list[int]],
+    n_tokens: int,
+    k: int,
+    samples: int = SAMPLES,
+    seed: int = 0,
+) -> list[float] | None:
+    """Expected per-position acceptance (unconditional, positions 1..k) of vLLM's rounds along
+    each continuation when acceptance is random (temperature > 0): from position t (tokens
+    generated, the prefill gave the first) a round drafts `drafted[t]` tokens (vLLM's rule: the
+    whole proposal), accepted in order with probabilities `acceptance[t]` until the first
+    rejection, and moves t on by the accepted tokens + 1, until `n_tokens`; the mean over
+    `samples` runs of every continuation. A round that drafts nothing is no draft. None without a draft."""
+    rng = random.Random(seed)
+    drafts = 0
+    at_least = [0] * k
+    for _ in range(samples):
+        for acc, dr in zip(acceptance, drafted):
+            t = 1
+            while t < n_tokens:
+                d = dr[t] if t < len(dr) else 0
+                j = _accepted(acc[t][:d], rng) if d else 0
+                if d:
+                    drafts += 1
+                    for i in range(min(j, k)):
+                        at_least[i] += 1
+                t += j + 1
+    return None if not drafts else [x / drafts for x in at_least]
+
+
 def identical_share(ours: list[list[int]], vllm: list[list[int]]) -> float | None:
     """Share of prompts whose generated tokens are identical in both engines."""
     if not ours or len(ours) != len(vllm):
@@ -63,10 +106,13 @@ def cross_check(
     temperature: float,
     same_text: float | None,
     tolerance: float = TOLERANCE,
+    drafts: dict[str, dict[int, int]] | None = None,
 ) -> list[CrossRow]:
     """Rows per (draft, k) both engines measured: `ours[draft][k]` (at least, at most) and
     `vllm[draft][k]` per-position acceptance; `same_text`: the share of identical greedy
-    continuations."""
+    continuations. At temperature > 0 both are random: ours is an expectation
+    (`sampled_per_position`), vLLM's a count over `drafts[draft][k]` drafts, and agreement is
+    within `tolerance` or Z binomial standard errors of vLLM's count, whichever is larger."""
     rows = []
     for draft, per_k in ours.items():
         for k, mine in per_k.items():
@@ -78,7 +124,12 @@ def cross_check(
                 continue
             lo, hi = mine
             diff = max(max(a - v, v - b, 0.0) for a, b, v in zip(lo, hi, theirs))
-            agree = diff <= tolerance
+            n = (drafts or {}).get(draft, {}).get(k, 0)
+            if temperature > 0 and n:
+                allowed = [max(tolerance, Z * math.sqrt(v * (1 - v) / n)) for v in theirs]
+                agree = all(max(a - v, v - b, 0.0) <= t for a, b, v, t in zip(lo, hi, theirs, allowed))
+            else:
+                agree = diff <= tolerance
             reason = None
             if not agree:
                 why = []

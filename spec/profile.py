@@ -43,7 +43,7 @@ from infer_tool.spec.batch_table import LoopTable, measure
 from infer_tool.spec.cached_lm import CachedLM, NonFiniteLogits
 from infer_tool.spec.costs import CostTimer, DraftTimes, GivenCostRatio, MeasuredCosts, RoundCosts
 from infer_tool.spec.decode import Clock, SpecRun, speculative_decode, target_decode
-from infer_tool.spec.drafts import Draft
+from infer_tool.spec.drafts import Draft, ModelDraft
 from infer_tool.spec.predict import (
     Expectation,
     VllmMetrics,
@@ -99,6 +99,10 @@ class DraftProfile:
     round_acceptance: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
     # k -> per prompt, per position: tokens such a round drafts when not cut at the end (vLLM's rule)
     round_drafted: dict[int, list[list[int]]] = field(default_factory=dict, repr=False)
+    # temperature > 0, a model draft: as round_acceptance, but for drafts proposed as the draft's
+    # argmax (vLLM's default draft_sample_method "greedy"): p(argmax q) per position instead of
+    # sum min(p, q); empty otherwise (at temperature 0, and for one-hot proposals, the two are equal)
+    round_acceptance_argmax: dict[int, list[list[list[float]]]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -249,6 +253,7 @@ def profile(
     betas: list[list[torch.Tensor]] = [[] for _ in drafts]
     acc: list[dict[int, list[list[list[float]]]]] = [{k: [] for k in ks} for _ in drafts]
     drafted: list[dict[int, list[list[int]]]] = [{k: [] for k in ks} for _ in drafts]
+    argmax_acc: list[dict[int, list[list[list[float]]]]] = [{} for _ in drafts]
     for i, (prompt, cont) in enumerate(zip(prompts, conts)):
         seq = torch.cat([prompt, cont])
         P = prompt.shape[0]
@@ -256,11 +261,16 @@ def profile(
             p = warp(lm.score(seq)[P - 1 : -1], temperature, top_p)  # (N, V)
         for j, draft in enumerate(drafts):
             with where(f"the teacher-forced scoring of prompt {i + 1} of {n}"):
-                b = beta(p, draft.teacher_forced(seq, P, temperature, top_p))
+                q = draft.teacher_forced(seq, P, temperature, top_p)
+            b = beta(p, q)
             betas[j].append(b)
             for k in ks:
                 acc[j][k].append(draft.round_acceptance(seq, P, k, p, b))
                 drafted[j][k].append(draft.round_drafted(seq, P, k))
+            if temperature > 0 and isinstance(draft, ModelDraft):
+                g = p.gather(-1, q.argmax(-1, keepdim=True)).squeeze(-1)  # p(argmax q) per position
+                for k in ks:
+                    argmax_acc[j].setdefault(k, []).append(draft.round_acceptance(seq, P, k, p, g))
         progress("acceptance", i + 1, n)
 
     # Cost timing rounds run before, between and after the prompts' loop runs, so that the
@@ -324,6 +334,7 @@ def profile(
                 seed=seed,
                 continuations=conts,
                 acceptance=acc,
+                drafted=drafted,
                 clock=clock,
                 name=target_name,
                 progress=progress,
@@ -352,6 +363,7 @@ def profile(
                 per_category=_categories(categories, betas[j], ks, basis, preds[j], runs[j] if runs else None, plain),
                 round_acceptance=acc[j],
                 round_drafted=drafted[j],
+                round_acceptance_argmax=argmax_acc[j],
             )
         )
     return SpecProfile(

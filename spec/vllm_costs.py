@@ -2,7 +2,7 @@
 for our loop's acceptance at each batch size.
 
 The worker (`vllm_worker.StepTimer`) times every engine step of every timed run as
-`[requests, tokens, spec_tokens, prefill, seconds, draft_seconds]`. `step_costs` turns one
+`[requests, tokens, spec_tokens, prefill, seconds, draft_seconds, ...]`. `step_costs` turns one
 setting's steps (all its batch sizes and repeats) into `StepCosts`:
 - decode steps (no prompt in the batch): median seconds per (requests b, scheduled tokens),
   the drafter's share included; without speculation a step over b tokens, with a draft model
@@ -21,7 +21,8 @@ continuation (`profile.DraftProfile.round_acceptance`): at temperature 0 accepta
 predicted speedup is the ratio of the two predicted times, the prefill included as in vLLM's
 measured tokens/s.
 
-The costs come from the same runs whose throughput is measured: what this checks is the
+The costs come from the same runs whose throughput is measured (the prediction that does not
+use them is `vllm_cost_model`'s, priced by the same `predict`): what this checks is the
 accounting (our acceptance giving vLLM's rounds, the batch's shrinking tail, the prefill),
 not a cost model carried to other hardware; costs measured on one machine price that
 machine's runs only.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import random
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 SAMPLES = 64  # Monte Carlo runs per chunk when acceptance is not 0 or 1
 
@@ -70,7 +72,7 @@ class StepCosts:
         y1 = _interpolate(self._at(hi), round(tokens * hi / b))
         return y0 + (y1 - y0) * (b - lo) / (hi - lo)
 
-    def prefill_seconds(self, tokens: int) -> float:
+    def prefill_seconds(self, tokens: int, batch: int = 1) -> float:
         a, s = self.prefill
         return a + s * tokens
 
@@ -109,10 +111,10 @@ def _line(points: list[tuple[float, float]]) -> list[float]:
 
 def step_costs(steps: list[list[float]]) -> StepCosts:
     """One setting's costs from its timed steps `[requests, tokens, spec_tokens, prefill,
-    seconds, draft_seconds]`."""
+    seconds, draft_seconds, ...]`."""
     decode: dict[tuple[int, int], list[tuple[float, float]]] = {}
     pre: list[tuple[float, float]] = []
-    for r, t, _spec, prefill, s, d in steps:
+    for r, t, _spec, prefill, s, d, *_ in steps:
         if prefill:
             pre.append((t, s))
         else:
@@ -146,10 +148,10 @@ def _accepted(a: list[float], rng: random.Random) -> int:
     return len(a)
 
 
-def _chunk(costs: StepCosts, chunk: list[Sequence], n_tokens: int, rng: random.Random) -> tuple[float, int]:
+def _chunk(costs: Any, chunk: list[Sequence], n_tokens: int, rng: random.Random) -> tuple[float, int]:
     """(seconds, decode steps) of one chunk: its prefill step, then decode steps while any
     sequence has fewer than `n_tokens` tokens."""
-    seconds = costs.prefill_seconds(sum(s.prompt_tokens for s in chunk))
+    seconds = costs.prefill_seconds(sum(s.prompt_tokens for s in chunk), len(chunk))
     t = [1] * len(chunk)  # tokens generated; the prefill gave the first
     steps = 0
     while True:
@@ -174,10 +176,11 @@ class Prediction:
 
 
 def predict(
-    costs: StepCosts, sequences: list[Sequence], batch: int, n_tokens: int, samples: int = SAMPLES, seed: int = 0
+    costs: Any, sequences: list[Sequence], batch: int, n_tokens: int, samples: int = SAMPLES, seed: int = 0
 ) -> Prediction:
     """vLLM generating `n_tokens` tokens for each sequence, in consecutive chunks of `batch`,
-    priced with `costs`: exact when every acceptance is 0 or 1, else the mean over `samples`
+    priced with `costs` (a `StepCosts`, or anything with its `step` and `prefill_seconds`:
+    `vllm_cost_model.ModelCosts`): exact when every acceptance is 0 or 1, else the mean over `samples`
     sampled runs."""
     exact = all(x in (0.0, 1.0) for s in sequences for a in s.acceptance for x in a)
     runs = 1 if exact else samples
@@ -211,3 +214,17 @@ class PricedRow:
     vllm_speedup: float | None
     vllm_speedup_range: tuple[float, float] | None
     error: float | None  # predicted / measured - 1
+    # The same acceptance priced by the cost model fitted from runs without speculation
+    # (`vllm_cost_model`), none of this setting's own timings; None when it could not be fitted.
+    model_speedup: float | None = None
+    model_error: float | None = None  # model_speedup / measured - 1
+    model_plain_step_ms: float | None = None  # its plain decode step at B
+    model_verify_step_ms: float | None = None  # its verify step at B, k + 1 tokens a request
+    model_draft_ms: float | None = None  # its draft proposal at B (0: a proposal without a model)
+    # vLLM's speedup in its worker's CPU time (when the steps were timed in CPU time, the clock the
+    # predictions are priced in) and the errors against it
+    vllm_speedup_cpu: float | None = None
+    vllm_speedup_cpu_range: tuple[float, float] | None = None
+    error_cpu: float | None = None
+    model_error_cpu: float | None = None
+    clock: str = "wall"  # the clock the step costs (both predictions') were timed in

@@ -33,7 +33,10 @@ vLLM validates (`vllm/v1/spec_decode/dynamic/utils.py`: first range starts at 1,
 non-overlapping, k >= 0, capped by num_speculative_tokens).
 
 The worker also times each engine step; `VllmProfile.step_costs` holds them per setting
-(`vllm_costs.step_costs`), for pricing our acceptance with vLLM's own costs.
+(`vllm_costs.step_costs`), for pricing our acceptance with vLLM's own costs. Given `probes`,
+models are also timed alone without speculation first (`vllm_worker.run_probe`), fitted into
+`VllmProfile.cost_fits` (`vllm_cost_model.fit`): the cost model that prices a speculative run
+without its own timings.
 
 What this module does not know: our own loop (`profile`), or how results are printed.
 """
@@ -53,6 +56,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
+from infer_tool.spec.vllm_cost_model import ModelFit, fit
 from infer_tool.spec.vllm_costs import StepCosts, step_costs
 
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
@@ -89,6 +93,10 @@ class Cell:
     accepted_hist: list[int] = field(default_factory=list)  # drafts that accepted exactly 0..k tokens
     same_output: bool | None = None  # repeat 0 generated exactly no speculation's tokens (lossless at T = 0)
     decode_steps: int | None = None  # engine steps after the prefills in repeat 0 (the worker's step timings)
+    # The same in the worker's CPU time (all its threads): robust to other processes' load with one compute thread
+    tokens_per_cpu_s: float | None = None
+    speedup_cpu: float | None = None
+    speedup_cpu_range: tuple[float, float] | None = None
 
 
 @dataclass
@@ -118,6 +126,8 @@ class VllmProfile:
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # setting -> load_s, runs_s
     errors: list[str] = field(default_factory=list)
     step_costs: dict[str, StepCosts] = field(default_factory=dict)  # setting -> its timed engine steps' costs
+    cost_fits: dict[str, ModelFit] = field(default_factory=dict)  # probe name -> the model's costs alone
+    clock: str = "wall"  # the step timings' clock: wall, or cpu (the worker's CPU time)
 
 
 VLLM_NOTES = [
@@ -129,7 +139,8 @@ VLLM_NOTES = [
     "per_pos[i-1] / num_drafts); conditional = that over position i-1's, the chance position i is accepted "
     "once i-1 was (our alpha is its mean under independence); vLLM's acceptance rate accepted / drafted "
     "tokens = the mean of the unconditional ones when every draft proposes k tokens",
-    "the table's k per batch size is the measured fastest at that size, no speculation (k = 0) included; "
+    "the table's k per batch size is the measured fastest at that size, no speculation (k = 0) included "
+    "(in the worker's CPU time when the steps are timed so: --threads 1 on a CPU); "
     "size B_i's k covers B_i .. B_(i+1) - 1, and vLLM carries the last range's k to larger batches",
 ]
 
@@ -303,7 +314,7 @@ def run_worker(
     done: set[str] = set()
     records: list[dict[str, Any]] = []
     host: dict[str, Any] = {}
-    total = len(settings) * len(job["batch_sizes"])
+    total = sum(1 for s in settings if not s.get("probe")) * len(job["batch_sizes"])
     attempt = 0
     while len(done) < len(settings):
         attempt += 1
@@ -333,6 +344,12 @@ def run_worker(
                             batch = rec.get("batch")
                             if "load_s" in rec:
                                 records.append({"setting": name, "load_s": rec["load_s"]})
+                        elif rec.get("probe_done"):
+                            done.add(rec["setting"])
+                            stage, since = "between", time.monotonic()
+                        elif "probe" in rec:
+                            records.append(rec)
+                            since = time.monotonic()
                         elif "error" in rec:
                             records.append(rec)
                             done.add(rec["setting"])
@@ -393,6 +410,8 @@ def cell(batch: int, k: int, recs: list[dict[str, Any]]) -> Cell:
     """One (batch size, k) from its repeats' records."""
     rates = [r["tokens"] / r["seconds"] for r in recs]
     c = Cell(batch, k, len(recs), sum(rates) / len(rates), _range(rates))
+    if all(r.get("cpu_seconds") for r in recs):
+        c.tokens_per_cpu_s = sum(r["tokens"] / r["cpu_seconds"] for r in recs) / len(recs)
     first = next((r for r in recs if r.get("repeat") == 0 and "steps" in r), None)
     if first is not None:
         c.decode_steps = sum(1 for s in first["steps"] if not s[3])
@@ -411,6 +430,18 @@ def cell(batch: int, k: int, recs: list[dict[str, Any]]) -> Cell:
     if c.num_draft_tokens:
         c.acceptance_rate = c.num_accepted_tokens / c.num_draft_tokens
     return c
+
+
+def _cpu_speedup(
+    mine: list[dict[str, Any]], base: list[dict[str, Any]]
+) -> tuple[float | None, tuple[float, float] | None]:
+    """Speedup over no speculation in the worker's CPU time (mean rates' ratio, min / max and max / min
+    over repeats); None when a repeat has no CPU time."""
+    if not mine or not base or not all(r.get("cpu_seconds") for r in mine + base):
+        return None, None
+    a = [r["tokens"] / r["cpu_seconds"] for r in mine]
+    b = [r["tokens"] / r["cpu_seconds"] for r in base]
+    return (sum(a) / len(a)) / (sum(b) / len(b)), (min(a) / max(b), max(a) / min(b))
 
 
 def schedule(best_k: dict[int, int]) -> list[list[int]]:
@@ -444,9 +475,16 @@ def recommended_config(config: dict[str, Any], rows: list[list[int]]) -> dict[st
 
 
 def analyse(
-    records: list[dict[str, Any]], drafts: list[VllmDraftSpec], ks: list[int], batch_sizes: list[int]
+    records: list[dict[str, Any]],
+    drafts: list[VllmDraftSpec],
+    ks: list[int],
+    batch_sizes: list[int],
+    basis: str = "wall",
 ) -> tuple[list[Cell], list[VllmDraftProfile], list[str]]:
-    """Baseline cells, each draft's profile, and the one-line errors (naming draft and setting)."""
+    """Baseline cells, each draft's profile, and the one-line errors (naming draft and setting).
+    `basis` "cpu": the best k per batch size is the fastest in the worker's CPU time (tokens per
+    CPU second; with one compute thread on a CPU robust to other processes' load, where wall time
+    swings between repeats), else in wall time."""
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
     errors: dict[str, str] = {}
     for r in records:
@@ -480,11 +518,16 @@ def analyse(
                         c.tokens_per_s_range[0] / base.tokens_per_s_range[1],
                         c.tokens_per_s_range[1] / base.tokens_per_s_range[0],
                     )
+                    c.speedup_cpu, c.speedup_cpu_range = _cpu_speedup(by[name, b], by.get((base_name, b), []))
                 cells.append(c)
         best: dict[int, int] = {}
+
+        def rate(c: Cell) -> float:
+            return c.tokens_per_cpu_s if basis == "cpu" and c.tokens_per_cpu_s else c.tokens_per_s
+
         for b in batch_sizes:
-            options = [(base_rate[b].tokens_per_s, 0)] if b in base_rate else []
-            options += [(c.tokens_per_s, c.k) for c in cells if c.batch == b]
+            options = [(rate(base_rate[b]), 0)] if b in base_rate else []
+            options += [(rate(c), c.k) for c in cells if c.batch == b]
             if b in base_rate and len(options) > 1:  # a choice needs the baseline and a k measured
                 best[b] = max(options)[1]
         rows = schedule(best) if best else []
@@ -523,9 +566,18 @@ def profile_vllm(
     load_timeout: float,
     run_timeout: float,
     progress: Progress | None = None,
+    probes: list[tuple[str, str]] | None = None,
+    probe_repeats: int = 3,
+    clock: str = "wall",
 ) -> VllmProfile:
-    """Measure no speculation and every (draft, k) at every batch size in vLLM."""
-    settings: list[dict[str, Any]] = [{"name": setting_name(None, 0), "speculative_config": None}]
+    """Measure no speculation and every (draft, k) at every batch size in vLLM; `probes`
+    (name, model directory): models also timed alone without speculation, for the cost model
+    (`vllm_worker.run_probe`, `vllm_cost_model.fit`), first."""
+    queries = list(range(1, max(ks) + 2))
+    settings: list[dict[str, Any]] = [
+        {"name": name, "probe": True, "model": model, "queries": queries} for name, model in probes or []
+    ]
+    settings.append({"name": setting_name(None, 0), "speculative_config": None})
     for d in drafts:
         for k in ks:
             settings.append(
@@ -542,6 +594,8 @@ def profile_vllm(
         "seed": seed,
         "batch_sizes": batch_sizes,
         "repeats": repeats,
+        "probe_repeats": probe_repeats,
+        "clock": clock,
         "threads": threads,
         "settings": settings,
     }
@@ -549,11 +603,23 @@ def profile_vllm(
     host, records = run_worker(
         python, work, job, load_timeout=load_timeout, run_timeout=run_timeout, progress=progress or no_progress
     )
-    baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes)
+    baseline, profiles, errors = analyse(records, drafts, ks, batch_sizes, basis=clock)
     outputs = {r["setting"]: r["outputs"] for r in records if r.get("repeat") == 0 and r.get("batch") == batch_sizes[0]}
     steps: dict[str, list[list[float]]] = {}
+    probed: dict[str, list[dict[str, Any]]] = {}
     for r in records:
-        steps.setdefault(r["setting"], []).extend(r.get("steps", []))
+        if "probe" in r:
+            probed.setdefault(r["setting"], []).append(r)
+        else:
+            steps.setdefault(r["setting"], []).extend(r.get("steps", []))
+    fits: dict[str, ModelFit] = {}
+    for name, recs in probed.items():
+        try:
+            fits[name] = fit(recs)
+        except ValueError as e:
+            errors.append(f"{name}: {e}")
+    probe_names = {name for name, _ in probes or []}
+    errors += [f"{r['setting']}: {r['error']}" for r in records if "error" in r and r["setting"] in probe_names]
     timings: dict[str, dict[str, float]] = {}
     for r in records:
         t = timings.setdefault(r["setting"], {"load_s": 0.0, "runs_s": 0.0})
@@ -574,4 +640,6 @@ def profile_vllm(
         timings=timings,
         errors=errors,
         step_costs={name: step_costs(v) for name, v in steps.items() if v},
+        cost_fits=fits,
+        clock=clock,
     )

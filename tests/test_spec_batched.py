@@ -98,14 +98,15 @@ def test_loop_table(target: torch.nn.Module) -> None:
     from infer_tool.spec.acceptance import beta
     from infer_tool.spec.sampling import warp
 
-    acc = {}
+    acc, drafted = {}, {}
     for k in (1, 2):
-        acc[k] = []
+        acc[k], drafted[k] = [], []
         for p, c in zip(prompts, conts):
             seq = torch.cat([p, c])
             P = len(p)
             pr = warp(lm.score(seq)[P - 1 : -1], 0.0, 1.0)
             acc[k].append(draft.round_acceptance(seq, P, k, pr, beta(pr, draft.teacher_forced(seq, P, 0.0, 1.0))))
+            drafted[k].append(draft.round_drafted(seq, P, k))
     t = measure(
         target,
         V,
@@ -119,9 +120,14 @@ def test_loop_table(target: torch.nn.Module) -> None:
         seed=0,
         continuations=conts,
         acceptance=[acc],
+        drafted=[drafted],
     )
     assert [(c.batch, c.k) for c in t.cells] == [(b, k) for b in (1, 2, 4) for k in (1, 2)]
     assert all(c.as_alone is True for c in t.cells)
+    # The cost model's prediction counts the target passes the loop took (T = 0: the rounds are exact).
+    assert [c.predicted_passes for c in t.cells] == [c.passes for c in t.cells]
+    assert all(c.predicted_speedup is not None and c.predicted_speedup > 0 for c in t.cells)
+    assert set(t.cost_fits) == {"target", "truncated:2"}
     for b in (1, 2, 4):
         options = [(1.0, 0)] + [(c.speedup, c.k) for c in t.cells if c.batch == b]
         assert t.best_k["truncated:2"][b] == max(options)[1]

@@ -103,10 +103,11 @@ def test_table_is_what_vllm_takes_and_gives_each_batch_its_best_k(report: dict) 
 
 def test_chosen_k_is_the_measured_fastest(report: dict) -> None:
     v = report["vllm"]
-    base = {c["batch"]: c["tokens_per_s"] for c in v["baseline"]}
+    rate = "tokens_per_cpu_s" if v["clock"] == "cpu" else "tokens_per_s"  # --threads 1 on a CPU: its CPU time
+    base = {c["batch"]: c[rate] for c in v["baseline"]}
     for d in v["drafts"]:
         for b in BATCHES:
-            options = {0: base[b], **{c["k"]: c["tokens_per_s"] for c in d["cells"] if c["batch"] == b}}
+            options = {0: base[b], **{c["k"]: c[rate] for c in d["cells"] if c["batch"] == b}}
             assert d["best_k"][str(b)] == max(options, key=options.get), (d["name"], b, options)
 
 
@@ -148,6 +149,24 @@ def test_priced_steps_are_vllms(report: dict) -> None:
     for r in rows:
         assert r["predicted_speedup"] > 0 and r["plain_step_ms"] > 0 and r["verify_step_ms"] > 0
         assert r["error"] == pytest.approx(r["predicted_speedup"] / r["vllm_speedup"] - 1)
+
+
+def test_cost_model_probes_are_the_steps_it_prices(report: dict) -> None:
+    """The cost model's probes ran in vLLM without speculation (the target, and the draft model
+    alone): every cached-prefix probe step scheduled exactly q tokens a request (vLLM's prefix
+    cache served the rest), a plain decode step was timed at each batch size, and every row got
+    the model's prediction. (How close it lands is measured on the results page, not here: these
+    runs are too short to time.)"""
+    fits = report["vllm"]["cost_fits"]
+    assert set(fits) == {"cost probe: target", "cost probe: truncated:20"}
+    for name, f in fits.items():
+        assert f["misses"] == [], name
+        assert sorted(map(int, f["decode"])) == BATCHES, name
+        for b in BATCHES:
+            assert sorted(map(int, f["query"][str(b)])) == list(range(1, max(KS) + 2)), (name, b)
+    for r in report["priced"]:
+        assert r["model_speedup"] > 0, r
+        assert r["model_draft_ms"] == 0 if r["draft"] == "ngram:3" else r["model_draft_ms"] > 0
 
 
 def test_ngram_rule_is_vllms() -> None:

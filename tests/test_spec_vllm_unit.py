@@ -98,6 +98,26 @@ def test_best_k_is_the_fastest_measured() -> None:
     assert errors == ["draft e at k=1: ValueError: no"]  # names the draft and the setting
 
 
+def test_best_k_in_cpu_time_when_timed_so() -> None:
+    """Under other processes' load wall time can rank k wrongly: with the CPU-time basis the
+    worker's CPU seconds decide (here k=1 is faster by the wall clock, slower by CPU time)."""
+    records = [
+        {**_rec("no speculation", 1, 2.0), "cpu_seconds": 1.0},
+        {
+            **_rec("d k=1", 1, 1.0, num_drafts=1, num_draft_tokens=1, num_accepted_tokens=0, accepted_per_pos=[0]),
+            "cpu_seconds": 1.5,
+        },
+    ]
+    from infer_tool.spec.vllm_engine import VllmDraftSpec
+
+    spec = [VllmDraftSpec("d", {"method": "x"})]
+    assert analyse(records, spec, [1], [1])[1][0].best_k == {1: 1}
+    _, (d,), _ = analyse(records, spec, [1], [1], basis="cpu")
+    assert d.best_k == {1: 0}
+    assert d.cells[0].speedup_cpu == pytest.approx(1.0 / 1.5)
+    assert d.cells[0].speedup == pytest.approx(2.0)
+
+
 def test_parse_config() -> None:
     assert parse_config('{"method": "eagle3", "model": "m", "num_speculative_tokens": 5}') == {
         "method": "eagle3",

@@ -219,7 +219,7 @@ def _loop_table(t: dict[str, Any]) -> None:
             table.add_row(
                 name if i == 0 else "",
                 str(b),
-                *(f"{cells[k]['speedup']:.2f}{' *' if best[b] == k else ''}" for k in t["ks"]),
+                *(f"{cells[k]['speedup']:.2f}{_pred(cells[k])}{' *' if best[b] == k else ''}" for k in t["ks"]),
                 "none" if best[b] == 0 else str(best[b]),
                 "-" if None in alone else ("yes" if alone == {True} else "NO"),
             )
@@ -228,8 +228,10 @@ def _loop_table(t: dict[str, Any]) -> None:
     console.print(table)
     console.print(
         "speedup: plain decoding / speculative decoding of the same chunks of B prompts, decode phase (prefill "
-        "excluded); * the fastest k, none: no speculation wins; as alone (T=0): every sequence emitted the "
-        "target's greedy tokens and accepted what it accepts decoding alone",
+        "excluded), measured / predicted: our loop's prediction from a cost model fitted to its own passes "
+        "without speculation (the target's over 1 and k + 1 tokens a row, a model draft's alone) and the "
+        "acceptance along each continuation; * the fastest k measured, none: no speculation wins; as alone "
+        "(T=0): every sequence emitted the target's greedy tokens and accepted what it accepts decoding alone",
         highlight=False,
     )
     for name, rows in t["schedule"].items():
@@ -238,6 +240,16 @@ def _loop_table(t: dict[str, Any]) -> None:
             highlight=False,
             markup=False,
         )
+
+
+def _speedup(c: dict[str, Any], cpu: bool) -> str:
+    x, r = (c.get("speedup_cpu"), c.get("speedup_cpu_range")) if cpu else (c["speedup"], c["speedup_range"])
+    return "-" if x is None else f"{x:.2f}{_rng(r)}"
+
+
+def _pred(cell: dict[str, Any]) -> str:
+    p = cell.get("predicted_speedup")
+    return "" if p is None else f"/{p:.2f}"
 
 
 def _rng(lo_hi: list[float] | None, fmt: str = ".2f") -> str:
@@ -254,7 +266,9 @@ def _vllm(v: dict[str, Any]) -> None:
         title=f"measured by vLLM {host.get('vllm', '?')} (its counters and throughput; {v['repeats']} repeats, "
         f"range in brackets): target {v['target']}"
     )
-    for col in ("draft", "batch", "k", "tokens/s", "speedup", "mean acc. len", "per-position: uncond. / cond."):
+    cpu = v.get("clock") == "cpu"
+    for col in ("draft", "batch", "k", "tokens/s", "speedup (cpu)" if cpu else "speedup", "mean acc. len",
+                "per-position: uncond. / cond."):  # fmt: skip
         table.add_column(col, justify="left" if col in ("draft", "per-position: uncond. / cond.") else "right")
     for b in v["batch_sizes"]:
         if b in base:
@@ -279,7 +293,7 @@ def _vllm(v: dict[str, Any]) -> None:
                     str(b),
                     f"{c['k']}{' *' if best else ''}",
                     f"{c['tokens_per_s']:.1f}{_rng(c['tokens_per_s_range'], '.1f')}",
-                    "-" if c["speedup"] is None else f"{c['speedup']:.2f}{_rng(c['speedup_range'])}",
+                    _speedup(c, cpu),
                     "-" if c["mean_acceptance_length"] is None else f"{c['mean_acceptance_length']:.2f}",
                     " ".join(f"{x:.2f}" for x in c["per_position"])
                     + " / "
@@ -290,8 +304,9 @@ def _vllm(v: dict[str, Any]) -> None:
     console.print()
     console.print(table)
     console.print(
-        "speedup: tokens/s over no speculation's at the same batch size; * the measured fastest k at that size "
-        "(best k 0 means no speculation wins)",
+        "speedup: tokens/s over no speculation's at the same batch size (cpu: tokens per second of the worker's "
+        "CPU time, robust to other processes' load with --threads 1; tokens/s stays wall time); * the measured "
+        "fastest k at that size, by the same clock (best k 0 means no speculation wins)",
         highlight=False,
     )
     for d in v["drafts"]:
@@ -383,18 +398,32 @@ def predicted_vs_vllm(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _predicted_vs_vllm(report: dict[str, Any]) -> None:
-    """Our acceptance priced with vLLM's step costs per (draft, batch size, k), next to vLLM's
-    measured speedup; at batch 1 also our loop's own prediction (its transformers costs)."""
+    """Our acceptance priced per (draft, batch size, k) two ways, next to vLLM's measured
+    speedup: with the cost model fitted from vLLM runs without speculation (the prediction),
+    and with the step costs timed inside the same speculative runs (a consistency check); at
+    batch 1 also our loop's own prediction (its transformers costs)."""
     ours = {(r["draft"], r["k"]): r["ours_predicted"] for r in predicted_vs_vllm(report)}
     rows = report.get("priced") or []
     if not rows and not ours:
         return
+    cpu = any(r.get("clock") == "cpu" for r in rows)
     table = Table(title="speedup predicted for our acceptance / measured by vLLM (prefill included)")
-    for col in ("draft", "B", "k", "p/v/d ms", "pred.", "vLLM", "range", "error", "ours"):
+    vcols = ("vLLM wall", "vLLM cpu") if cpu else ("vLLM",)
+    for col in ("draft", "B", "k", *vcols, "model", "err", "p/v/d", "check", "err", "p/v/d", "ours"):
         table.add_column(col, justify="left" if col == "draft" else "right")
+
+    def rng(x: float | None, lo_hi: list[float] | None) -> str:
+        """'0.65 .62-.68': the value and its range over repeats, short enough for one line."""
+        if x is None:
+            return "-"
+        short = [f"{v:.2f}".removeprefix("0") for v in lo_hi] if lo_hi is not None else None
+        return f"{x:.2f}" + ("" if short is None else f" {short[0]}-{short[1]}")
 
     def ms(x: float | None) -> str:
         return "-" if x is None else f"{x:.0f}"
+
+    def num(x: float | None, fmt: str = "{:.2f}") -> str:
+        return "-" if x is None else fmt.format(x)
 
     last = None
     for r in sorted(rows, key=lambda r: (r["draft"], r["batch"], r["k"])):
@@ -405,24 +434,32 @@ def _predicted_vs_vllm(report: dict[str, Any]) -> None:
             r["draft"] if r["draft"] != last else "",
             str(r["batch"]),
             str(r["k"]),
-            "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
+            rng(r["vllm_speedup"], r["vllm_speedup_range"]),
+            *((rng(r.get("vllm_speedup_cpu"), r.get("vllm_speedup_cpu_range")),) if cpu else ()),
+            num(r.get("model_speedup")),
+            num(r.get("model_error_cpu") if cpu else r.get("model_error"), "{:+.0%}"),
+            "/".join(ms(r.get(f)) for f in ("model_plain_step_ms", "model_verify_step_ms", "model_draft_ms")),
             f"{r['predicted_speedup']:.2f}",
-            "-" if r["vllm_speedup"] is None else f"{r['vllm_speedup']:.2f}",
-            "" if r["vllm_speedup_range"] is None else "{:.2f}-{:.2f}".format(*r["vllm_speedup_range"]),
-            "-" if r["error"] is None else f"{r['error']:+.0%}",
-            "-" if mine is None else f"{mine:.2f}",
+            num(r.get("error_cpu") if cpu else r["error"], "{:+.0%}"),
+            "/".join(ms(r[f]) for f in ("plain_step_ms", "verify_step_ms", "draft_ms")),
+            num(mine),
         )
         last = r["draft"]
     console = out()
     console.print()
     console.print(table)
     console.print(
-        "pred.: our loop's acceptance along each continuation, priced with vLLM's own engine steps timed in "
-        "its runs (median no-speculation step, speculative step = verify + draft, the prefill as a line in prompt "
-        "tokens), prompts in chunks of B as vLLM ran them; p/v/d ms: vLLM's median plain step, verify step "
-        "(drafting excluded) and drafting at the full batch B; vLLM: its measured speedup, range over repeats; "
-        "error: pred. / vLLM - 1; ours (B = 1): our loop's prediction with its own transformers costs (prefill "
-        "excluded)",
+        "vLLM: its measured speedup (wall: tokens/s; cpu: tokens per second of its worker's CPU time, robust to "
+        "other processes' load with --threads 1, the clock the costs were timed in), range over repeats "
+        "(.62-.68). model: the prediction, our loop's acceptance along "
+        "each continuation priced by the cost model fitted from vLLM runs without speculation (the target "
+        "alone: plain decode steps and cached-prefix steps of k + 1 tokens a request; a draft model alone: "
+        "one pass over k + 1 tokens and k - 1 one-token passes), none of the speculative runs' timings; "
+        "check: the same acceptance priced with the steps timed inside the speculative runs themselves "
+        "(a consistency check of the accounting, not a prediction); err: / vLLM - 1 (vLLM cpu when timed so); "
+        "p/v/d: plain step, "
+        "verify step (drafting excluded) and drafting at B, ms, as the model prices them and as timed in the "
+        "runs; ours (B = 1): our loop's prediction with its own transformers costs (prefill excluded)",
         highlight=False,
     )
 
