@@ -15,13 +15,14 @@ This module knows nothing about any format's tensors.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -363,10 +364,7 @@ def write_checkpoint(
     fmt_obj.check(scheme, quantized)
     ignore = ignored_linears(model, quantized, unquantized, rename)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staging(out) as tmp:
         dtype = dtype or model_dtype(model)
         tensors = checkpoint_tensors(model, quantized, fmt_obj, extra_tensors, dtype)
         if rename is not None:
@@ -381,10 +379,21 @@ def write_checkpoint(
             extra_files,
             max_shard_bytes,
         )
+    return out
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """A fresh hidden directory beside `out` to assemble a checkpoint in (`assemble` renames it
+    to `out`); removed if the block fails or is interrupted, so nothing is left behind."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 # ---------------------------------------------------------------- reading

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from infer_tool.packers.checkpoint import (
     get_format,
     ignored_linears,
     model_dtype,
+    staging,
 )
 from infer_tool.packers.shards import in_memory
 
@@ -226,10 +225,7 @@ def write_mixed(
         read=read_layers,
         matches=matches,
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with staging(out) as tmp:
         tensors = checkpoint_tensors(model, quantized, dispatch, None, dtype)
         if callable(extra_files):
             extra_files = extra_files(tensors)
@@ -243,7 +239,4 @@ def write_mixed(
             extra_files,
             max_shard_bytes,
         )
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
