@@ -198,3 +198,28 @@ def test_a_group_without_its_format_is_refused_naming_it(tmp_path: Path) -> None
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(BadInput, match="has format None; each group needs its own"):
         read_checkpoint(out)
+
+
+def test_a_failed_overwrite_leaves_the_earlier_checkpoint_as_it_was(tmp_path: Path, monkeypatch) -> None:
+    """A failure after part of the weights hit the disk, while replacing our own earlier checkpoint
+    (--overwrite), leaves that checkpoint byte for byte and no temporary directory beside it."""
+    from infer_tool.packers import safetensors_stream
+
+    model = tiny_bf16()
+    quantized, schemes = mixed_weights(model, PLAN)
+    out = write_mixed(model, quantized, schemes, tmp_path / "mixed", dtype=torch.bfloat16)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, written = safetensors_stream.tensor_bytes, []
+
+    def two_then_fail(t):  # noqa: ANN001, ANN202
+        if len(written) == 2:
+            raise OSError("disk full (simulated)")
+        written.append(t)
+        return real(t)
+
+    monkeypatch.setattr(safetensors_stream, "tensor_bytes", two_then_fail)
+    with pytest.raises(OSError, match="simulated"):
+        write_mixed(model, quantized, schemes, out, overwrite=True, dtype=torch.bfloat16)
+    assert len(written) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mixed"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
