@@ -246,15 +246,21 @@ def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversio
     if method not in ("awq", "gptq", "fp8", "modelopt"):
         raise BadInput(
             f"quant_method {method!r} is not a format convert reads; it reads awq (GEMM), gptq (v1), fp8 (native) "
-            "and modelopt (NVFP4)"
+            "and modelopt (NVFP4, FP8)"
         )
     if method == "modelopt":
+        from infer_tool.packers.codecs import modelopt_fp8
         from infer_tool.packers.codecs.modelopt_nvfp4 import ALGOS, ANCHOR, matches, settings, w4a4
 
+        if modelopt_fp8.matches(quant_config):  # per-tensor e4m3 weights, static input scales: a copy
+            scheme = Fp8Scheme(granularity="tensor", activations="static")
+            return Conversion(
+                format_of(quant_config), get_format(FORMAT_NAME, "fp8"), scheme, quant_config, "weight", torch.float32
+            )
         if not matches(quant_config):
             raise BadInput(
                 f"ModelOpt quant_algo {settings(quant_config)[0]!r} is not one convert reads; it reads "
-                f"{' and '.join(ALGOS)}"
+                f"{', '.join((*ALGOS, modelopt_fp8.ALGO))}"
             )
     source = format_of(quant_config)
     if method == "modelopt":

@@ -433,6 +433,37 @@ def test_converted_modelopt_loads_in_transformers(tmp_path: Path) -> None:
     assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max()) + 1e-6
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+def test_modelopt_fp8_converts_as_a_copy(legacy: bool, tmp_path: Path) -> None:
+    """ModelOpt FP8 (tests/producers.py, from its published layout): e4m3 weights byte for byte, the
+    per-tensor weight_scale and static input_scale multipliers as compressed-tensors' (1,) scales;
+    the converted checkpoint dequantizes to ModelOpt's weights bit for bit, and `eval ppl` reads the
+    source and the conversion to the same perplexity (served: static FP8 activations)."""
+    from producers import write_producer
+    from safetensors.torch import load_file
+
+    model = save_tiny_llama(tmp_path / "model", tie=True)
+    src, ref = write_producer(model, tmp_path, "modelopt-fp8", legacy_modelopt=legacy)
+    r = invoke("convert", src, "--out", tmp_path / "ct", "--no-progress", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["linears"] == 14
+    qc = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]
+    group = qc["config_groups"]["group_0"]
+    assert qc["format"] == "float-quantized" and group["weights"]["strategy"] == "tensor"
+    assert group["input_activations"]["dynamic"] is False
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "ct" / "model.safetensors"))
+    want = load_file(str(ref / "model.safetensors"))
+    _, layers, _ = read_checkpoint(tmp_path / "ct")
+    assert len(layers) == 14
+    for name, w in layers.items():
+        assert torch.equal(a[f"{name}.weight"].view(torch.uint8), b[f"{name}.weight"].view(torch.uint8)), name
+        for s in ("weight_scale", "input_scale"):
+            assert b[f"{name}.{s}"].shape == (1,) and torch.equal(b[f"{name}.{s}"], a[f"{name}.{s}"].reshape(1)), name
+        assert torch.equal(w.dequantize(torch.float32).view(torch.int32), want[f"{name}.weight"].view(torch.int32))
+    corpus = _corpus(tmp_path)
+    assert _ppl(src, corpus) == pytest.approx(_ppl(tmp_path / "ct", corpus), rel=1e-6)
+
+
 def test_modelopt_refusals_name_why(tmp_path: Path) -> None:
     """Another quant_algo, another group size and a zero weight_scale_2: exit 2 naming the value, nothing written."""
     from safetensors.torch import load_file
@@ -440,7 +471,7 @@ def test_modelopt_refusals_name_why(tmp_path: Path) -> None:
     src, _ = _modelopt(tmp_path, w4a4=False, legacy=False)
     config = json.loads((src / "config.json").read_text())
     for change, words in (
-        ({"quant_algo": "FP8"}, "'FP8'"),
+        ({"quant_algo": "FP8_PB_WO"}, "'FP8_PB_WO'"),
         ({"group_size": 32}, "group_size 32"),
     ):
         bad = json.loads(json.dumps(config))
