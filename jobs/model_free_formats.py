@@ -391,13 +391,13 @@ def _back_conversion(quant_config: Mapping[str, Any], target: str) -> Conversion
         scheme = Fp8Scheme(granularity=strategy, block_size=tuple(block), activations=activations)
         return Conversion(source, get_format("fp8", "fp8"), scheme, quant_config, "weight", torch.float32)
     name = BACK_TARGETS[target]
+    if group.get("input_activations"):
+        raise BadInput(f"the source quantizes activations too; {name} is a weight-only format")
     if source.kind != "int" or wtype != "int" or fmt != "pack-quantized":
         what = f"{bits}-bit {wtype} weights ({fmt})"
         if fmt and "fp4" in str(fmt):
             what += ": E2M1 codes with E4M3 (or E8M0) block scales, no integer grid"
         raise BadInput(f"{name} holds integer codes with float16 group scales; the source has {what}")
-    if group.get("input_activations"):
-        raise BadInput(f"the source quantizes activations too; {name} is a weight-only format")
     bits = int(bits)
     channel = weights.get("strategy") == "channel"
     size = -1 if channel else int(weights.get("group_size") or 0)

@@ -281,6 +281,7 @@ def test_convert_back_refusals_name_why(tiny: Path, tmp_path: Path) -> None:
         (("--method", "rtn", "--sym", "--group-size", "32", "--dtype", "float32"), "awq", "not a float16 value"),
         (("--method", "rtn", "--sym", "--group-size", "-1", "--dtype", "bfloat16"), "awq", "per output channel"),
         (("--method", "rtn", "--sym", "--group-size", "32", "--dtype", "bfloat16"), "fp8", "e4m3 weights"),
+        (("--scheme", "W8A8", "--method", "rtn"), "gptq", "weight-only"),
     ]
     for i, (flags, to, words) in enumerate(cases):
         src = tmp_path / f"src{i}"
