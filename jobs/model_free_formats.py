@@ -399,6 +399,8 @@ def _back_conversion(quant_config: Mapping[str, Any], target: str) -> Conversion
             what += ": E2M1 codes with E4M3 (or E8M0) block scales, no integer grid"
         raise BadInput(f"{name} holds integer codes with float16 group scales; the source has {what}")
     bits = int(bits)
+    if weights.get("strategy") not in ("group", "channel"):
+        raise BadInput(f"INT weight strategy {weights.get('strategy')!r}: {name} holds group or per-channel scales")
     channel = weights.get("strategy") == "channel"
     size = -1 if channel else int(weights.get("group_size") or 0)
     symmetric = bool(weights.get("symmetric", True))

@@ -32,6 +32,7 @@ here (AMD EPYC, no AMX): demo W4A16 ours 32.303, vLLM 32.265 (-0.12%), transform
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,12 @@ def test_model_free_checkpoints_in_vllm_and_transformers(tmp_path: Path) -> None
     from infer_tool.calib.models import resolve_model_dir
     from infer_tool.evals.load_quantized import load_quantized
 
+    laps, t0 = {}, time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal t0
+        laps[stage], t0 = round(time.perf_counter() - t0, 1), time.perf_counter()
+
     try:
         python = vllm_formats.vllm_python()
     except vllm_formats.VllmEnvMissing as exc:
@@ -154,9 +161,11 @@ def test_model_free_checkpoints_in_vllm_and_transformers(tmp_path: Path) -> None
         names = set(f.keys())
     assert {f"model.layers.1.mlp.experts.7.{p}.weight_packed" for p in ("gate_proj", "up_proj", "down_proj")} <= names
     assert not any(n.endswith(".weight") and ".experts." in n for n in names)
+    lap("quantize")
     ids = vllm_formats.window_ids(ckpts["mf-demo-int4"])[:TOKENS]
     rows = tuple(row for _, row in ROWS)
     host, by_name = vllm_formats.run_vllm(python, tmp_path, ckpts, rows, ids)
+    lap("vllm")
     window = torch.tensor(ids)
     bad, seen = [], {}
     for source, row in ROWS:
@@ -164,6 +173,7 @@ def test_model_free_checkpoints_in_vllm_and_transformers(tmp_path: Path) -> None
         ours = None
         if rec.get("ppl") is not None or row.id in TRANSFORMERS:
             ours = _ppl(load_quantized(ckpts[row.id], dtype=torch.bfloat16)[0], window)
+            lap(f"ours {row.id}")
         seen[row.id] = {"ours": ours, "vllm": rec.get("ppl"), "error": rec.get("error")}
         if source == "demo":
             res = vllm_formats.Result(row, ckpts[row.id], rec, ours=ours)
@@ -175,7 +185,8 @@ def test_model_free_checkpoints_in_vllm_and_transformers(tmp_path: Path) -> None
         if row.id in TRANSFORMERS:
             hf = _ppl(AutoModelForCausalLM.from_pretrained(ckpts[row.id], dtype=torch.bfloat16).eval(), window)
             seen[row.id]["transformers"] = hf
+            lap(f"transformers {row.id}")
             if abs(hf / ours - 1) > PPL_TOL:
                 bad.append(f"{row.id}: transformers + compressed-tensors ppl {hf:.4f} vs ours {ours:.4f}, over 1%")
-    print(f"host AMX {host.get('amx')}, AVX-512 {host.get('avx512')}: {seen}")
+    print(f"host AMX {host.get('amx')}, AVX-512 {host.get('avx512')}: {seen}; seconds {laps}")
     assert not bad, f"host AMX {host.get('amx')}: " + "; ".join(bad) + f" ({seen})"
