@@ -226,6 +226,7 @@ def test_convert_back_round_trip_is_byte_for_byte(name: str, tiny: Path, tmp_pat
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["linears"] == 14 and report["source_format"] == "compressed-tensors"
+    assert report["format"].startswith({"awq": "AutoAWQ GEMM", "gptq": "GPTQ v1", "fp8": "native fp8"}[to])
     assert assert_lossless(src, tmp_path / "back", method=to) == 14
     a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "back" / "model.safetensors"))
     assert sorted(a) == sorted(b)
