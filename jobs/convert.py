@@ -12,7 +12,13 @@ its codes and E4M3 block scales byte for byte; its global multiplier becomes com
 divisor, exact where float32 allows (`packers/codecs/modelopt_nvfp4.py`; the report's notes count
 where). A legacy ModelOpt export's hf_quant_config.json is read and not copied. Every other tensor
 is copied as it is; output shards keep the source's names; the other files are copied
-byte for byte (`jobs/model_free.py`'s rules). This module does not print.
+byte for byte (`jobs/model_free.py`'s rules).
+
+Back (`--to awq | gptq | fp8`): a compressed-tensors checkpoint rewritten as AutoAWQ GEMM (4-bit
+groups), GPTQ v1 (2/4/8-bit groups or channels, symmetric or not) or native FP8 (per tensor or
+per block) by the same path, the compressed-tensors reader feeding that format's writer; what
+the target cannot carry (a scale float16 does not hold, a zero point of 0 in GPTQ, per-channel
+FP8, FP4 codes, mixed precision) is refused naming why. This module does not print.
 """
 
 from __future__ import annotations
@@ -29,8 +35,6 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
 from infer_tool.jobs.model_free import FLOAT_DTYPES, MB, Source, copy_other_files, open_source, write_index
-
-TARGETS = ("compressed-tensors",)
 
 
 @dataclass
@@ -65,7 +69,7 @@ def convert(
 ) -> ConvertReport:
     """Convert checkpoint `model` into `out` (module docstring); returns the report."""
     from infer_tool.calib.models import resolve_model_dir
-    from infer_tool.jobs.model_free_formats import conversion
+    from infer_tool.jobs.model_free_formats import TARGETS, conversion
     from infer_tool.jobs.model_free_select import DEFAULT_IGNORE
     from infer_tool.packers.checkpoint import check_checkpoint_out
     from infer_tool.packers.codecs.modelopt_config import HF_QUANT_CONFIG, hf_quant_config
@@ -73,7 +77,7 @@ def convert(
     started = time.perf_counter()
     progress = progress or no_progress
     if to not in TARGETS:
-        raise BadInput(f"--to {to!r} is not supported; use --to {' or '.join(TARGETS)}")
+        raise BadInput(f"--to {to!r} is not supported; use --to {', '.join(TARGETS)}")
     path, _ = resolve_model_dir(model)
     check_checkpoint_out(out, overwrite=overwrite, src_dir=path)
     src = open_source(path)
@@ -119,7 +123,7 @@ def convert(
             model=model,
             out=str(out),
             source_format=conv.source.name,
-            format=f"compressed-tensors ({config['quantization_config']['format']})",
+            format=target_label(to, config["quantization_config"]),
             scheme=conv.scheme.describe(),
             linears=len(anchors),
             ignore=ignore,
@@ -134,6 +138,16 @@ def convert(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return report
+
+
+def target_label(to: str, qcfg: dict[str, Any]) -> str:
+    """What the report calls the written format."""
+    if to == "compressed-tensors":
+        return f"compressed-tensors ({qcfg['format']})"
+    if to == "fp8":
+        block = qcfg.get("weight_block_size")
+        return f"native fp8 ({'block ' + 'x'.join(map(str, block)) if block else 'per tensor'})"
+    return {"awq": "AutoAWQ GEMM", "gptq": "GPTQ v1"}[to]
 
 
 def _write_shard(tmp: Path, shard: str, src: Source, conv: Any, owned: dict, anchors: dict) -> None:

@@ -224,31 +224,43 @@ def _int_for_ct(module: str, w: Any, scheme: Any) -> Any:
     return w
 
 
+TARGETS = ("compressed-tensors", "awq", "gptq", "fp8")  # `convert --to`
+BACK_TARGETS = {"awq": "AutoAWQ GEMM", "gptq": "GPTQ v1", "fp8": "native FP8 (quant_method fp8)"}
+
+
 def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversion:
     """The conversion of a checkpoint with `quant_config` to format `target`; BadInput naming
     why when it cannot be carried."""
     from infer_tool.packers.checkpoint import format_of
     from infer_tool.schemes.registry import make_scheme
 
-    if target != "compressed-tensors":
-        raise BadInput(f"--to {target!r} is not supported; use --to compressed-tensors")
+    if target not in TARGETS:
+        raise BadInput(f"--to {target!r} is not supported; use --to {', '.join(TARGETS)}")
     if not quant_config:
         raise BadInput("the source is not quantized (config.json has no quantization_config); use quantize")
     method = quant_config.get("quant_method")
+    if target != "compressed-tensors":
+        return _back_conversion(quant_config, target)
     if method == "compressed-tensors":
         raise BadInput("the source is already compressed-tensors")
     if method not in ("awq", "gptq", "fp8", "modelopt"):
         raise BadInput(
             f"quant_method {method!r} is not a format convert reads; it reads awq (GEMM), gptq (v1), fp8 (native) "
-            "and modelopt (NVFP4)"
+            "and modelopt (NVFP4, FP8)"
         )
     if method == "modelopt":
+        from infer_tool.packers.codecs import modelopt_fp8
         from infer_tool.packers.codecs.modelopt_nvfp4 import ALGOS, ANCHOR, matches, settings, w4a4
 
+        if modelopt_fp8.matches(quant_config):  # per-tensor e4m3 weights, static input scales: a copy
+            scheme = Fp8Scheme(granularity="tensor", activations="static")
+            return Conversion(
+                format_of(quant_config), get_format(FORMAT_NAME, "fp8"), scheme, quant_config, "weight", torch.float32
+            )
         if not matches(quant_config):
             raise BadInput(
                 f"ModelOpt quant_algo {settings(quant_config)[0]!r} is not one convert reads; it reads "
-                f"{' and '.join(ALGOS)}"
+                f"{', '.join((*ALGOS, modelopt_fp8.ALGO))}"
             )
     source = format_of(quant_config)
     if method == "modelopt":
@@ -284,4 +296,126 @@ def conversion(quant_config: Mapping[str, Any] | None, target: str) -> Conversio
     scheme = make_scheme("rtn", bits=bits, group_size=group, symmetric=symmetric)
     return Conversion(
         source, get_format(FORMAT_NAME, "int"), scheme, quant_config, "qweight", SOURCE_SCALE_DTYPE, _int_for_ct
+    )
+
+
+# ---------------------------------------------------------------- convert back: compressed-tensors -> AWQ, GPTQ, FP8
+
+
+def _ct_weight_group(quant_config: Mapping[str, Any], target: str) -> dict[str, Any]:
+    """The one weight group of a compressed-tensors source, refused naming why when `target`
+    cannot carry it (several groups, quantized activations the target does not run)."""
+    groups = list((quant_config.get("config_groups") or {}).values())
+    if len(groups) != 1 or not isinstance(groups[0], Mapping):
+        raise BadInput(
+            f"the source has {len(groups)} compressed-tensors config groups (mixed precision); "
+            f"{BACK_TARGETS[target]} holds one scheme for every linear"
+        )
+    return dict(groups[0])
+
+
+def _fp16_scales(module: str, scale: torch.Tensor, target: str) -> None:
+    """AutoAWQ and GPTQ v1 store float16 scales: refuse a scale float16 does not hold exactly."""
+    back = scale.to(torch.float16).float()
+    bad = ~((back == scale) & torch.isfinite(back))
+    if bool(bad.any()):
+        v = float(scale[bad][0])
+        raise BadInput(
+            f"{module}: scale {v!r} is not a float16 value, and {BACK_TARGETS[target]} stores float16 scales; "
+            "converting would round it (keep compressed-tensors, or quantize again with --dtype float16)"
+        )
+
+
+def _int_for_back(target: str) -> Callable[[str, Any, Any], Any]:
+    """A compressed-tensors INT weight as AutoAWQ GEMM or GPTQ v1 carries it, or BadInput naming why."""
+
+    def normalize(module: str, w: Any, scheme: Any) -> Any:
+        n, k = w.shape
+        _fp16_scales(module, w.scale, target)
+        if target == "awq":
+            if n % 8:
+                raise BadInput(f"{module}: N={n} output features is not a multiple of 8, which AWQ GEMM packs")
+            return w
+        if (k * w.bits) % 32:
+            raise BadInput(f"{module}: K={k} input features do not fill whole int32 words of {w.bits}-bit codes")
+        if w.zero is not None and bool((w.zero == 0).any()):
+            raise BadInput(
+                f"{module}: a zero point of 0, which GPTQ v1 stores as zero - 1 = -1 and cannot hold "
+                "(keep compressed-tensors, or --to awq for 4 bits)"
+            )
+        return w
+
+    return normalize
+
+
+def _back_conversion(quant_config: Mapping[str, Any], target: str) -> Conversion:
+    """compressed-tensors -> AutoAWQ GEMM (4-bit groups), GPTQ v1 (2/4/8-bit groups or channels,
+    symmetric or not) or native FP8 (per tensor or per block); BadInput naming what the target
+    cannot carry."""
+    from infer_tool.packers.checkpoint import format_of
+    from infer_tool.schemes.registry import make_scheme
+
+    method = quant_config.get("quant_method")
+    if method != "compressed-tensors":
+        raise BadInput(
+            f"--to {target} converts compressed-tensors checkpoints; the source is quant_method {method!r} "
+            "(convert it --to compressed-tensors first)"
+        )
+    group = _ct_weight_group(quant_config, target)
+    weights = group.get("weights") or {}
+    source = format_of(quant_config)
+    fmt = quant_config.get("format")
+    wtype, bits = weights.get("type"), weights.get("num_bits")
+    if target == "fp8":
+        if source.kind != "fp8":
+            raise BadInput(
+                f"native FP8 holds e4m3 weights with float32 scales; the source's weights are {bits}-bit "
+                f"{wtype} ({fmt})"
+            )
+        strategy = weights.get("strategy")
+        acts = group.get("input_activations") or {}
+        activations = "static" if acts and not acts.get("dynamic", True) else "dynamic"
+        if strategy == "channel":
+            raise BadInput(
+                "the source's FP8 weights have one scale per output channel; native FP8 (vLLM's Fp8Config) "
+                "holds one scale per tensor or per 128x128-style block only (keep compressed-tensors)"
+            )
+        if strategy not in ("tensor", "block"):
+            raise BadInput(f"FP8 weight strategy {strategy!r} has no native FP8 layout; it holds tensor or block")
+        if strategy == "block" and activations == "static":
+            raise BadInput(
+                "the source has block FP8 weights with static activation scales; native FP8 blocks go with "
+                "dynamic activations only"
+            )
+        block = weights.get("block_structure") or [128, 128]
+        scheme = Fp8Scheme(granularity=strategy, block_size=tuple(block), activations=activations)
+        return Conversion(source, get_format("fp8", "fp8"), scheme, quant_config, "weight", torch.float32)
+    name = BACK_TARGETS[target]
+    if group.get("input_activations"):
+        raise BadInput(f"the source quantizes activations too; {name} is a weight-only format")
+    if source.kind != "int" or wtype != "int" or fmt != "pack-quantized":
+        what = f"{bits}-bit {wtype} weights ({fmt})"
+        if fmt and "fp4" in str(fmt):
+            what += ": E2M1 codes with E4M3 (or E8M0) block scales, no integer grid"
+        raise BadInput(f"{name} holds integer codes with float16 group scales; the source has {what}")
+    bits = int(bits)
+    if weights.get("strategy") not in ("group", "channel"):
+        raise BadInput(f"INT weight strategy {weights.get('strategy')!r}: {name} holds group or per-channel scales")
+    channel = weights.get("strategy") == "channel"
+    size = -1 if channel else int(weights.get("group_size") or 0)
+    symmetric = bool(weights.get("symmetric", True))
+    if target == "awq":
+        if bits != 4:
+            raise BadInput(f"AutoAWQ GEMM holds 4-bit weights; the source's are {bits}-bit (use --to gptq)")
+        if channel:
+            raise BadInput(
+                "AutoAWQ GEMM holds group scales; the source has one scale per output channel (use --to gptq)"
+            )
+    elif bits not in (2, 4, 8):
+        raise BadInput(f"GPTQ v1 holds 2, 4 or 8-bit weights; the source's are {bits}-bit")
+    if weights.get("actorder") not in (None, "weight", "static"):
+        raise BadInput(f"actorder {weights.get('actorder')!r}: only static groups convert")
+    scheme = make_scheme("rtn", bits=bits, group_size=size, symmetric=symmetric)
+    return Conversion(
+        source, get_format(target, "int"), scheme, quant_config, "weight_packed", torch.float16, _int_for_back(target)
     )

@@ -158,7 +158,7 @@ def get_format(name: str, kind: str = "int") -> CheckpointFormat:
 
 
 # Formats other tools write that we read (eval, convert) and never write: no `--format` offers them.
-READ_ONLY = ("infer_tool.packers.codecs.modelopt_nvfp4:FORMAT",)
+READ_ONLY = ("infer_tool.packers.codecs.modelopt_nvfp4:FORMAT", "infer_tool.packers.codecs.modelopt_fp8:FORMAT")
 
 
 def format_of(quantization_config: Mapping[str, Any]) -> CheckpointFormat:

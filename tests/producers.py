@@ -19,6 +19,9 @@ own dequantization formula (stated per builder).
 - ModelOpt NVFP4 (`NVFP4QTensor`): weight uint8 (N, K/2), code 2j low nibble, 2j+1 high;
   weight_scale e4m3 (N, K/16); weight_scale_2 float32 scalar amax / 2688; input_scale float32
   scalar. W' = value(code) * (float(s) * weight_scale_2).
+- ModelOpt FP8 (quant_algo `FP8`, `FP8QTensor`): weight e4m3 (N, K) = W / weight_scale, weight_scale
+  float32 scalar amax / 448 (a multiplier), input_scale float32 scalar amax(x) / 448 (static
+  per-tensor activations). W' = float(q) * weight_scale.
 """
 
 from __future__ import annotations
@@ -171,6 +174,22 @@ def modelopt_nvfp4(weights: dict[str, torch.Tensor], w4a4: bool = False, input_a
     return tensors, config, deq
 
 
+def modelopt_fp8(weights: dict[str, torch.Tensor], input_amax: float = 3.0) -> tuple:
+    tensors, deq = {}, {}
+    for name, w in weights.items():
+        scale = (w.abs().amax().float() / 448.0).reshape(())
+        q = (w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+        deq[name] = q.float() * scale
+        tensors[f"{name}.weight"] = q
+        tensors[f"{name}.weight_scale"] = scale
+        tensors[f"{name}.input_scale"] = torch.tensor(input_amax / 448.0, dtype=torch.float32)
+    config = {
+        "quant_method": "modelopt",
+        "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]},
+    }
+    return tensors, config, deq
+
+
 BUILDERS = {
     "awq-gemm": lambda w: awq_gemm(w),
     "gptq-sym": lambda w: gptq_v1(w, sym=True),
@@ -180,6 +199,7 @@ BUILDERS = {
     "fp8-tensor": lambda w: fp8_native(w, None),
     "modelopt-nvfp4": lambda w: modelopt_nvfp4(w, w4a4=True),
     "modelopt-w4a16": lambda w: modelopt_nvfp4(w, w4a4=False),
+    "modelopt-fp8": lambda w: modelopt_fp8(w),
 }
 
 

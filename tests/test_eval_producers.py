@@ -26,7 +26,7 @@ from tiny import TEXT, save_tiny_llama  # noqa: E402
 
 from infer_tool.cli.app import app  # noqa: E402
 
-ACTIVATIONS_QUANTIZED = {"fp8-block", "fp8-tensor", "modelopt-nvfp4"}
+ACTIVATIONS_QUANTIZED = {"fp8-block", "fp8-tensor", "modelopt-nvfp4", "modelopt-fp8"}
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """`infer-tool convert SRC --to compressed-tensors`: rewrite an AWQ (GEMM), GPTQ (v1), native FP8
-or ModelOpt NVFP4 checkpoint as compressed-tensors without rounding anything again
-(`jobs/convert.py`)."""
+or ModelOpt NVFP4 checkpoint as compressed-tensors without rounding anything again, and back
+(`--to awq | gptq | fp8`) where the target can hold it (`jobs/convert.py`)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,14 @@ def convert(
     src: Annotated[
         str,
         typer.Argument(
-            help="Checkpoint directory (or hub name) of an AWQ, GPTQ, FP8 or ModelOpt NVFP4 model.", metavar="SRC"
+            help="Checkpoint directory (or hub name): AWQ, GPTQ, FP8, ModelOpt NVFP4, compressed-tensors.",
+            metavar="SRC",
         ),
     ],
     out: Annotated[str, typer.Option("--out", help="Output checkpoint directory.")],
-    to: Annotated[str, typer.Option("--to", help="Target format: compressed-tensors.")] = "compressed-tensors",
+    to: Annotated[
+        str, typer.Option("--to", help="Target: compressed-tensors; from it: awq, gptq, fp8.")
+    ] = "compressed-tensors",
     overwrite: Overwrite = False,
     json_: Json = False,
     no_progress: NoProgress = False,

@@ -1,6 +1,7 @@
 """GPTQ v1 checkpoints (AutoGPTQ / GPTQModel `checkpoint_format: "gptq"`, read by vLLM's
-gptq / gptq_marlin). Symmetric only: vLLM's fast path needs `sym: true`, and v1's
-"zero minus one" storage cannot hold a zero point of 0.
+gptq / gptq_marlin). `quantize --format gptq` writes symmetric only (vLLM's fast path needs
+`sym: true`); `convert --to gptq` also carries an asymmetric compressed-tensors checkpoint
+whose zero points are all >= 1 (v1's "zero minus one" storage cannot hold a zero point of 0).
 
 Per quantized linear `name` (weight (N, K), G groups), b in {2, 4, 8}:
 - `name.qweight` int32 (K·b/32, N): packed along the INPUT dim, row k in word k·b//32 at
@@ -54,7 +55,7 @@ def quantization_config(scheme: QuantScheme, ignore: Sequence[str]) -> dict[str,
         "checkpoint_format": "gptq",
         "bits": scheme.bits,
         "group_size": scheme.group_size,
-        "sym": True,
+        "sym": bool(scheme.symmetric),  # the writer refuses asymmetric; convert carries it
         "desc_act": _desc_act(scheme),
         "static_groups": bool(getattr(scheme, "act_order", False)) and not _desc_act(scheme),
         "damp_percent": getattr(scheme, "damp", None),
