@@ -40,14 +40,11 @@ def matches(quant_config: Mapping[str, Any]) -> bool:
 
 
 def _scalar(t: torch.Tensor | None, what: str) -> torch.Tensor:
+    from infer_tool.packers.codecs.modelopt_nvfp4 import positive_scalar
+
     if t is None:
         raise BadInput(f"{what} is missing: ModelOpt FP8 stores a weight_scale and an input_scale per linear")
-    if t.numel() != 1 or not t.dtype.is_floating_point:
-        raise BadInput(f"{what}: expected a float scalar, got {t.dtype} of shape {tuple(t.shape)}")
-    v = t.float().reshape(1)
-    if not bool(torch.isfinite(v).all()) or float(v) <= 0:
-        raise BadInput(f"{what}: {float(v)} is not a positive finite scale")
-    return v
+    return positive_scalar(t, what)
 
 
 def read_layers(tensors: Mapping[str, torch.Tensor], quant_config: Mapping[str, Any]) -> dict[str, Fp8Weight]:

@@ -106,7 +106,8 @@ def carried_divisor(multiplier: torch.Tensor, block_scales: torch.Tensor) -> tup
     return g.reshape(1).clone(), recip, div
 
 
-def _scalar(t: torch.Tensor, what: str) -> torch.Tensor:
+def positive_scalar(t: torch.Tensor, what: str) -> torch.Tensor:
+    """A ModelOpt per-tensor scale as float32 (1,); BadInput unless one positive finite float."""
     if t.numel() != 1 or not t.dtype.is_floating_point:
         raise BadInput(f"{what}: expected a float scalar, got {t.dtype} of shape {tuple(t.shape)}")
     v = t.float().reshape(1)
@@ -137,14 +138,14 @@ def read_layers(tensors: Mapping[str, torch.Tensor], quant_config: Mapping[str, 
         n, half = packed.shape
         if tuple(scale.shape) != (n, 2 * half // GROUP) or (2 * half) % GROUP:
             raise BadInput(f"{name}: weight_scale {tuple(scale.shape)} does not cover a weight {n}x{2 * half} by 16")
-        ws2 = _scalar(tensors[key], key)
+        ws2 = positive_scalar(tensors[key], key)
         g, recip, div = carried_divisor(ws2, scale)
         inp = tensors.get(f"{name}.input_scale")
         igs = None
         if acts:
             if inp is None:
                 raise BadInput(f"{name}: quant_algo NVFP4 quantizes activations, but {name}.input_scale is missing")
-            igs, _, _ = carried_divisor(_scalar(inp, f"{name}.input_scale"), torch.ones(1))
+            igs, _, _ = carried_divisor(positive_scalar(inp, f"{name}.input_scale"), torch.ones(1))
         out[name] = Fp4Weight(
             codes=unpack_fp4(packed),
             w_scale=scale,
