@@ -10,9 +10,13 @@ auto-round==0.16.1`, in its own venv), so it imports nothing of infer-tool:
 and backward pass per option over the calibration data, `auto_scheme/delta_loss.py`), chooses one
 option per linear by its dynamic programme under the bit budget, then `AutoRound` quantizes each
 linear with its option (`--iters 0`: round to nearest, as our RTN candidates; `--iters N`: its
-sign-gradient tuning). Options are auto-round preset names, plus `FP8_CHANNEL`: per-output-channel
-e4m3 weights with 16-bit activations (`bits 8, data_type fp, group_size -1, act_bits 16`), the
-weights of our `FP8` candidate (auto-round's `FPW8A16` preset is per tensor).
+sign-gradient tuning). auto-round 0.16's `iters=0` is by default an "optimized RTN" (a scale
+search per group weighted by an activation importance matrix; about 50 s per decoder layer of
+the demo model on two loaded cores); plain RTN (`disable_opt_rtn=True`) unless `--opt-rtn`.
+
+Options are auto-round preset names, plus `FP8_CHANNEL`: per-output-channel e4m3 weights with
+16-bit activations (`bits 8, data_type fp, group_size -1, act_bits 16`), the weights of our `FP8`
+candidate (auto-round's `FPW8A16` preset is per tensor).
 
 Calibration: the exact token ids infer-tool calibrates on (`input_ids` (B, T) int64 in a
 safetensors file). AutoScheme takes its data only as a dataset *name* (a string, loaded from the
@@ -33,7 +37,9 @@ Writes to `--out`:
   `infer-tool eval kld` / `eval ppl` read. It computes the same logits as the packed checkpoint
   would under a dequantize-then-matmul kernel (what our evaluator does for packed checkpoints).
 - `autoscheme.json`: per linear its option, auto-round's own bits for it, the chosen options'
-  counts, AutoScheme's average bits (its accounting: `compute_layer_bits`), times, peak RSS.
+  counts, AutoScheme's average bits (its accounting: `compute_layer_bits`), peak RSS, and times:
+  `quantize_s` (AutoRound's constructor + `quantize()`: the search and the quantization) and
+  `search_s` (AutoScheme's `get_layer_config` alone: scoring + its DP), wall and CPU seconds.
 
 Prints one JSON line (the same summary without the per-linear table).
 """
@@ -76,6 +82,18 @@ def ids_dataloader(ids, batch: int):
     return DataLoader(rows, batch_size=batch, shuffle=False, collate_fn=collate)
 
 
+def layer_bits(cfg: dict, shape: tuple[int, int], ignore_scale_zp_bits: bool) -> float:
+    """auto-round's own bits for a linear of weight `shape` (N, K) under scheme `cfg`: its
+    `compute_layer_bits` on a weightless nn.Linear carrying the scheme's attributes."""
+    import torch
+    from auto_round.auto_scheme.utils import compute_layer_bits
+
+    layer = torch.nn.Linear(shape[1], shape[0], bias=False, device="meta")
+    for key in ("bits", "group_size", "data_type", "sym", "super_bits", "super_group_size"):
+        setattr(layer, key, cfg.get(key))
+    return compute_layer_bits(layer, ignore_scale_zp_bits)[0]
+
+
 def scheme_key(cfg: dict) -> tuple:
     return (cfg.get("bits"), cfg.get("group_size"), cfg.get("data_type"), cfg.get("sym"))
 
@@ -87,6 +105,12 @@ def main() -> None:
     p.add_argument("--avg-bits", type=float, default=4.5)
     p.add_argument("--options", default="W4A16G64,W8A16G64,FP8_CHANNEL")
     p.add_argument("--iters", type=int, default=0, help="0: round to nearest; else AutoRound's tuning")
+    p.add_argument(
+        "--opt-rtn",
+        action="store_true",
+        help="with --iters 0, auto-round's default optimized RTN (an imatrix-weighted scale search per group); "
+        "without it, plain RTN (disable_opt_rtn=True), the method of our RTN candidates",
+    )
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--shared", choices=("none", "fused"), default="none")
     p.add_argument("--ignore-scale-zp-bits", action="store_true", help="AutoScheme's option of that name")
@@ -100,10 +124,10 @@ def main() -> None:
     os.environ.setdefault("AR_ENABLE_AUTO_SCHEME_PARALLEL", "0")  # one CPU process, no GPU workers
 
     import auto_round.auto_scheme.delta_loss as delta_loss
+    import auto_round.auto_scheme.gen_auto_scheme as gen_auto_scheme
     import auto_round.calib_dataset as calib_dataset
     import torch
     from auto_round import AutoRound, AutoScheme
-    from auto_round.auto_scheme.utils import compute_layer_bits
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -121,6 +145,17 @@ def main() -> None:
 
     delta_loss.get_dataloader = get_dataloader
     calib_dataset.get_dataloader = get_dataloader
+    search: dict[str, float] = {}
+    get_layer_config = gen_auto_scheme.GenScheme.get_layer_config
+
+    def timed_get_layer_config(self):  # AutoScheme's search alone: scoring + its DP
+        c0, w0 = time.process_time(), time.perf_counter()
+        try:
+            return get_layer_config(self)
+        finally:
+            search.update(search_s=time.perf_counter() - w0, search_cpu_s=time.process_time() - c0)
+
+    gen_auto_scheme.GenScheme.get_layer_config = timed_get_layer_config
 
     src = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     original = {k: v.clone() for k, v in src.state_dict().items()}
@@ -150,6 +185,7 @@ def main() -> None:
         device_map="cpu",
         enable_torch_compile=False,
         amp=False,
+        **({} if args.iters or args.opt_rtn else {"disable_opt_rtn": True}),
     )
     model, layer_config = ar.quantize()
     t1, cpu1 = time.perf_counter(), time.process_time()
@@ -193,22 +229,7 @@ def main() -> None:
         bits = c.get("bits", 16)
         if bits is None or bits >= 16:
             continue
-        mod = model.get_submodule(name)
-        if not isinstance(mod, torch.nn.Linear) and not hasattr(mod, "weight"):
-            continue
-
-        class _Layer:  # compute_layer_bits reads these attributes of a layer
-            pass
-
-        layer = _Layer()
-        layer.weight = original[f"{name}.weight"]
-        for key in ("bits", "group_size", "data_type", "sym", "super_bits", "super_group_size"):
-            setattr(layer, key, c.get(key))
-        layer.in_features, layer.out_features = layer.weight.shape[1], layer.weight.shape[0]
-        try:
-            lb, _ = compute_layer_bits(layer, args.ignore_scale_zp_bits)
-        except Exception:  # noqa: BLE001 (a layer type compute_layer_bits does not know: left out of its figure)
-            lb = None
+        lb = layer_bits(c, tuple(original[f"{name}.weight"].shape), args.ignore_scale_zp_bits)
         label = labels.get(scheme_key(c), json.dumps({k: c.get(k) for k in ("bits", "group_size", "data_type", "sym")}))
         linears[name] = {
             "option": label,
@@ -216,18 +237,18 @@ def main() -> None:
             "group_size": c.get("group_size"),
             "data_type": c.get("data_type"),
             "sym": c.get("sym"),
-            "autoround_bits_per_weight": None if lb is None else lb / layer.weight.numel(),
+            "autoround_bits_per_weight": lb / original[f"{name}.weight"].numel(),
             "changed": f"{name}.weight" in changed,
         }
         counts[label] = counts.get(label, 0) + 1
-        if lb is not None:
-            total_bits += lb
-            total_params += layer.weight.numel()
+        total_bits += lb
+        total_params += original[f"{name}.weight"].numel()
     summary = {
         "avg_bits_target": args.avg_bits,
         "options": [x.strip().upper() for x in args.options.split(",") if x.strip()],
         "shared": args.shared,
         "iters": args.iters,
+        "rtn": None if args.iters else ("optimized (auto-round's default)" if args.opt_rtn else "plain"),
         "ignore_scale_zp_bits": args.ignore_scale_zp_bits,
         "calibration": {"samples": n, "seq_len": seq_len, "dataloader_calls": calls},
         "autoround_avg_bits": total_bits / total_params if total_params else None,
@@ -236,6 +257,7 @@ def main() -> None:
         "counts": counts,
         "quantize_s": t1 - t0,
         "quantize_cpu_s": cpu1 - cpu0,
+        **search,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "cache": cache,
         "auto_round": __import__("auto_round").__version__,
