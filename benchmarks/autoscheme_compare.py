@@ -388,6 +388,14 @@ def main() -> None:
         print(f"ours run {i}: {rec['wall_s']:.0f} s wall, {rec['cpu_s']:.0f} s CPU", file=sys.stderr)
 
     rows = [ours]
+
+    def scored(row: dict, ckpt: Path) -> None:
+        """Score `row`'s checkpoint; the rows so far are saved at once (a long run keeps what it measured)."""
+        row.update(eval_kld(args, ckpt))
+        print(f"{row['side']}: KL {row['kld']:.5f}, ppl {row['ppl']:.3f} ({row['eval_s']:.0f} s)", file=sys.stderr)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+
     ours_ckpt = work / "ours-0"
     rep = json.loads((ours_ckpt / "quantize_report.json").read_text())
     ours_assign = {x["name"]: x["candidate"] for x in rep["linears"]}
@@ -400,7 +408,7 @@ def main() -> None:
         predicted_kld=rep["predicted_kld"],
     )
     if args.eval_kld:
-        ours.update(eval_kld(args, ours_ckpt))
+        scored(ours, ours_ckpt)
 
     as_dir = Path(args.as_dir) if args.as_dir else (work / "autoscheme-0" if run_as else None)
     if as_dir is not None:
@@ -417,12 +425,14 @@ def main() -> None:
             calibration=info["calibration"],
             weights_changed=info["weights_changed"],
             quantized_linears=info["quantized_linears"],
+            search_s=info.get("search_s"),
+            search_cpu_s=info.get("search_cpu_s"),
         )
         if not theirs["wall_s"]:
             theirs.update(wall_s=[info["quantize_s"]], cpu_s=[info["quantize_cpu_s"]], wall_from="its own timer")
-        if args.eval_kld:
-            theirs.update(eval_kld(args, as_dir))
         rows.append(theirs)
+        if args.eval_kld:
+            scored(theirs, as_dir)
         if not args.no_assignment:
             mine = {"side": "AutoScheme's choice, our RTN + writer"}
             ckpt = work / "autoscheme-assignment-ours"
@@ -433,9 +443,9 @@ def main() -> None:
                 counts=info["counts"],
                 fused_split=theirs["fused_split"],
             )
-            if args.eval_kld:
-                mine.update(eval_kld(args, ckpt))
             rows.append(mine)
+            if args.eval_kld:
+                scored(mine, ckpt)
 
     print(
         f"\n{args.model}: target {args.target_bits} bits, ours {args.candidates} ({args.dtype}), AutoScheme "
