@@ -31,7 +31,9 @@ shared: read CPU seconds beside wall.
     python benchmarks/autoscheme_compare.py --ours-only --json ours.json   # the planner again, alone
 
 `--as-dir DIR` scores an AutoScheme output written before (by autoscheme_pypi.py) instead of
-running it; `--no-eval` skips the scoring (bits and times only).
+running it; its times are then that run's own record (`quantize_s`, `quantize_cpu_s` in its
+autoscheme.json: AutoRound's constructor + `quantize()`), which is a search's time only if that
+run scored with a cold cache. `--no-eval-kld` skips the scoring (bits and times only).
 """
 
 from __future__ import annotations
