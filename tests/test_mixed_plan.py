@@ -104,6 +104,25 @@ def test_predicted_costs_rank_and_add_up_like_the_measured_kl() -> None:
         assert torch.equal(m(held_out).logits.reshape(-1, VOCAB), ref)
 
 
+def test_a_candidates_estimate_does_not_depend_on_the_others_measured_with_it() -> None:
+    """The pass measures every candidate of a group in one product per linear; each column must
+    be what that candidate alone gives (the same windows, the same sampled labels), and a
+    candidate that does not take a group (g128 does not divide K = 64) is None there."""
+    m, arch = tiny(), architecture_for("llama")
+    groups = linear_groups(m, arch)
+    calib = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    together = measure_sensitivity(m, arch, groups, parse_candidates("W8A16_G16,NONE,W4A16_G16,W4A16"), calib)
+    for col, name in ((0, "W8A16_G16"), (2, "W4A16_G16")):
+        alone = measure_sensitivity(m, arch, groups, parse_candidates(name), calib)
+        for est in ("sampled", "diagonal"):
+            got = [row[col] for row in getattr(together, est)]
+            want = [row[0] for row in getattr(alone, est)]
+            assert got == pytest.approx(want, rel=1e-4), (name, est)
+    assert all(row[1] == 0.0 for row in together.diagonal)  # NONE
+    assert [row[3] is None for row in together.diagonal] == [g.shapes[0][1] != 128 for g in groups]
+    assert sum(row[3] is not None and row[3] > 0 for row in together.diagonal) == 2  # the down_proj of each layer
+
+
 def plan_cli(tmp_path: Path, *args: str) -> Any:
     model = save_tiny_llama(tmp_path / "m")
     corpus = tmp_path / "c.txt"
