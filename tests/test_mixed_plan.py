@@ -153,6 +153,29 @@ def test_cli_json_plans_fit_their_budgets_and_cover_every_linear(tmp_path: Path)
     assert all(c["W4A16_G16"] > c["W8A16_G16"] for c in report["group_costs"]["diagonal"].values())
 
 
+@pytest.mark.slow
+def test_a_candidate_that_takes_only_some_groups_is_planned_where_it_fits(tmp_path: Path) -> None:
+    """W4A16 (group 128) takes only the down projections (K = 128; the others have K = 64): the
+    plan may put it there and nowhere else, and its uniform row is left out."""
+    model = save_tiny_llama(tmp_path / "m")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT)
+    r = runner.invoke(
+        app,
+        ["quantize-plan", str(model), "--calib", str(corpus), "--num-samples", "2", "--seq-len", "16"]
+        + ["--candidates", "W4A16,W4A16_G16,W8A16_G16", "--target-bits", "4.9,9", "--dtype", "bfloat16"]
+        + ["--no-progress", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert [u["candidate"] for u in report["uniform"]] == ["W4A16_G16", "W8A16_G16"]
+    low = report["plans"][0]  # below uniform W4A16_G16's 5 bits: g128 on the down projections is the only way
+    assert low["bits"] <= 4.9
+    assert {g for g, c in low["groups"].items() if c == "W4A16"} == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
+    for p in report["plans"]:
+        assert all(g.endswith("down_proj") for g, c in p["groups"].items() if c == "W4A16")
+
+
 @pytest.mark.parametrize(
     "args,says",
     [
