@@ -33,7 +33,7 @@ from infer_tool.calib.architectures import architecture_for
 from infer_tool.calib.corpora import load_text, tokenize
 from infer_tool.calib.mixed_bits import stored_bytes
 from infer_tool.calib.mixed_candidates import Candidate, parse_candidate
-from infer_tool.calib.mixed_sensitivity import linear_groups, plan_weights, weights_replaced
+from infer_tool.calib.mixed_sensitivity import ESTIMATORS, linear_groups, plan_weights, weights_replaced
 from infer_tool.calib.models import load_model
 from infer_tool.evals.kld import token_kl
 from infer_tool.evals.ppl import make_windows, window_logits
@@ -104,7 +104,7 @@ def main() -> None:
         return {k: s / n for k, s in sums.items()}
 
     costs = plan["group_costs"]
-    if not all(e in ("diagonal", "sampled") for e in costs):  # a plan written before both estimators were kept
+    if not all(e in ESTIMATORS for e in costs):  # a plan written before every estimator was kept
         costs = {plan["estimator"]: costs}
     out: dict[str, Any] = {
         "plan": args.plan,
