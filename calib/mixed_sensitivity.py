@@ -272,7 +272,7 @@ def measure_sensitivity(
     # per group and linear, the weight changes of the candidates that take the group stacked
     # (C_g · N, K) in bfloat16 (halves the memory): one matmul per linear and window for all of them
     taken = [[ci for ci, c in enumerate(candidates) if ok[gi][ci] and c.scheme is not None] for gi in range(G)]
-    stacked: list[list[torch.Tensor]] = []
+    stacked: list[list[torch.Tensor | None]] = []
     for gi, g in enumerate(groups):
         ws = [weight_nk(model.get_submodule(n), arch.conv1d).detach().float() for n in g.linears]
         per_candidate = [
