@@ -33,7 +33,7 @@ from infer_tool.calib.architectures import architecture_for
 from infer_tool.calib.corpora import load_text, tokenize
 from infer_tool.calib.mixed_bits import stored_bytes
 from infer_tool.calib.mixed_candidates import Candidate, parse_candidate
-from infer_tool.calib.mixed_sensitivity import linear_groups, plan_weights, weights_replaced
+from infer_tool.calib.mixed_sensitivity import ESTIMATORS, linear_groups, plan_weights, weights_replaced
 from infer_tool.calib.models import load_model
 from infer_tool.evals.kld import token_kl
 from infer_tool.evals.ppl import make_windows, window_logits
@@ -82,22 +82,29 @@ def main() -> None:
     windows = make_windows(ids.numel(), args.seq_len)
     log(f"loaded in {time.perf_counter() - t0:.0f} s; {ids.numel()} tokens in {len(windows)} windows")
 
+    per_window: dict[int, dict[str, float]] = {}  # window -> variant -> its mean KL (the last measure call)
+
     def measure(variants: dict[str, dict[str, Candidate]]) -> dict[str, float]:
         """Mean per-token KL of each variant ({group: candidate}), windows scored once for the reference."""
         weights = {k: plan_weights(model, arch, groups, v) for k, v in variants.items()}
         sums = dict.fromkeys(variants, 0.0)
         n = 0
-        for w in windows:
+        for i, w in enumerate(windows):
             ref, _ = window_logits(reference, ids, w)
+            per_window[i] = {}
             for k, ws in weights.items():
                 with weights_replaced(model, arch, ws):
                     logits, _ = window_logits(model, ids, w)
-                sums[k] += math.fsum(token_kl(ref, logits).tolist())
+                kl = math.fsum(token_kl(ref, logits).tolist())
+                sums[k] += kl
+                per_window[i][k] = kl / w.scored
             n += w.scored
+            # the running means: a run cut short still compares every variant on the same windows
+            log(f"window {i + 1}/{len(windows)}, {n} tokens: {json.dumps({k: s / n for k, s in sums.items()})}")
         return {k: s / n for k, s in sums.items()}
 
     costs = plan["group_costs"]
-    if not all(e in ("diagonal", "sampled") for e in costs):  # a plan written before both estimators were kept
+    if not all(e in ESTIMATORS for e in costs):  # a plan written before every estimator was kept
         costs = {plan["estimator"]: costs}
     out: dict[str, Any] = {
         "plan": args.plan,
@@ -159,7 +166,9 @@ def main() -> None:
             }
             rows.append({"variant": v, "bits": 8 * size / weights, "measured": measured[v], "predicted": pred})
         out["rows"] = rows
+        out["per_window"] = [per_window[i] for i in sorted(per_window)]
     out["seconds"] = time.perf_counter() - t0
+    out["cpu_seconds"] = time.process_time()
     print(json.dumps(out, indent=1))
 
 

@@ -269,15 +269,18 @@ def measure_sensitivity(
     ok = [[fits(c, g) for c in candidates] for g in groups]
     sampled = [[0.0] * C for _ in range(G)]
     diagonal = [[0.0] * C for _ in range(G)]
-    # the weight change of every (group, candidate), kept in bfloat16 (halves the memory)
-    delta: dict[tuple[int, int], list[torch.Tensor]] = {}
+    # per group and linear, the weight changes of the candidates that take the group stacked
+    # (C_g · N, K) in bfloat16 (halves the memory): one matmul per linear and window for all of them
+    taken = [[ci for ci, c in enumerate(candidates) if ok[gi][ci] and c.scheme is not None] for gi in range(G)]
+    stacked: list[list[torch.Tensor | None]] = []
     for gi, g in enumerate(groups):
         ws = [weight_nk(model.get_submodule(n), arch.conv1d).detach().float() for n in g.linears]
-        for ci, c in enumerate(candidates):
-            if ok[gi][ci] and c.scheme is not None:
-                delta[gi, ci] = [
-                    (w_hat - w).to(torch.bfloat16) for w_hat, w in zip(dequantized(c, ws, g.linears, stats), ws)
-                ]
+        per_candidate = [
+            [(w_hat - w).to(torch.bfloat16) for w_hat, w in zip(dequantized(candidates[ci], ws, g.linears, stats), ws)]
+            for ci in taken[gi]
+        ]
+        stacked.append([torch.cat([d[li] for d in per_candidate]) if per_candidate else None for li in range(len(ws))])
+        del per_candidate
         progress("quantizing candidates", gi + 1, G)
     gen = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters()]
@@ -299,16 +302,22 @@ def measure_sensitivity(
                 logp.gather(1, y).sum().backward()
                 del logits, logp
                 with torch.no_grad():
-                    for (gi, ci), dws in delta.items():
-                        dot = diag = 0.0
-                        for n, dw in zip(groups[gi].linears, dws):
+                    for gi, g in enumerate(groups):
+                        if not taken[gi]:
+                            continue
+                        dot = [0.0] * len(taken[gi])
+                        diag = [0.0] * len(taken[gi])
+                        for n, dw in zip(g.linears, stacked[gi]):
                             X = inputs[n].reshape(-1, inputs[n].shape[-1]).float()  # (T, K)
                             Gy = grads[n].reshape(-1, grads[n].shape[-1]).float()  # (T, N)
-                            dY = X @ dw.float().T  # (T, N)
-                            dot += float((Gy * dY).sum())
-                            diag += float((Gy.square() * dY.square()).sum())
-                        sampled[gi][ci] += 0.5 * dot * dot
-                        diagonal[gi][ci] += 0.5 * diag
+                            # ΔY of every candidate at once, (T, C_g, N); P = G ⊙ ΔY
+                            P = (X @ dw.float().T).view(X.shape[0], len(taken[gi]), -1).mul_(Gy.unsqueeze(1))
+                            dot = [a + b for a, b in zip(dot, P.sum(dim=(0, 2)).tolist())]
+                            diag = [a + b for a, b in zip(diag, P.square_().sum(dim=(0, 2)).tolist())]
+                            del P
+                        for k, ci in enumerate(taken[gi]):
+                            sampled[gi][ci] += 0.5 * dot[k] * dot[k]
+                            diagonal[gi][ci] += 0.5 * diag[k]
             tokens += ids.shape[1]
             progress("sensitivity", s + 1, batch.shape[0])
     finally:

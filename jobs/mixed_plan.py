@@ -123,7 +123,14 @@ def plan_rows(
 
     groups, cands = sens.groups, sens.candidates
     costs = sens.costs(estimator)
-    sizes = [[sum(stored_bytes(c.scheme, n, k, dtype) for n, k in g.shapes) for c in cands] for g in groups]
+    # 0 where the candidate does not take the group (its cost is None: the knapsack skips it)
+    sizes = [
+        [
+            0 if cost is None else sum(stored_bytes(c.scheme, n, k, dtype) for n, k in g.shapes)
+            for c, cost in zip(cands, r)
+        ]
+        for g, r in zip(groups, costs)
+    ]
     weights = sum(g.weights for g in groups)
     top = max(sum(max(s) for s in sizes), max((budget_bytes(b, weights) for b in target_bits), default=0))
     unit = max(1, int(GAP * min([budget_bytes(b, weights) for b in target_bits] or [top]) / len(groups)))

@@ -104,6 +104,25 @@ def test_predicted_costs_rank_and_add_up_like_the_measured_kl() -> None:
         assert torch.equal(m(held_out).logits.reshape(-1, VOCAB), ref)
 
 
+def test_a_candidates_estimate_does_not_depend_on_the_others_measured_with_it() -> None:
+    """The pass measures every candidate of a group in one product per linear; each column must
+    be what that candidate alone gives (the same windows, the same sampled labels), and a
+    candidate that does not take a group (g128 does not divide K = 64) is None there."""
+    m, arch = tiny(), architecture_for("llama")
+    groups = linear_groups(m, arch)
+    calib = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+    together = measure_sensitivity(m, arch, groups, parse_candidates("W8A16_G16,NONE,W4A16_G16,W4A16"), calib)
+    for col, name in ((0, "W8A16_G16"), (2, "W4A16_G16")):
+        alone = measure_sensitivity(m, arch, groups, parse_candidates(name), calib)
+        for est in ("sampled", "diagonal"):
+            got = [row[col] for row in getattr(together, est)]
+            want = [row[0] for row in getattr(alone, est)]
+            assert got == pytest.approx(want, rel=1e-4), (name, est)
+    assert all(row[1] == 0.0 for row in together.diagonal)  # NONE
+    assert [row[3] is None for row in together.diagonal] == [g.shapes[0][1] != 128 for g in groups]
+    assert sum(row[3] is not None and row[3] > 0 for row in together.diagonal) == 2  # the down_proj of each layer
+
+
 def plan_cli(tmp_path: Path, *args: str) -> Any:
     model = save_tiny_llama(tmp_path / "m")
     corpus = tmp_path / "c.txt"
@@ -132,6 +151,29 @@ def test_cli_json_plans_fit_their_budgets_and_cover_every_linear(tmp_path: Path)
         assert all(c["NONE"] == 0.0 and c["W4A16_G16"] > 0 and c["W8A16_G16"] > 0 for c in costs.values())
     # the low-variance estimate orders 4 below 8 bits in every group (the one-sample one may not, by chance)
     assert all(c["W4A16_G16"] > c["W8A16_G16"] for c in report["group_costs"]["diagonal"].values())
+
+
+@pytest.mark.slow
+def test_a_candidate_that_takes_only_some_groups_is_planned_where_it_fits(tmp_path: Path) -> None:
+    """W4A16 (group 128) takes only the down projections (K = 128; the others have K = 64): the
+    plan may put it there and nowhere else, and its uniform row is left out."""
+    model = save_tiny_llama(tmp_path / "m")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT)
+    r = runner.invoke(
+        app,
+        ["quantize-plan", str(model), "--calib", str(corpus), "--num-samples", "2", "--seq-len", "16"]
+        + ["--candidates", "W4A16,W4A16_G16,W8A16_G16", "--target-bits", "4.9,9", "--dtype", "bfloat16"]
+        + ["--no-progress", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert [u["candidate"] for u in report["uniform"]] == ["W4A16_G16", "W8A16_G16"]
+    low = report["plans"][0]  # below uniform W4A16_G16's 5 bits: g128 on the down projections is the only way
+    assert low["bits"] <= 4.9
+    assert {g for g, c in low["groups"].items() if c == "W4A16"} == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
+    for p in report["plans"]:
+        assert all(g.endswith("down_proj") for g, c in p["groups"].items() if c == "W4A16")
 
 
 @pytest.mark.parametrize(
