@@ -1,7 +1,9 @@
 """`--candidates`: the schemes a mixed-precision plan chooses among, by llm-compressor's preset
 names (`schemes/presets.py`), each solved by one method (RTN, or GPTQ) for its format.
 
-A name is a preset, optionally with `_G<size>` for another group size (`W4A16_G32`), or
+A name is a preset, optionally with `_G<size>` for another group size (`W4A16_G32`) and then
+`_FULL` for symmetric INT groups on the signed full-range grid (`W4A16_G64_FULL`: `--full-range`,
+auto-round's `int_sym`; vLLM reads it as any symmetric INT checkpoint), or
 `NONE` (the linear stays unquantized, in the checkpoint dtype). Presets that quantize
 activations are refused: the plan measures the damage of the weights only. The exception is
 `FP8_DYNAMIC`, whose e4m3 per-channel weights are planned as weights (vLLM runs them
@@ -22,6 +24,7 @@ UNQUANTIZED = "NONE"
 DEFAULT_CANDIDATES = ("W4A16", "W8A16", "FP8")
 # names the plan reads differently from --scheme: FP8 is FP8_DYNAMIC's weights (see above)
 ALIASES = {"FP8": "FP8_DYNAMIC"}
+FULL = "_FULL"  # suffix: symmetric INT groups on the signed full-range grid
 _GROUP = re.compile(r"^(?P<base>[A-Z0-9_]+?)_G(?P<g>[0-9]+)$", re.ASCII)
 
 
@@ -49,8 +52,11 @@ def parse_candidate(text: str, method: str = "rtn") -> Candidate:
     name = text.strip().upper()
     if name == UNQUANTIZED:
         return Candidate(name, None)
-    m = _GROUP.match(name)
-    base, group = (m["base"], int(m["g"])) if m and m["base"] in {**BY_NAME, **ALIASES} else (name, None)
+    full = name.endswith(FULL)
+    m = _GROUP.match(name.removesuffix(FULL))
+    base, group = (
+        (m["base"], int(m["g"])) if m and m["base"] in {**BY_NAME, **ALIASES} else (name.removesuffix(FULL), None)
+    )
     if base not in BY_NAME and base not in ALIASES:
         try:
             get_preset(text)
@@ -72,6 +78,13 @@ def parse_candidate(text: str, method: str = "rtn") -> Candidate:
         if "group_size" not in options:
             raise BadInput(f"--candidates {text!r}: {preset.name} has no group size to change")
         options["group_size"] = group
+    if full:
+        if "group_size" not in options or not options.get("symmetric", True):
+            raise BadInput(
+                f"--candidates {text!r}: {FULL} is the full-range grid of symmetric INT groups; {preset.name} has "
+                "none (use it on W4A16 or W8A16, with or without _G<size>)"
+            )
+        options["full_range"] = True
     if method not in METHODS:
         raise BadInput(f"--method {method!r}: the candidates' method is one of {', '.join(METHODS)}")
     return Candidate(name, make_scheme(method if preset.method is None else preset.method, **options))

