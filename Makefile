@@ -91,11 +91,8 @@ suffix: $(ARCTIC_STAMP) $(VLLM_STAMP)
 demo: install
 	$(BIN)/infer-tool quantize
 
-# Two pytest-xdist workers, a test file each at a time, the longest files first (tests/conftest.py
-# LONG_FIRST); TEST_WORKERS=0 runs the suite in this one process.
-TEST_WORKERS ?= 2
 test: install vllm-env suffix
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q
 
 # The fast tier: numerics, solvers against their references, codecs, schemes, sizing, the
 # speculative-decoding math, CLI refusals and the byte-exact guard's tiny runs; no model loads,

@@ -283,19 +283,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _install_process_tripwires()
 
 
-# The modules that take longest (CI's --durations), run first: `make test` splits the suite
-# between two pytest-xdist workers by file (--dist loadfile, in collection order), so a long
-# module started last would leave one worker idle while the other finishes it.
-LONG_FIRST = ("test_vllm.py", "test_spec_vllm.py", "test_ppl_demo.py", "test_moe_vllm.py", "test_resume.py")
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if slow_reason(item) is None:
             item.add_marker(pytest.mark.fast)
-    rank = {name: i for i, name in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's order kept
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
