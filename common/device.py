@@ -5,8 +5,10 @@ torch is imported inside the functions: `infer-tool --help` and `kv-budget` neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from infer_tool.common.errors import BadInput
@@ -34,6 +36,23 @@ def pick_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise BadInput(f"--device {device} asked but no CUDA device is available")
     return device
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op CPU threads set to `n` inside (None: unchanged), the caller's count
+    restored after: a library call leaves the process as it found it."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def torch_dtype(name: str) -> Any:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infer_tool.common.device import cpu_threads
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress
 from infer_tool.sizing.defaults import DEFAULT_CONCURRENCY
@@ -381,7 +382,8 @@ def spec_profile(
     ids: list[Any] | None = None
     target_dir: Path | None = None
     if c.ours and ours_specs:
-        result, notes, ids, target_dir = _ours(opts, c, ours_specs, progress)
+        with cpu_threads(opts.threads):
+            result, notes, ids, target_dir = _ours(opts, c, ours_specs, progress)
     settings = {
         "engine": opts.engine,
         "prompts": opts.prompts,
@@ -433,10 +435,6 @@ def _ours(
     from infer_tool.spec.inputs import make_draft, tokenize_prompts
     from infer_tool.spec.profile import profile
 
-    if opts.threads is not None:
-        import torch
-
-        torch.set_num_threads(opts.threads)
     model_dirs: dict[str, Path] = {}
 
     def load(spec: str) -> LoadedModel:

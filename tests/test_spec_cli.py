@@ -551,3 +551,30 @@ def test_loop_table_by_batch_size(files) -> None:
     res = run(*args, "--batch-sizes", "2")
     assert res.exit_code == 0, res.output
     assert "measured by OUR LOOP batched" in res.stdout and "num_speculative_tokens_per_batch_size" in res.stdout
+
+
+def test_threads_are_restored_after_the_run(files) -> None:
+    """`--threads` holds for the profile only: an in-process caller (a notebook, this test run)
+    keeps its own thread count afterwards."""
+    torch.set_num_threads(2)
+    try:
+        res = run(
+            "--target",
+            str(files["target"]),
+            "--draft",
+            "ngram",
+            "--prompts",
+            str(files["prompts"]),
+            "--num-prompts",
+            "1",
+            "--max-new-tokens",
+            "4",
+            "--k",
+            "1",
+            "--threads",
+            "1",
+        )
+        assert res.exit_code == 0, res.output
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
