@@ -10,6 +10,7 @@ Conventions every subcommand follows:
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import sys
@@ -61,14 +62,20 @@ def internal_error(e: BaseException) -> typer.Exit:
     return fail(f"internal error: {cause(e)}; set INFER_TOOL_DEBUG=1 for the traceback{_notes(e)}", 1)
 
 
+def disk_full(e: OSError) -> typer.Exit:
+    """A full disk or quota (exit 1): the machine's, not our bug and not bad input."""
+    where = f" writing {e.filename}" if e.filename else ""
+    return fail(f"no space left on the device{where} ({e.strerror}); free some space and run again{_notes(e)}", 1)
+
+
 def _notes(e: BaseException) -> str:
     """What the library added to an exception for the user (e.g. how to resume), as '; ...'."""
     return "".join(f"; {n}" for n in getattr(e, "__notes__", ()))
 
 
 def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a command: BadInput -> exit 2, QualityGateFailed -> exit 3, anything unexpected
-    -> exit 1; one line each on stderr, never a traceback (unless INFER_TOOL_DEBUG=1)."""
+    """Wrap a command: BadInput -> exit 2, QualityGateFailed -> exit 3, a full disk or
+    anything unexpected -> exit 1; one line each on stderr, never a traceback (unless INFER_TOOL_DEBUG=1)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -83,6 +90,8 @@ def cli_command(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (Exception, MemoryError, RecursionError) as e:  # noqa: BLE001 - the last-resort handler
             if os.environ.get("INFER_TOOL_DEBUG") == "1":
                 raise
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise disk_full(e) from None
             raise internal_error(e) from None
 
     return wrapper

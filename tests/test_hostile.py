@@ -512,3 +512,31 @@ def test_ignore_pattern_matching_nothing_is_reported(
     assert report["unmatched_ignore"] == ["*.nothing_like_this"]
     assert "*.nothing_like_this" in captured.err and "*.down_proj" not in captured.err
     assert report["ignored"] == ["model.layers.0.mlp.down_proj"]
+
+
+def test_full_disk_is_one_line_keeps_progress_and_resumes(
+    world: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that fills while the checkpoint is written (simulated ENOSPC): one line that says
+    so (not "internal error"), exit 1, no --out, the finished layers kept; --resume completes."""
+    import errno
+
+    import infer_tool.jobs.quantize_run as run
+
+    def full(*a: object, **k: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    argv = [a.replace("{w}", str(world)) for a in q()]
+    with monkeypatch.context() as m:
+        m.setattr(run, "write_from_parts", full)
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+    err = capfd.readouterr().err
+    assert e.value.code == 1 and err.strip().count("\n") == 0, err
+    assert "no space left on the device (No space left on device)" in err and "internal error" not in err, err
+    assert "--resume" in err and "layers finished" in err, err
+    assert not (world / "out").exists()
+    with pytest.raises(SystemExit) as e:
+        main(argv + ["--resume"])
+    assert e.value.code == 0, capfd.readouterr().err[-2000:]
+    assert (world / "out" / "model.safetensors").exists()
