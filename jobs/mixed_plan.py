@@ -19,6 +19,12 @@ from typing import Any
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
 
+# GPTQ candidates are solved on the windows their costs are then measured on.
+GPTQ_FIT_NOTE = (
+    "GPTQ candidates are fitted to the calibration windows their costs are measured on, so the predicted KL "
+    "understates the KL on other text, the more so with fewer windows: give --num-samples 128 or more "
+    "(docs/commands/quantize.md, 'GPTQ candidates')"
+)
 GAP = 0.001  # the DP's budget step: at most this fraction of the budget over all groups (calib/mixed_assign.py)
 
 
@@ -255,7 +261,8 @@ def report_of(opts: MixedPlanOptions, m: Measured) -> MixedPlanReport:
             "predicted KL: sum over groups of each group's estimated KL increase with only it quantized "
             f"({opts.method}), "
             f"{opts.estimator} Fisher estimate on {sens.tokens} calibration tokens; not measured",
-        ],
+        ]
+        + ([GPTQ_FIT_NOTE] if opts.method == "gptq" else []),
     )
 
 

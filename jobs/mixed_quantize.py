@@ -23,7 +23,7 @@ from typing import Any
 
 from infer_tool.common.errors import BadInput
 from infer_tool.common.progress import Progress, no_progress
-from infer_tool.jobs.mixed_plan import MixedPlanOptions
+from infer_tool.jobs.mixed_plan import GPTQ_FIT_NOTE, MixedPlanOptions
 
 
 @dataclass
@@ -206,7 +206,8 @@ def write_plan(opts: MixedWriteOptions, *, overwrite: bool, progress: Progress |
                 f"{sens.tokens} calibration tokens, summed over groups (jobs/mixed_plan.py)",
                 "bits: as stored (codes, scales, zero points, shapes); bits_planned over the planned decoder "
                 "linears, bits_model over every parameter of the model (embeddings, norms, lm_head as stored)",
-            ],
+            ]
+            + ([GPTQ_FIT_NOTE] if opts.plan.method == "gptq" else []),
         )
         report_box.append(report)
         return {REPORT_NAME: _to_json(report)}

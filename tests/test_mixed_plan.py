@@ -151,6 +151,17 @@ def test_cli_json_plans_fit_their_budgets_and_cover_every_linear(tmp_path: Path)
         assert all(c["NONE"] == 0.0 and c["W4A16_G16"] > 0 and c["W8A16_G16"] > 0 for c in costs.values())
     # the low-variance estimate orders 4 below 8 bits in every group (the one-sample one may not, by chance)
     assert all(c["W4A16_G16"] > c["W8A16_G16"] for c in report["group_costs"]["diagonal"].values())
+    assert not any("fitted to the calibration windows" in n for n in report["notes"])
+
+
+@pytest.mark.slow
+def test_gptq_plans_say_their_prediction_is_fitted(tmp_path: Path) -> None:
+    """GPTQ candidates are solved on the windows their costs are measured on: the report says the
+    predicted KL understates held-out KL and how many windows to give."""
+    r = plan_cli(tmp_path, "--target-bits", "6", "--method", "gptq", "--dtype", "bfloat16", "--json")
+    assert r.exit_code == 0, r.output
+    notes = [n for n in json.loads(r.stdout)["notes"] if "fitted to the calibration windows" in n]
+    assert len(notes) == 1 and "--num-samples 128" in notes[0]
 
 
 @pytest.mark.slow

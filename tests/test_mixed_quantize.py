@@ -142,6 +142,9 @@ def test_gptq_candidates_beat_rtn_candidates_at_the_same_bits(files: tuple[Path,
         reps["rtn"]["measured_kld"],
     )
     assert reps["gptq"]["predicted_kld"] < reps["rtn"]["predicted_kld"]
+    fit_note = [n for n in reps["gptq"]["notes"] if "fitted to the calibration windows" in n]
+    assert len(fit_note) == 1 and "--num-samples 128" in fit_note[0]
+    assert not any("fitted to the calibration windows" in n for n in reps["rtn"]["notes"])
 
 
 @pytest.mark.slow
