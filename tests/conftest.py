@@ -283,6 +283,23 @@ def pytest_configure(config: pytest.Config) -> None:
     _install_process_tripwires()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _torch_threads_kept(request: pytest.FixtureRequest):
+    """Each module leaves torch's intra-op thread count as it found it: a leak (spec-profile's
+    `--threads` once did) runs every later module of the suite on fewer cores, unnoticed."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    if before is not None and torch.get_num_threads() != before:
+        left = torch.get_num_threads()
+        torch.set_num_threads(before)
+        pytest.fail(
+            f"{request.module.__name__} left torch's threads at {left} (found {before}): restore them "
+            "(common/device.cpu_threads)",
+            pytrace=False,
+        )
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
